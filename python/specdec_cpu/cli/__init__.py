@@ -1,0 +1,69 @@
+"""The ``specdec-cpu`` command line.
+
+Each subcommand lives in its own module exposing ``register(subparsers)``,
+which adds its parser and sets ``func`` (``run(args) -> int``).  Subcommands
+import heavy pieces (llama.cpp, the C++ extension) only when they run, so
+``specdec-cpu plan`` works without any model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from importlib import import_module
+from typing import Optional, Sequence
+
+from .. import __version__
+from ._common import PROG, UsageError, emit
+
+__all__ = ["build_parser", "main"]
+
+# Module names under specdec_cpu.cli, in the order `--help` lists them.
+COMMANDS: tuple[str, ...] = ("generate", "chat", "models", "plan", "calibrate")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every registered subcommand."""
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Exact speculative decoding for GGUF language models on CPUs.",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        import_module(f".{name}", __name__).register(sub)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line; returns the exit code (0 ok, 1 runtime error, 2 usage)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits on --help/--version (0) and usage errors (2)
+        return exc.code if isinstance(exc.code, int) else 2
+    if getattr(args, "func", None) is None:
+        parser.print_usage(sys.stderr)
+        emit(f"{PROG}: error: choose a command ({', '.join(COMMANDS)})", sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except UsageError as exc:
+        emit(f"{PROG} {args.command}: error: {exc}", sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        emit(f"{PROG}: interrupted", sys.stderr)
+        return 130
+    except Exception as exc:  # one clear line, not a traceback, unless asked for
+        if os.environ.get("SPECDEC_DEBUG"):
+            raise
+        emit(f"{PROG}: error: {_describe(exc)}", sys.stderr)
+        return 1
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, OSError) and exc.filename is not None and str(exc.filename) not in text:
+        text = f"{exc.filename}: {text}"
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,408 @@
+"""What ``generate`` and ``chat`` share: model and sampling flags, loading the
+decoder (the user's files or the default demo pair), Ctrl-C handling and the
+statistics they print."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import math
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence, TextIO, Union
+
+from ..errors import ModelLoadError, SpecDecError
+from ..params import SamplingParams
+from ..stats import GenerationStats
+from ._common import UsageError, emit, int_in, nonneg_float
+
+GammaSetting = Union[int, str]
+
+#: Sampling defaults of the interactive commands (SamplingParams' own default is T = 1).
+DEFAULT_TEMPERATURE = 0.7
+DEFAULT_CTX = 4096
+GAMMA_MAX = 64
+
+#: Keys of the sampling/generation settings, as ``/params`` and ``--json`` name them.
+PARAM_KEYS = ("temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "gamma")
+
+
+# ---------------------------------------------------------------------------
+# flags
+# ---------------------------------------------------------------------------
+
+
+def gamma_value(text: str) -> GammaSetting:
+    """argparse type for ``--gamma``: ``auto`` or an int in [0, 64]."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be 'auto' or an integer in [0, {GAMMA_MAX}], got {text!r}") from None
+    if not 0 <= value <= GAMMA_MAX:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or in [0, {GAMMA_MAX}], got {value}")
+    return value
+
+
+def top_p_value(text: str) -> float:
+    """argparse type for ``--top-p``: a number in (0, 1]."""
+    value = _finite(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1] (1 = off), got {text}")
+    return value
+
+
+def min_p_value(text: str) -> float:
+    """argparse type for ``--min-p``: a number in [0, 1)."""
+    value = _finite(text)
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1) (0 = off), got {text}")
+    return value
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be finite, got {text}")
+    return value
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """--target/--draft/--ngram/--gamma/--threads/--ctx."""
+    g = p.add_argument_group("models")
+    g.add_argument("--target", metavar="T.gguf",
+                   help="target model (GGUF). Default: the bundled demo pair "
+                        "(see `specdec-cpu models`)")
+    g.add_argument("--draft", metavar="D.gguf",
+                   help="draft model (GGUF) sharing the target's vocabulary. With --target "
+                        "but no --draft: plain decoding (or n-gram drafting with --ngram)")
+    g.add_argument("--ngram", action="store_true",
+                   help="also draft by prompt lookup (n-gram matches in the context)")
+    g.add_argument("--gamma", type=gamma_value, default="auto", metavar="auto|N",
+                   help="draft tokens per step: 'auto' lets the cost model choose per step "
+                        "(default), N fixes it, 0 is plain decoding")
+    g.add_argument("--threads", type=int_in(1, 1024), default=None, metavar="N",
+                   help="CPU threads per model (default: all cores)")
+    g.add_argument("--ctx", type=int_in(64, 1 << 20), default=DEFAULT_CTX, metavar="N",
+                   help=f"context size in tokens (default {DEFAULT_CTX})")
+
+
+def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    """--temperature/--top-k/--top-p/--min-p/--seed/--max-tokens/--system."""
+    g = p.add_argument_group("sampling (applied as temperature → top-k → top-p → min-p)")
+    g.add_argument("--temperature", type=nonneg_float, default=DEFAULT_TEMPERATURE, metavar="T",
+                   help=f"sampling temperature, 0 = greedy (default {DEFAULT_TEMPERATURE:g})")
+    g.add_argument("--top-k", type=int_in(0, 1 << 30), default=0, metavar="K",
+                   help="keep the K most likely tokens, 0 = off (default)")
+    g.add_argument("--top-p", type=top_p_value, default=1.0, metavar="P",
+                   help="nucleus sampling in (0, 1], 1 = off (default)")
+    g.add_argument("--min-p", type=min_p_value, default=0.0, metavar="P",
+                   help="drop tokens below P × the top probability, in [0, 1), 0 = off (default)")
+    g.add_argument("--seed", type=int_in(0, 2**63 - 1), default=None, metavar="N",
+                   help="seed of the random streams. The same seed, models and flags give the "
+                        "same text with a fixed --gamma or --temperature 0 (with --gamma auto, "
+                        "γ follows measured timings, which changes how the streams are used)")
+    g.add_argument("--max-tokens", type=int_in(1, 1 << 24), default=max_tokens, metavar="N",
+                   help=f"most tokens to generate per reply (default {max_tokens})")
+    g.add_argument("--system", metavar="TEXT", default=None,
+                   help="system prompt (used with the chat template)")
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    """The SamplingParams the flags describe (a bad combination is a usage error)."""
+    try:
+        return SamplingParams(temperature=args.temperature, top_k=args.top_k,
+                              top_p=args.top_p, min_p=args.min_p)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+# ---------------------------------------------------------------------------
+# loading
+# ---------------------------------------------------------------------------
+
+
+def supports_ngram() -> bool:
+    """Whether this version's ``SpeculativeDecoder.from_gguf`` takes ``ngram=``."""
+    from ..decoder import SpeculativeDecoder
+
+    try:
+        params = inspect.signature(SpeculativeDecoder.from_gguf).parameters
+    except (TypeError, ValueError):  # pragma: no cover
+        return False
+    return "ngram" in params
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Flag combinations that cannot work, caught before any model is loaded."""
+    if args.draft is not None and args.target is None:
+        raise UsageError("--draft needs --target (without either, the default pair is used)")
+    no_drafter = args.target is not None and args.draft is None and not args.ngram
+    if no_drafter and isinstance(args.gamma, int) and args.gamma > 0:
+        raise UsageError(f"--gamma {args.gamma} needs a drafter: add --draft D.gguf or --ngram")
+    if args.ngram and not supports_ngram():
+        raise UsageError("--ngram is not available in this version of specdec-cpu")
+
+
+def model_paths(args: argparse.Namespace) -> "tuple[str, Optional[str]]":
+    """(target, draft) from the flags, or the default pair prepared on first use."""
+    if args.target is None:
+        from ..models import ensure_default_pair
+
+        target, draft = ensure_default_pair(progress=True)
+        return str(target), str(draft)
+    for flag, path in (("--target", args.target), ("--draft", args.draft)):
+        if path is None:
+            continue
+        p = Path(path)
+        if not p.exists():
+            raise ModelLoadError(f"{flag} {path}: no such file")
+        if p.is_dir():
+            raise ModelLoadError(f"{flag} {path}: is a directory, not a GGUF file")
+    return args.target, args.draft
+
+
+def load_decoder(args: argparse.Namespace, announce: Optional[TextIO] = None):
+    """A SpeculativeDecoder for the flags (the ``--seed`` seeds its random streams).
+
+    ``announce``: a stream to say "loading ..." on once the files are found.
+    """
+    from ..decoder import SpeculativeDecoder
+
+    check_args(args)
+    target, draft = model_paths(args)
+    if announce is not None:
+        names = ", ".join(Path(p).name for p in (target, draft) if p)
+        emit(f"loading {names} ...", announce)
+    kwargs: dict[str, Any] = dict(gamma=args.gamma, n_ctx=args.ctx, n_threads=args.threads,
+                                  seed=args.seed)
+    if args.ngram:
+        kwargs["ngram"] = True
+    try:
+        return SpeculativeDecoder.from_gguf(target, draft, **kwargs)
+    except ValueError as exc:  # e.g. a γ the drafter cannot serve
+        if isinstance(exc, SpecDecError):
+            raise
+        raise UsageError(str(exc)) from None
+
+
+def has_drafter(decoder) -> bool:
+    return getattr(decoder, "drafter", None) is not None
+
+
+def describe_models(decoder) -> str:
+    """One line naming the files and the drafting mode."""
+    target = Path(decoder.target_path).name if decoder.target_path else "?"
+    drafter = getattr(decoder, "drafter", None)
+    parts = getattr(drafter, "drafters", None)
+    ngram = (drafter is not None and getattr(drafter, "name", None) == "ngram") or (
+        isinstance(parts, dict) and "ngram" in parts)
+    if decoder.draft_path:
+        draft = f"draft {Path(decoder.draft_path).name}" + (" + n-gram lookup" if ngram else "")
+    elif drafter is not None:
+        draft = "n-gram drafting"
+    else:
+        draft = "no draft: plain decoding"
+    gamma = decoder.gamma
+    return f"target {target}, {draft}, γ {gamma}"
+
+
+# ---------------------------------------------------------------------------
+# Ctrl-C
+# ---------------------------------------------------------------------------
+
+
+@contextmanager
+def interruptible() -> Iterator[threading.Event]:
+    """While active, the first Ctrl-C sets the yielded event (the decoder stops
+    after the step in progress, its caches consistent); a second one raises
+    KeyboardInterrupt as usual."""
+    cancel = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield cancel  # signals only reach the main thread
+        return
+
+    def on_sigint(signum, frame):  # noqa: ARG001
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield cancel
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def run_result(stream) -> Any:
+    """The finished Generation of a (closed or exhausted) decoder stream."""
+    return getattr(stream, "result", None)
+
+
+# ---------------------------------------------------------------------------
+# statistics
+# ---------------------------------------------------------------------------
+
+
+def controllers(decoder) -> dict:
+    """The decoder's γ controllers by draft route (empty before any auto-γ run)."""
+    ctrls = getattr(decoder, "_controllers", None)
+    if isinstance(ctrls, dict):
+        return dict(ctrls)
+    single = getattr(decoder, "_controller", None)
+    return {} if single is None else {"model": single}
+
+
+def estimated_speedup(decoder, stats: GenerationStats, gamma: GammaSetting) -> Optional[float]:
+    """Speed-up over plain decoding the cost model predicts for this run.
+
+    For the γ each step used, the model's expected tokens E[tokens](α, γ) and
+    cost γ·c + v(γ+1) (in units of one plain target pass) are summed over the
+    steps: Σ E / Σ cost (with one γ throughout, this is speedup(α, γ)).  With
+    ``gamma='auto'`` α, c and v(k) are the decoder's γ controller's running
+    estimates (with several draft routes, model and n-gram, the routes'
+    estimates are weighted by the tokens each drafted).  With a fixed γ: the
+    measured mean α, and c and v(k) from the decoder's calibration if it has
+    one, else the controller's priors.  None when there is no drafter.
+    """
+    if not has_drafter(decoder) or not stats.steps or not stats.gammas:
+        return None
+    top = max(stats.gammas)
+    if top == 0:
+        return 1.0
+    try:
+        ctrls = controllers(decoder)
+        if gamma == "auto" and ctrls:
+            weights = {name: counts[0] for name, counts in stats.by_drafter.items()
+                       if name in ctrls and counts[0] > 0}
+            if not weights:
+                weights = {next(iter(ctrls)): 1}
+            total = sum(weights.values())
+            est = 0.0
+            for name, w in weights.items():
+                ctrl = ctrls[name]
+                v = ctrl.verify_curve()
+                est += w * _aggregate(ctrl.alpha, ctrl.cost, lambda k, v=v: float(v[min(k, len(v) - 1)]),
+                                      stats.gammas)
+            return est / total
+        alpha = stats.mean_alpha if stats.alpha_rows else stats.acceptance
+        alpha = min(max(alpha, 0.0), 1.0)
+        cost_model = getattr(decoder, "cost_model", None)
+        if cost_model is not None and hasattr(cost_model, "verify_cost"):
+            return _aggregate(alpha, float(cost_model.cost), cost_model.verify_cost, stats.gammas)
+        from ..controller import GammaController
+
+        prior = GammaController(None, gamma_max=top, alpha_prior=alpha)
+        v = prior.verify_curve()
+        return _aggregate(alpha, prior.cost, lambda k: float(v[k]), stats.gammas)
+    except Exception:  # an estimate must never break a reply
+        return None
+
+
+def _aggregate(alpha: float, cost: float, verify, gammas: Sequence[int]) -> float:
+    """Σ E[tokens](α, γ_i) / Σ (γ_i·c + v(γ_i + 1)) over the steps' γ_i."""
+    from .. import theory
+
+    tokens = spent = 0.0
+    counts: dict[int, int] = {}
+    for g in gammas:
+        counts[g] = counts.get(g, 0) + 1
+    for g, n in counts.items():
+        if g == 0:
+            tokens += n
+            spent += n
+        else:
+            tokens += n * float(theory.expected_tokens(alpha, g))
+            spent += n * (g * cost + float(verify(g + 1)))
+    return tokens / spent if spent > 0 else 1.0
+
+
+def status_line(stats: GenerationStats, speedup: Optional[float], drafting: bool) -> str:
+    """The one-line summary printed after a reply."""
+    parts = [f"{stats.tokens} tokens", f"{stats.tokens_per_second:.1f} tok/s"]
+    if drafting:
+        parts += [f"acceptance {stats.acceptance:.2f}", f"mean α {stats.mean_alpha:.2f}",
+                  f"γ {stats.mean_gamma:.1f}"]
+        if speedup is not None:
+            parts.append(f"est. {speedup:.2f}× over plain")
+    else:
+        parts.append("plain decoding")
+    if stats.finish_reason not in (None, "stop"):
+        parts.append(_finish_text(stats.finish_reason))
+    return "[" + " · ".join(parts) + "]"
+
+
+def _finish_text(reason: Optional[str]) -> str:
+    return {"length": "max tokens reached", "context": "context full",
+            "cancelled": "stopped", "timeout": "timed out"}.get(reason or "", reason or "")
+
+
+def stats_lines(stats: GenerationStats, speedup: Optional[float], drafting: bool) -> list[str]:
+    """Every statistic of one generation, one per line."""
+    lines = [
+        f"tokens:            {stats.tokens} ({stats.finish_reason or '-'})",
+        f"prompt:            {stats.prompt_tokens} tokens, {stats.prompt_cached} reused from "
+        f"the cache, {stats.prompt_seconds * 1000:.0f} ms",
+        f"decode:            {stats.decode_seconds:.2f} s, {stats.tokens_per_second:.1f} tok/s",
+        f"target passes:     {stats.steps} ({stats.tokens_per_step:.2f} tokens per pass)",
+    ]
+    if drafting:
+        lines += [
+            f"drafted/accepted:  {stats.drafted}/{stats.accepted} "
+            f"(acceptance {stats.acceptance:.3f})",
+            f"mean α:            {stats.mean_alpha:.3f} over {stats.alpha_rows} verified rows",
+            f"γ:                 mean {stats.mean_gamma:.2f}; over time {_runs_text(stats)}",
+        ]
+        if len(stats.by_drafter) > 1:
+            for name, (drafted, accepted) in sorted(stats.by_drafter.items()):
+                rate = accepted / drafted if drafted else 0.0
+                lines.append(f"  {name + ':':16s} {drafted} drafted, {accepted} accepted ({rate:.2f})")
+        if speedup is not None:
+            lines.append(f"est. speed-up:     {speedup:.2f}× over plain decoding (cost model)")
+    else:
+        lines.append("drafting:          none (plain decoding)")
+    lines.append(
+        f"time split:        draft {stats.draft_seconds:.2f} s, target {stats.target_seconds:.2f} s, "
+        f"sampling {stats.sampling_seconds:.2f} s, other {stats.overhead_seconds:.2f} s")
+    return lines
+
+
+def _runs_text(stats: GenerationStats, limit: int = 8) -> str:
+    runs = stats.gamma_runs()
+    text = ", ".join(f"{g}×{n}" for g, n in runs[:limit])
+    if len(runs) > limit:
+        text += f", … ({len(runs) - limit} more runs)"
+    return text or "-"
+
+
+def combine(all_stats: Sequence[GenerationStats]) -> GenerationStats:
+    """Totals over several generations (rates recomputed from the sums)."""
+    total = GenerationStats()
+    for s in all_stats:
+        for name in ("prompt_tokens", "prompt_cached", "tokens", "steps", "drafted", "accepted",
+                     "alpha_sum", "alpha_rows", "prompt_seconds", "draft_seconds",
+                     "target_seconds", "sampling_seconds", "total_seconds"):
+            setattr(total, name, getattr(total, name) + getattr(s, name))
+        total.gammas.extend(s.gammas)
+        for name, (drafted, accepted) in s.by_drafter.items():
+            total.record_drafter(name, drafted, accepted)
+    return total
+
+
+def setup_stdout() -> None:
+    """Never fail on a character the terminal's encoding lacks."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="replace")
+            except (ValueError, OSError):  # pragma: no cover - a detached stream
+                pass

@@ -1,0 +1,120 @@
+"""``specdec-cpu calibrate``: measure c, v(k) and α for a model pair here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Optional
+
+from .. import theory
+from ..costmodel import CostModel, ModelIdentity, calibration_path
+from ..params import SamplingParams
+from ._common import UsageError, emit, int_in, nonneg_float, probability
+from ._format import plan_lines, verify_lines
+
+
+def register(sub: "argparse._SubParsersAction") -> None:
+    """Add the ``calibrate`` subcommand."""
+    p = sub.add_parser(
+        "calibrate",
+        help="measure draft cost c, verify costs v(k) and acceptance α for a model pair",
+        description="Time the target over k = 1..γ_max+1 rows and the draft over one token, "
+                    "measure the acceptance α on a few sample prompts, cache the result per "
+                    "(model files, threads, CPU) and print the resulting plan.",
+    )
+    p.add_argument("--target", required=True, metavar="T.gguf", help="target model (GGUF)")
+    p.add_argument("--draft", required=True, metavar="D.gguf", help="draft model (GGUF)")
+    p.add_argument("--temperature", type=nonneg_float, default=1.0, help="sampling temperature (default 1)")
+    p.add_argument("--top-k", type=int_in(0, 1 << 30), default=0, help="top-k, 0 = off (default)")
+    p.add_argument("--top-p", type=probability, default=1.0, help="top-p in (0, 1], 1 = off (default)")
+    p.add_argument("--min-p", type=probability, default=0.0, help="min-p in [0, 1), 0 = off (default)")
+    p.add_argument("--seed", type=int_in(0, 2**63), default=None, help="seed for the α runs")
+    p.add_argument("--threads", type=int_in(1, 1024), default=None, metavar="N",
+                   help="threads per model (default: llama.cpp's choice)")
+    p.add_argument("--n-ctx", type=int_in(64, 1 << 20), default=2048, metavar="N",
+                   help="context size to load the models with (default 2048)")
+    p.add_argument("--gamma-max", type=int_in(1, 64), default=8, metavar="N",
+                   help="largest γ to plan for; T(k) is measured up to k = N+1 (default 8)")
+    p.add_argument("--n-tokens", type=int_in(1, 4096), default=32, metavar="N",
+                   help="tokens generated per sample prompt to measure α (default 32)")
+    p.add_argument("--recalibrate", action="store_true", help="measure again even if cached")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
+    p.add_argument("--json", action="store_true", help="print the calibration as JSON "
+                   "(usable as `plan --calibration FILE`)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Calibrate (or load the cached calibration) and print it."""
+    try:
+        params = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                min_p=args.min_p, seed=args.seed)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    for flag, path in (("--target", args.target), ("--draft", args.draft)):
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{flag} {path}: no such file")
+
+    # Heavy imports (llama.cpp, the C++ extension) only now, so `plan` needs neither.
+    from ..decoder import SpeculativeDecoder
+    from ..planner import calibrate
+
+    decoder = SpeculativeDecoder.from_gguf(args.target, args.draft, n_threads=args.threads,
+                                           n_ctx=args.n_ctx)
+    model = calibrate(decoder, params=params, gamma_max=args.gamma_max, n_tokens=args.n_tokens,
+                      cache=not args.no_cache, recalibrate=args.recalibrate)
+    cache_file = None if args.no_cache else calibration_path(model.key)
+    if args.json:
+        emit(json.dumps(_json(model, args.gamma_max, cache_file), indent=2))
+    else:
+        emit("\n".join(_text(model, args.gamma_max, cache_file)))
+    return 0
+
+
+def _text(model: CostModel, gamma_max: int, cache_file: Optional[Path]) -> list[str]:
+    lines = [
+        f"target: {_model_text(model.target)}",
+        f"draft:  {_model_text(model.draft)}",
+        f"threads: {model.n_threads}   cpu: {model.cpu}   measured: {model.created}",
+    ]
+    if cache_file is not None:
+        lines.append(f"cache: {cache_file}")
+    lines += [
+        "",
+        f"draft cost c = T_draft(1) / T_target(1) = {model.draft_ms:.2f} ms / "
+        f"{model.target_ms[0]:.2f} ms = {model.cost:.3f}",
+        "verify cost v(k) = T_target(k) / T_target(1):",
+    ]
+    lines += verify_lines(model.target_ms)
+    sampling = ", ".join(f"{k} {v:g}" for k, v in model.sampling.items() if isinstance(v, (int, float)))
+    if model.alpha is None:
+        lines += ["", "acceptance α: not measured (no verified rows)"]
+        return lines
+    lines += ["", f"acceptance α = {model.alpha:.3f} (mean Σ min(p, q) of verified rows; {sampling})", ""]
+    star = model.optimal_gamma(gamma_max)
+    lines += plan_lines(model.plan(gamma_max), star)
+    return lines
+
+
+def _json(model: CostModel, gamma_max: int, cache_file: Optional[Path]) -> dict:
+    data = model.to_dict()
+    derived: dict = {
+        "cost": model.cost,
+        "verify_cost": [model.verify_cost(k) for k in range(1, gamma_max + 2)],
+        "cache_path": None if cache_file is None else str(cache_file),
+    }
+    if model.alpha is not None:
+        star = model.optimal_gamma(gamma_max)
+        derived["gamma_star"] = star
+        derived["speedup"] = model.speedup(star)
+        derived["plan"] = [row._asdict() for row in model.plan(gamma_max)]
+        derived["ceiling"] = theory.ceiling(model.alpha)
+    data["derived"] = derived  # ignored when read back as a CostModel
+    return data
+
+
+def _model_text(identity: Optional[ModelIdentity]) -> str:
+    if identity is None:
+        return "-"
+    return f"{identity.path} ({identity.size / 1e6:.0f} MB)"

@@ -1,0 +1,316 @@
+"""Online choice of the draft length γ from measured acceptance and step costs.
+
+Each step the decoder asks :meth:`GammaController.next_gamma`, runs the step,
+and reports what happened with :meth:`GammaController.observe`.  The
+controller keeps running estimates of
+
+- α̂: an exponential moving average of the exact per-row acceptance Σ min(p, q),
+- T̂(k): the target's time for a pass over k rows (EMA per k),
+- d̂: the draft's time per drafted token,
+
+and picks the γ maximising E[tokens](α̂, γ) / (γ·ĉ + v̂(γ+1)) with
+ĉ = d̂ / T̂(1) and v̂(k) = T̂(k) / T̂(1).  γ = 0 (plain decoding) is chosen when
+nothing is predicted to beat plain decoding by ``min_speedup``; from then on a
+short probe every ``probe_every`` plain steps re-measures α̂, because
+acceptance changes with the content being generated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Optional, Sequence
+
+import numpy as np
+
+from . import theory
+from .costmodel import CostModel
+
+__all__ = ["GammaController"]
+
+
+class GammaController:
+    """Chooses γ per step; see the module docstring for the model.
+
+    Args:
+        cost_model: a calibration (timings, and α if measured).  Without one
+            the controller starts from priors: c = ``cost_prior`` and the
+            cautious verify-cost curve v(k) = 1 + ``slope_prior``·(k − 1)
+            (0.3 per row sits between the memory-bound and compute-bound
+            curves measured on small CPUs, DESIGN.md §2), and it spends its
+            first ``warmup`` steps on plain decoding to measure T(1).
+        gamma_max: largest γ ever returned.
+        alpha_prior: α̂ before any row is observed (unless the cost model has α).
+        ema: weight of one row's α in the moving average.
+        time_ema: weight of one step's timing in the T̂(k) and d̂ averages.
+        probe_every: plain steps between probes while γ = 0 is chosen.  After
+            a probe whose own rows say speculation would pay, the next probe
+            comes at once (so α̂ catches up with new content in a few steps);
+            after one that says it would not, the interval doubles, up to
+            ``probe_max``.
+        probe_gamma: γ of a probe step.
+        min_speedup: predicted speed-up a γ > 0 must reach to be chosen; the
+            margin keeps estimation noise from choosing speculation that is
+            really slower than plain decoding.
+        stale_cap: largest weight the first α row after a plain stretch gets
+            (α̂ is stale after many plain tokens, so that row counts for more).
+        history_len: steps of γ history kept for statistics.
+    """
+
+    def __init__(
+        self,
+        cost_model: Optional[CostModel] = None,
+        *,
+        gamma_max: int = 12,
+        alpha_prior: float = 0.7,
+        ema: float = 0.1,
+        time_ema: float = 0.2,
+        probe_every: int = 32,
+        probe_max: int = 256,
+        probe_gamma: int = 2,
+        min_speedup: float = 1.02,
+        cost_prior: float = 0.2,
+        slope_prior: float = 0.3,
+        warmup: int = 2,
+        stale_cap: float = 0.5,
+        history_len: int = 10_000,
+    ) -> None:
+        if isinstance(gamma_max, bool) or not isinstance(gamma_max, int) or gamma_max < 0:
+            raise ValueError(f"gamma_max must be an int >= 0, got {gamma_max!r}")
+        for name, w in (("ema", ema), ("time_ema", time_ema), ("stale_cap", stale_cap)):
+            if not 0.0 < w <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {w}")
+        if not 0.0 <= alpha_prior <= 1.0:
+            raise ValueError(f"alpha_prior must be in [0, 1], got {alpha_prior}")
+        if probe_every < 1 or probe_max < probe_every:
+            raise ValueError(f"need 1 <= probe_every <= probe_max, got {probe_every}, {probe_max}")
+        if probe_gamma < 1:
+            raise ValueError(f"probe_gamma must be >= 1, got {probe_gamma}")
+        if cost_prior < 0 or slope_prior < 0 or min_speedup <= 0:
+            raise ValueError("cost_prior and slope_prior must be >= 0, min_speedup > 0")
+        self.gamma_max = gamma_max
+        self.ema, self.time_ema, self.stale_cap = ema, time_ema, stale_cap
+        self.probe_every, self.probe_max = probe_every, probe_max
+        self.probe_gamma = min(probe_gamma, gamma_max)
+        self.min_speedup = min_speedup
+        self.cost_prior, self.slope_prior = cost_prior, slope_prior
+
+        k_top = gamma_max + 1
+        self._t = np.full(k_top + 1, np.nan)  # T̂(k) in ms, index k (0 unused)
+        self._d: Optional[float] = None  # d̂, ms per drafted token
+        self.alpha = alpha_prior
+        self._warmup = warmup
+        if cost_model is not None:
+            self._t[1:] = [cost_model.target_time(k) for k in range(1, k_top + 1)]
+            self._d = cost_model.draft_ms
+            if cost_model.alpha is not None:
+                self.alpha = cost_model.alpha
+            self._warmup = 0  # T(1) is known from the calibration
+
+        self._stale = 0  # plain steps since the last α observation
+        self._skip_draft_time = True  # the first draft of a sequence includes its prefill
+        self._plain_run = 0
+        self._probe_interval = probe_every
+        self._probing = False
+        self.history: deque[int] = deque(maxlen=history_len)
+        self.gamma_counts: dict[int, int] = {}
+        self.steps = 0
+        self._best = self._choose()
+
+    # ------------------------------------------------------------ per step
+    def next_gamma(self) -> int:
+        """The draft length for the next step (0 = plain decoding)."""
+        if self.gamma_max == 0 or self._warmup > 0:
+            return 0
+        if self._best > 0:
+            self._plain_run = 0
+            return self._best
+        self._plain_run += 1
+        if self._plain_run > self._probe_interval:
+            self._plain_run = 0
+            self._probing = True
+            return self.probe_gamma
+        return 0
+
+    def observe(self, gamma: int, alphas: Sequence[float], n_accepted: int,
+                draft_seconds: Optional[float], target_seconds: Optional[float]) -> None:
+        """Report one finished step.
+
+        Args:
+            gamma: the draft length actually used (0 for a plain step).
+            alphas: the exact Σ min(p, q) of each verified row (may be empty).
+            n_accepted: draft tokens accepted (used for α only when ``alphas``
+                is empty: each accept/reject decision is a Bernoulli(α) draw).
+            draft_seconds: time spent drafting this step's γ tokens.
+            target_seconds: time of this step's target pass over γ + 1 rows.
+        """
+        gamma = int(gamma)
+        self.steps += 1
+        self.history.append(gamma)
+        self.gamma_counts[gamma] = self.gamma_counts.get(gamma, 0) + 1
+
+        rows = [float(a) for a in alphas if math.isfinite(a)]
+        if not rows and gamma > 0:
+            n_acc = max(0, min(int(n_accepted), gamma))
+            rows = [1.0] * n_acc + ([0.0] if n_acc < gamma else [])
+        self._observe_alpha(rows)
+        if gamma == 0:
+            self._stale += 1
+            if self._warmup > 0:
+                self._warmup -= 1
+
+        if gamma > 0 and _positive(draft_seconds):
+            if self._skip_draft_time:
+                # The draft caught up on tokens it skipped (a prompt or plain
+                # steps): that time says nothing about the cost per draft token.
+                self._skip_draft_time = False
+            else:
+                self._d = self._blend(self._d, 1000.0 * draft_seconds / gamma)
+        if gamma == 0:
+            self._skip_draft_time = True
+        k = gamma + 1
+        if _positive(target_seconds) and k < self._t.shape[0]:
+            self._t[k] = self._blend(self._t[k], 1000.0 * target_seconds)
+
+        self._best = self._choose()
+        if self._probing and gamma > 0:
+            self._probing = False
+            self._after_probe(rows)
+        elif self._probing:
+            self._plain_run = self._probe_interval  # the probe was cut to γ = 0: retry next step
+
+    def new_sequence(self) -> None:
+        """Tell the controller a new generation starts.
+
+        The first draft of a generation includes the draft model's prompt
+        processing, which must not be mistaken for the cost of drafting.
+        """
+        self._skip_draft_time = True
+
+    # ------------------------------------------------------------ estimates
+    @property
+    def cost(self) -> float:
+        """ĉ = d̂ / T̂(1) (the prior until both are measured)."""
+        return self._cost(self._curve())
+
+    def verify_curve(self) -> np.ndarray:
+        """v̂ indexed by k = 0..gamma_max+1 (v̂[0] = nan, v̂[1] = 1)."""
+        t = self._curve()
+        v = t / t[1]
+        v[0] = np.nan
+        return v
+
+    def predicted_speedup(self, gamma: int) -> float:
+        """Speed-up the current estimates predict for draft length ``gamma``."""
+        return float(theory.speedup(self.alpha, gamma, self.cost, self.verify_curve()))
+
+    def estimates(self) -> dict:
+        """α̂, ĉ and v̂(k) as plain data, for statistics and logs."""
+        return {
+            "alpha": self.alpha,
+            "cost": self.cost,
+            "verify_cost": [float(x) for x in self.verify_curve()[1:]],
+            "target_ms": None if not self._measured() else [float(x) for x in self._curve()[1:]],
+            "best_gamma": self._best,
+        }
+
+    def gamma_runs(self) -> list[tuple[int, int]]:
+        """Recent γ history as (γ, consecutive steps) runs."""
+        runs: list[tuple[int, int]] = []
+        for g in self.history:
+            if runs and runs[-1][0] == g:
+                runs[-1] = (g, runs[-1][1] + 1)
+            else:
+                runs.append((g, 1))
+        return runs
+
+    # ------------------------------------------------------------ internals
+    def _observe_alpha(self, rows: list[float]) -> None:
+        if not rows:
+            return
+        # After s plain steps the estimate is s tokens old: the first new row
+        # gets the weight s+1 rows would have had (capped), so a probe can
+        # reveal a change of content quickly.
+        w = self.ema
+        if self._stale:
+            w = max(self.ema, min(self.stale_cap, 1.0 - (1.0 - self.ema) ** (1 + self._stale)))
+        for a in rows:
+            a = min(max(a, 0.0), 1.0)
+            self.alpha += w * (a - self.alpha)
+            w = self.ema
+        self._stale = 0
+
+    def _after_probe(self, rows: list[float]) -> None:
+        if self._best > 0:  # speculation is back on
+            self._probe_interval = self.probe_every
+        elif rows and self._choose(sum(rows) / len(rows)) > 0:
+            # The probe's own rows say speculation would pay but α̂ has not
+            # caught up yet: probe again at once rather than wait.
+            self._probe_interval = self.probe_every
+            self._plain_run = self._probe_interval
+        else:  # nothing changed: back off, so a stable plain stretch stays cheap
+            self._probe_interval = min(2 * self._probe_interval, self.probe_max)
+
+    def _blend(self, old: Optional[float], new: float) -> float:
+        if old is None or not math.isfinite(old):
+            return new
+        # A single wild reading (a page fault, another process) moves the
+        # estimate by at most a factor ~3 times the EMA weight.
+        new = min(new, 3.0 * old)
+        return old + self.time_ema * (new - old)
+
+    def _cost(self, t: np.ndarray) -> float:
+        if self._d is None or not self._measured():
+            return self.cost_prior
+        return float(self._d / t[1])
+
+    def _measured(self) -> bool:
+        return bool(np.any(np.isfinite(self._t[1:])))
+
+    def _curve(self) -> np.ndarray:
+        """T̂(k) for k = 0..gamma_max+1 (ms, or prior units before any timing).
+
+        Unmeasured k are interpolated between measured ones and continued
+        linearly beyond them; with a single measured point the prior shape
+        is scaled through it.
+        """
+        k = np.arange(self._t.shape[0], dtype=float)
+        prior = 1.0 + self.slope_prior * (k - 1.0)
+        known = np.isfinite(self._t)
+        known[0] = False
+        if not known.any():
+            return prior
+        kk, tt = k[known], self._t[known]
+        if kk.size == 1:
+            return tt[0] * prior / prior[int(kk[0])]
+        t = np.interp(k, kk, tt)
+        dk = kk - kk.mean()
+        slope = max(float(dk @ (tt - tt.mean()) / (dk @ dk)), 0.0)  # least squares
+        right = k > kk[-1]
+        t[right] = tt[-1] + slope * (k[right] - kk[-1])
+        left = k < kk[0]
+        t[left] = np.maximum(tt[0] - slope * (kk[0] - k[left]), 0.05 * tt[0])
+        return t
+
+    def _choose(self, alpha: Optional[float] = None) -> int:
+        if self.gamma_max == 0:
+            return 0
+        a = self.alpha if alpha is None else alpha
+        t = self._curve()
+        c = self._cost(t)
+        v = (t / t[1]).tolist()
+        # theory.speedup in a plain loop: this runs every step, and numpy's
+        # per-call overhead on 13 numbers would cost more than the arithmetic.
+        best, best_s = 0, 1.0
+        e, a_pow = 1.0, 1.0
+        for g in range(1, self.gamma_max + 1):
+            a_pow *= a
+            e += a_pow  # E[tokens] = 1 + α + ... + α^γ
+            s = e / (g * c + v[g + 1])
+            if s > best_s:
+                best, best_s = g, s
+        return best if best_s >= self.min_speedup else 0
+
+
+def _positive(x: Optional[float]) -> bool:
+    return x is not None and math.isfinite(x) and x > 0

@@ -1,0 +1,25 @@
+"""The llama.cpp adapter: the only part of specdec-cpu that imports ``llama_cpp``.
+
+* :class:`LlamaWeights` -- a GGUF model loaded once (memory-mapped).
+* :class:`LlamaContext` -- a KV cache over the weights; implements ``CausalLM``.
+* :class:`LlamaTokenizer` -- the model's vocabulary; implements ``Tokenizer``.
+* :func:`check_vocab_compatible` -- can a draft model speculate for a target?
+* :func:`quantize` -- write a GGUF at another precision.
+"""
+
+from __future__ import annotations
+
+from .context import DecodeError, LlamaContext
+from .quantize import FTYPES, quantize
+from .vocab import LlamaTokenizer, check_vocab_compatible
+from .weights import LlamaWeights
+
+__all__ = [
+    "LlamaWeights",
+    "LlamaContext",
+    "LlamaTokenizer",
+    "DecodeError",
+    "check_vocab_compatible",
+    "quantize",
+    "FTYPES",
+]

@@ -1,0 +1,277 @@
+"""LlamaWeights: one GGUF model loaded (memory-mapped) once, shared by contexts."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+import threading
+import weakref
+from typing import TYPE_CHECKING, Optional, Union
+
+from ..errors import ModelLoadError
+from .backend import clear_log_errors, describe_failure, ensure_backend, lib
+
+if TYPE_CHECKING:
+    from .context import LlamaContext
+
+__all__ = ["LlamaWeights", "check_gguf_file", "GGUF_MAGIC"]
+
+GGUF_MAGIC = b"GGUF"
+_HEADER = struct.Struct("<4sIQQ")  # magic, version, n_tensors, n_kv
+
+
+def check_gguf_file(path: Union[str, "os.PathLike[str]"]) -> str:
+    """Validate that ``path`` looks like a GGUF file; return it as a str.
+
+    Raises ModelLoadError naming the path and what is wrong (missing, a
+    directory, unreadable, empty, not GGUF, header cut short).
+    """
+    try:
+        spath = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"model path must be a str or os.PathLike, got {path!r}") from None
+    if isinstance(spath, bytes):
+        spath = os.fsdecode(spath)
+    if not os.path.exists(spath):
+        raise ModelLoadError(f"model file not found: {spath}")
+    if os.path.isdir(spath):
+        raise ModelLoadError(f"model path is a directory, not a GGUF file: {spath}")
+    try:
+        size = os.path.getsize(spath)
+        with open(spath, "rb") as fh:
+            head = fh.read(_HEADER.size)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read model file {spath}: {exc.strerror or exc}") from exc
+    if size == 0:
+        raise ModelLoadError(f"model file is empty (0 bytes): {spath}")
+    if not head.startswith(GGUF_MAGIC):
+        raise ModelLoadError(
+            f"not a GGUF file (starts with {head[:4]!r}, expected {GGUF_MAGIC!r}): {spath}"
+        )
+    if len(head) < _HEADER.size:
+        raise ModelLoadError(f"GGUF file is truncated ({size} bytes, header incomplete): {spath}")
+    _, version, _, _ = _HEADER.unpack(head)
+    if version not in (2, 3):
+        raise ModelLoadError(f"unsupported GGUF version {version} (expected 2 or 3): {spath}")
+    return spath
+
+
+class LlamaWeights:
+    """A GGUF model's weights and vocabulary, loaded once (mmap) and shared.
+
+    Several :class:`LlamaContext` objects (each with its own KV cache) may be
+    created from one ``LlamaWeights`` with :meth:`new_context`.  Closing the
+    weights closes those contexts first.  Use as a context manager or call
+    :meth:`close`; it is also freed when garbage collected.
+    """
+
+    def __init__(self, path: Union[str, "os.PathLike[str]"], *, n_gpu_layers: int = 0) -> None:
+        self._model: Optional[int] = None
+        self._contexts: "weakref.WeakSet[LlamaContext]" = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._token_texts = None  # filled lazily by vocab.token_texts
+        if isinstance(n_gpu_layers, bool) or not isinstance(n_gpu_layers, int):
+            raise TypeError(f"n_gpu_layers must be an int, got {n_gpu_layers!r}")
+        self._path = check_gguf_file(path)
+        ensure_backend()
+
+        params = lib.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        clear_log_errors()
+        model = lib.llama_model_load_from_file(self._path.encode("utf-8"), params)
+        if not model:
+            reason = describe_failure("llama.cpp could not load it (truncated, corrupt or unsupported)")
+            raise ModelLoadError(f"failed to load model {self._path}: {reason}")
+        self._model = model
+        self._vocab = lib.llama_model_get_vocab(model)
+        if not self._vocab:
+            self.close()
+            raise ModelLoadError(f"model has no vocabulary: {self._path}")
+
+        self._n_vocab = int(lib.llama_vocab_n_tokens(self._vocab))
+        self._n_ctx_train = int(lib.llama_model_n_ctx_train(model))
+        self._n_embd = int(lib.llama_model_n_embd(model))
+        self._n_layer = int(lib.llama_model_n_layer(model))
+        self._size = int(lib.llama_model_size(model))
+        self._n_params = int(lib.llama_model_n_params(model))
+        self._description = self._read_str(lambda buf, n: lib.llama_model_desc(model, buf, n))
+        self._architecture = self.metadata("general.architecture") or ""
+        self._name = self.metadata("general.name")
+        self._is_recurrent = bool(_optional_call("llama_model_is_recurrent", model))
+        self._is_hybrid = bool(_optional_call("llama_model_is_hybrid", model))
+        if self._n_vocab <= 0:
+            self.close()
+            raise ModelLoadError(f"model has an empty vocabulary: {self._path}")
+
+    # -- helpers ---------------------------------------------------------
+
+    @staticmethod
+    def _read_str(fill, size: int = 256) -> str:
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = int(fill(buf, size))
+            if n < 0:
+                return ""
+            if n < size:
+                return buf.value.decode("utf-8", "replace")
+            size = n + 1
+
+    def metadata(self, key: str) -> Optional[str]:
+        """A GGUF metadata value rendered as a string, or None if absent."""
+        model = self._require()
+        kb = key.encode("utf-8")
+        size = 256
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = int(lib.llama_model_meta_val_str(model, kb, buf, size))
+            if n < 0:
+                return None
+            if n < size:
+                return buf.value.decode("utf-8", "replace")
+            size = n + 1
+
+    def _require(self) -> int:
+        model = self._model
+        if model is None:
+            raise ValueError(f"LlamaWeights for {self._path} is closed")
+        return model
+
+    # -- properties ------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        """The GGUF file's path as given (a str)."""
+        return self._path
+
+    @property
+    def n_vocab(self) -> int:
+        """Number of tokens in the vocabulary (= rows of a logits vector)."""
+        return self._n_vocab
+
+    @property
+    def n_ctx_train(self) -> int:
+        """The context length the model was trained with."""
+        return self._n_ctx_train
+
+    @property
+    def n_embd(self) -> int:
+        return self._n_embd
+
+    @property
+    def n_layer(self) -> int:
+        return self._n_layer
+
+    @property
+    def architecture(self) -> str:
+        """``general.architecture`` from the GGUF metadata, e.g. ``"qwen2"``."""
+        return self._architecture
+
+    @property
+    def name(self) -> Optional[str]:
+        """``general.name`` from the GGUF metadata, if present."""
+        return self._name
+
+    @property
+    def description(self) -> str:
+        """llama.cpp's one-line description, e.g. ``"qwen2 1B Q4_K - Medium"``."""
+        return self._description
+
+    @property
+    def size(self) -> int:
+        """Total size of the weight tensors in bytes."""
+        return self._size
+
+    @property
+    def n_params(self) -> int:
+        """Total number of parameters."""
+        return self._n_params
+
+    @property
+    def is_recurrent(self) -> bool:
+        return self._is_recurrent
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self._is_hybrid
+
+    @property
+    def can_truncate(self) -> bool:
+        """False for recurrent/hybrid models whose state cannot drop a suffix."""
+        return not (self._is_recurrent or self._is_hybrid)
+
+    @property
+    def closed(self) -> bool:
+        return self._model is None
+
+    @property
+    def model_ptr(self) -> int:
+        """The raw ``llama_model *`` (for engine modules only)."""
+        return self._require()
+
+    @property
+    def vocab_ptr(self) -> int:
+        """The raw ``const llama_vocab *`` (for engine modules only)."""
+        self._require()
+        return self._vocab
+
+    def __repr__(self) -> str:
+        state = "closed" if self._model is None else f"{self._description}, n_vocab={self._n_vocab}"
+        return f"LlamaWeights({self._path!r}: {state})"
+
+    # -- contexts --------------------------------------------------------
+
+    def new_context(self, n_ctx: int = 4096, n_batch: int = 512, n_threads: Optional[int] = None,
+                    *, flash_attn: bool = False, kv_type: str = "f16") -> "LlamaContext":
+        """A new :class:`LlamaContext` (own KV cache) over these weights.
+
+        ``n_threads=None`` uses ``os.cpu_count()`` threads.  See
+        :class:`LlamaContext` for ``flash_attn`` and ``kv_type``.
+        """
+        from .context import LlamaContext
+
+        self._require()
+        return LlamaContext(self, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+                            flash_attn=flash_attn, kv_type=kv_type)
+
+    def _register(self, ctx: "LlamaContext") -> None:
+        with self._lock:
+            self._contexts.add(ctx)
+
+    # -- lifetime --------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every context made from these weights, then free the model."""
+        with self._lock:
+            contexts = list(self._contexts)
+            self._contexts = weakref.WeakSet()
+        for ctx in contexts:
+            ctx.close()
+        model, self._model = self._model, None
+        if model is not None:
+            try:
+                lib.llama_model_free(model)
+            except Exception:  # interpreter shutdown
+                pass
+
+    def __enter__(self) -> "LlamaWeights":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _optional_call(name: str, *args: object) -> object:
+    fn = getattr(lib, name, None)
+    if fn is None:
+        return False
+    try:
+        return fn(*args)
+    except (AttributeError, OSError):
+        return False

@@ -1,0 +1,255 @@
+"""`specdec-cpu chat` driven in a real pseudo-terminal, as a user drives it."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+import pytest
+
+pexpect = pytest.importorskip("pexpect")
+
+PROMPT = ">>> "
+# The status line after every reply (stderr, the same terminal).
+STATUS = (r"\[(?P<tokens>\d+) tokens · (?P<tps>[\d.]+) tok/s · acceptance (?P<acc>[\d.]+) · "
+          r"mean α (?P<alpha>[\d.]+) · γ (?P<gamma>[\d.]+) · est\. (?P<speedup>[\d.]+)× over plain"
+          r"(?: · (?P<reason>[a-z ]+))?\]")
+# A greedy reply of the tiny target to this message runs for thousands of
+# tokens: long enough to be interrupted.
+LONG = "tell me a long story"
+TIMEOUT = 90
+
+
+@pytest.fixture
+def chat(tmp_path, tiny_target, tiny_draft):
+    """Start `specdec-cpu chat` on the tiny pair; yields a function taking extra flags."""
+    children = []
+
+    def start(*flags: str, target: str = tiny_target, draft: str | None = tiny_draft):
+        env = dict(os.environ)
+        env.update(SPECDEC_CACHE_DIR=str(tmp_path / "cache"), PYTHONIOENCODING="utf-8",
+                   TERM="dumb", INPUTRC=os.devnull)
+        env.pop("SPECDEC_DEBUG", None)
+        argv = ["-m", "specdec_cpu.cli", "chat", "--target", target]
+        if draft is not None:
+            argv += ["--draft", draft]
+        child = pexpect.spawn(sys.executable, argv + list(flags), env=env, encoding="utf-8",
+                              codec_errors="replace", timeout=TIMEOUT, dimensions=(40, 200))
+        children.append(child)
+        return child
+
+    yield start
+    for child in children:
+        if child.isalive():
+            child.terminate(force=True)
+
+
+def ready(child) -> None:
+    child.expect_exact(PROMPT)
+
+
+def say(child, text: str) -> "re.Match":
+    """Send a message; return the status line's match once the reply is done."""
+    child.sendline(text)
+    child.expect(STATUS)
+    match = child.match
+    ready(child)
+    return match
+
+
+def test_reply_is_streamed_with_a_status_line(chat):
+    child = chat("--max-tokens", "24", "--seed", "1")
+    child.expect("target.gguf, draft draft.gguf")
+    child.expect("/help")
+    ready(child)
+    child.sendline("hello there")
+    child.expect_exact("hello there")  # the terminal's echo of the line
+    child.expect(STATUS)
+    reply = child.before
+    status = child.match
+    assert reply.strip(), "no reply text before the status line"
+    assert 1 <= int(status["tokens"]) <= 24
+    assert float(status["tps"]) > 0
+    assert 0 <= float(status["acc"]) <= 1 and 0 <= float(status["alpha"]) <= 1
+    assert float(status["speedup"]) > 0
+    ready(child)
+    child.sendeof()  # Ctrl-D ends the session
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_later_turns_reuse_the_cache_and_stats(chat):
+    child = chat("--max-tokens", "16", "--seed", "2")
+    ready(child)
+    say(child, "hello")
+    child.sendline("/stats")
+    child.expect(r"prompt: +(\d+) tokens, (\d+) reused from the cache")
+    first_prompt, first_reused = int(child.match[1]), int(child.match[2])
+    assert first_reused == 0
+    child.expect(r"session \(1 replies")
+    ready(child)
+    say(child, "and the world")
+    child.sendline("/stats")
+    child.expect(r"last reply:")
+    child.expect(r"prompt: +(\d+) tokens, (\d+) reused from the cache")
+    prompt, reused = int(child.match[1]), int(child.match[2])
+    # The second prompt holds the whole conversation; the first turn's part is reused.
+    assert prompt > first_prompt and reused >= first_prompt - 1
+    child.expect(r"drafted/accepted: +\d+/\d+ \(acceptance [\d.]+\)")
+    child.expect(r"mean α: +[\d.]+ over \d+ verified rows")
+    child.expect(r"session \(2 replies, 2 turns in the conversation\)")
+    child.expect(r"γ controller \(model\): α̂ [\d.]+")
+    ready(child)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_params_show_set_and_reject(chat):
+    child = chat("--max-tokens", "8", "--temperature", "0.8")
+    ready(child)
+    child.sendline("/params")
+    child.expect(r"temperature=0.8 top_k=0 top_p=1 min_p=0 seed=none max_tokens=8 gamma=auto")
+    ready(child)
+    child.sendline("/params temperature=0.7 top_p=0.9 top-k=40 gamma=2 seed=11")
+    child.expect(r"temperature=0.7 top_k=40 top_p=0.9 min_p=0 seed=11 max_tokens=8 gamma=2")
+    ready(child)
+    child.sendline("/params top_p=1.5")
+    child.expect(r"error: top_p must be in \(0, 1\]")
+    ready(child)
+    child.sendline("/params warmth=3")
+    child.expect(r"error: unknown parameter 'warmth'; known: temperature, top_k")
+    ready(child)
+    child.sendline("/params temperature=hot")
+    child.expect(r"error: bad value for temperature: 'hot'")
+    ready(child)
+    child.sendline("/params gamma=99")
+    child.expect(r"error: bad value for gamma")
+    ready(child)
+    child.sendline("/params temperature")
+    child.expect(r"error: expected KEY=VALUE")
+    ready(child)
+    # A rejected /params changes nothing; the accepted one is used by the next reply.
+    child.sendline("/params")
+    child.expect(r"temperature=0.7 top_k=40 top_p=0.9 min_p=0 seed=11 max_tokens=8 gamma=2")
+    ready(child)
+    status = say(child, "hello")
+    assert float(status["gamma"]) <= 2.0 and int(status["tokens"]) <= 8
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+
+
+def test_ctrl_c_stops_the_reply_and_keeps_the_session(chat):
+    child = chat("--temperature", "0", "--max-tokens", "100000", "--ctx", "4096")
+    ready(child)
+    child.sendline(LONG)
+    child.expect_exact(LONG)
+    child.expect(r"\S")  # the reply has started streaming
+    child.sendintr()
+    child.expect(STATUS)
+    status = child.match
+    assert status["reason"] == "stopped", f"reply not interrupted: {status.group(0)}"
+    assert int(status["tokens"]) < 3000
+    ready(child)
+    child.sendline("/stats")
+    child.expect(r"tokens: +\d+ \(cancelled\)")
+    child.expect(r"session \(1 replies, 1 turns in the conversation\)")  # partial reply kept
+    ready(child)
+    # The session goes on: a next reply works and reuses the cache.
+    child.sendline("/params max_tokens=6")
+    ready(child)
+    status = say(child, "hello")
+    assert int(status["tokens"]) <= 6
+    child.sendline("/stats")
+    child.expect(r"prompt: +\d+ tokens, [1-9]\d* reused from the cache")
+    ready(child)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_ctrl_c_at_the_prompt_does_not_exit(chat):
+    child = chat("--max-tokens", "4")
+    ready(child)
+    child.sendintr()
+    child.expect(r"/exit or Ctrl-D quits")
+    ready(child)
+    assert child.isalive()
+    status = say(child, "hello")
+    assert int(status["tokens"]) <= 4
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_system_reset_help_and_unknown_commands(chat):
+    child = chat("--max-tokens", "4", "--system", "You are terse.")
+    ready(child)
+    child.sendline("/system")
+    child.expect_exact("system prompt: 'You are terse.'")
+    ready(child)
+    child.sendline("/system Answer in French.")
+    child.expect_exact("(system prompt set)")
+    ready(child)
+    child.sendline("/system")
+    child.expect_exact("system prompt: 'Answer in French.'")
+    ready(child)
+    say(child, "hello")
+    child.sendline("/reset")
+    child.expect_exact("(conversation cleared)")
+    ready(child)
+    child.sendline("/stats")
+    child.expect(r"0 turns in the conversation")
+    ready(child)
+    say(child, "hello")
+    child.sendline("/stats")
+    # After /reset the prompt is processed from scratch.
+    child.expect(r"prompt: +\d+ tokens, 0 reused from the cache")
+    ready(child)
+    child.sendline("/help")
+    child.expect(r"/params KEY=VALUE")
+    child.expect(r"Ctrl-C stops a reply")
+    ready(child)
+    child.sendline("/frobnicate")
+    child.expect(r"unknown command /frobnicate; /help lists the commands")
+    ready(child)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def test_plain_decoding_without_draft(chat):
+    child = chat("--max-tokens", "6", draft=None)
+    child.expect("no draft: plain decoding")
+    ready(child)
+    child.sendline("hello")
+    child.expect(r"\[\d+ tokens · [\d.]+ tok/s · plain decoding")
+    ready(child)
+    child.sendline("/params gamma=3")
+    child.expect("needs a drafter")
+    ready(child)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+
+
+def test_model_without_chat_template_is_one_line(chat, tiny_no_template):
+    child = chat(target=tiny_no_template, draft=None)
+    child.expect(r"error: the target model has no chat template .*generate --raw")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 1
+
+
+def test_missing_model_is_one_line(chat, tmp_path):
+    child = chat(target=str(tmp_path / "missing.gguf"), draft=None)
+    child.expect(r"error: --target \S+missing.gguf: no such file")
+    assert child.before.strip() == "specdec-cpu:"  # nothing printed before the one line
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 1

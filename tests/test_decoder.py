@@ -1,0 +1,151 @@
+"""Mechanics of the decoder loop over synthetic models: caches, stops, stats."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from specdec_cpu import ContextOverflowError, SamplingParams, SpeculativeDecoder
+from synthetic import ByteTokenizer, MarkovLM
+
+V = 8
+T1 = SamplingParams(temperature=1.0, seed=99)
+
+
+def make(gamma=3, eog=None, n_ctx=512, seed=0):
+    target = MarkovLM(V, order=2, seed=1, n_ctx=n_ctx)
+    draft = MarkovLM(V, order=2, seed=2, n_ctx=n_ctx)
+    return SpeculativeDecoder(target, ByteTokenizer(eog=eog), draft, gamma=gamma, seed=seed), target, draft
+
+
+def test_accepted_tokens_are_never_re_evaluated() -> None:
+    dec, target, _ = make(gamma=4)
+    prompt = [1, 2, 3, 4]
+    gen = dec.generate(prompt, max_tokens=60, params=T1)
+    s = gen.stats
+    assert s.tokens == 60 and s.finish_reason == "length"
+    # each step feeds the last emitted token plus its γ drafts, nothing else
+    assert target.evaluated == len(prompt) - 1 + s.steps + s.drafted
+    assert s.drafted == sum(s.gammas) and s.accepted <= s.drafted
+
+
+def test_plain_decoding_feeds_one_token_per_step() -> None:
+    dec, target, draft = make(gamma=0)
+    gen = dec.generate([1, 2], max_tokens=20, params=T1)
+    assert gen.stats.steps == 20 and gen.stats.drafted == 0
+    assert target.evaluated == 1 + 20 and draft.evaluated == 0
+
+
+def test_same_seed_same_output_and_streams_match_generate() -> None:
+    dec, _, _ = make()
+    a = dec.generate([1, 2], max_tokens=30, params=T1)
+    pieces = list(dec.stream([1, 2], max_tokens=30, params=T1))
+    assert "".join(pieces) == a.text and len(a.tokens) == 30
+    fresh, _, _ = make(seed=123)
+    assert fresh.generate([1, 2], max_tokens=30, params=T1).tokens == a.tokens
+
+
+def test_closing_a_stream_leaves_the_decoder_consistent() -> None:
+    dec, target, _ = make()
+    stream = dec.stream([1, 2], max_tokens=50, params=T1)
+    next(stream)
+    next(stream)
+    stream.close()
+    assert target.n_past == len(dec._target_cache.tokens)
+    again = dec.generate([5, 6, 7], max_tokens=25, params=T1)
+    fresh, _, _ = make()
+    assert again.tokens == fresh.generate([5, 6, 7], max_tokens=25, params=T1).tokens
+
+
+def test_abandoned_stream_in_same_thread_does_not_deadlock() -> None:
+    dec, _, _ = make()
+    stream = dec.stream([1, 2], max_tokens=50, params=T1)
+    next(stream)
+    out = dec.generate([3, 4], max_tokens=5, params=T1)  # closes the suspended stream
+    assert len(out.tokens) == 5
+    with pytest.raises(StopIteration):
+        next(stream)
+
+
+def test_eog_stops_without_emitting_it() -> None:
+    dec, _, _ = make(eog=0)
+    gen = dec.generate([1, 2], max_tokens=400, params=T1)
+    assert gen.finish_reason == "stop"
+    assert 0 not in gen.tokens
+
+
+def test_stop_string_is_never_shown_even_across_pieces() -> None:
+    dec, _, _ = make()
+    full = dec.generate([1, 2], max_tokens=80, params=T1).text
+    stop = full[20:23]
+    pieces = list(dec.stream([1, 2], max_tokens=80, params=T1, stop=[stop]))
+    text = "".join(pieces)
+    assert text == full[: full.index(stop)]
+    assert stop not in text
+
+
+def test_prompt_longer_than_context_is_rejected_cleanly() -> None:
+    dec, target, _ = make(n_ctx=16)
+    with pytest.raises(ContextOverflowError, match="17 tokens"):
+        dec.generate(list(range(8)) * 2 + [1], max_tokens=4, params=T1)
+    assert target.n_past == 0
+    assert len(dec.generate([1, 2], max_tokens=4, params=T1).tokens) == 4
+
+
+def test_generation_stops_when_context_is_full() -> None:
+    dec, target, _ = make(n_ctx=20)
+    gen = dec.generate([1, 2, 3], max_tokens=100, params=T1)
+    assert gen.finish_reason == "context"
+    assert 3 + len(gen.tokens) == 21  # the last token never needs a cache slot
+    assert target.n_past <= 20
+
+
+def test_chat_turns_reuse_the_cached_prefix() -> None:
+    dec, target, _ = make()
+    first = dec.generate([1, 2, 3, 4, 5, 6], max_tokens=10, params=T1)
+    before = target.evaluated
+    follow = [1, 2, 3, 4, 5, 6] + first.tokens + [7, 7]
+    second = dec.generate(follow, max_tokens=5, params=T1)
+    assert second.stats.prompt_cached >= 6 + len(first.tokens) - 1
+    s = second.stats
+    assert target.evaluated - before == (len(follow) - 1 - s.prompt_cached) + s.steps + s.drafted
+
+
+@pytest.mark.parametrize("bad", [-1, 65, 1.5, "fast", True])
+def test_gamma_out_of_range(bad) -> None:
+    with pytest.raises(ValueError, match="gamma"):
+        make(gamma=bad)
+
+
+def test_bad_arguments() -> None:
+    dec, _, _ = make()
+    with pytest.raises(ValueError, match="prompt is empty"):
+        dec.generate("", max_tokens=3)
+    with pytest.raises(ValueError, match="max_tokens"):
+        dec.generate([1], max_tokens=0)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        dec.generate([1, 99], max_tokens=3)
+    with pytest.raises(TypeError, match="SamplingParams"):
+        dec.generate([1], params={"temperature": 1})
+
+
+def test_cancel_event_stops_within_a_step() -> None:
+    dec, _, _ = make()
+    cancel = threading.Event()
+    stream = dec.stream([1, 2], max_tokens=200, params=T1, cancel=cancel)
+    next(stream)
+    cancel.set()
+    rest = list(stream)
+    assert len("".join(rest)) <= dec.gamma_max + 1
+
+
+def test_stats_are_consistent() -> None:
+    dec, _, _ = make(gamma=3)
+    s = dec.generate([1, 2], max_tokens=40, params=T1).stats
+    assert s.tokens == 40
+    assert s.tokens_per_step == pytest.approx(40 / s.steps)
+    assert 0 < s.mean_alpha <= 1 and 0 <= s.acceptance <= 1
+    assert s.by_drafter["model"] == [s.drafted, s.accepted]
+    d = s.to_dict()
+    assert d["tokens"] == 40 and "tokens_per_second" in d

@@ -1,0 +1,88 @@
+"""Whole-sequence exactness of the decoder over synthetic Markov models.
+
+The first three emitted tokens must follow the target's joint distribution
+p(a | prompt) p(b | a) p(c | b) under the sampling parameters, whatever the
+draft and γ: that is the whole promise of exact speculative sampling.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from specdec_cpu import SamplingParams, SpeculativeDecoder
+from stats_helpers import assert_matches_distribution, expected_distribution
+from synthetic import ByteTokenizer, MarkovLM
+
+V = 5
+PROMPT = [1, 2]
+
+
+def joint_of_three(model: MarkovLM, params: SamplingParams) -> np.ndarray:
+    """Exact P(first three tokens) of plain sampling from ``model``."""
+    joint = np.zeros((V, V, V))
+    for a, b, c in itertools.product(range(V), repeat=3):
+        pa = expected_distribution(model.row(PROMPT), params=params)[a]
+        pb = expected_distribution(model.row(PROMPT + [a]), params=params)[b]
+        pc = expected_distribution(model.row(PROMPT + [a, b]), params=params)[c]
+        joint[a, b, c] = pa * pb * pc
+    return joint
+
+
+def sample_three(decoder: SpeculativeDecoder, params: SamplingParams, n: int) -> np.ndarray:
+    counts = np.zeros((V, V, V))
+    for _ in range(n):
+        out = decoder.generate(PROMPT, max_tokens=3, params=params).tokens
+        counts[tuple(out)] += 1
+    return counts
+
+
+CASES = [
+    SamplingParams(temperature=1.0),
+    SamplingParams(temperature=0.7, top_k=3),
+    SamplingParams(temperature=1.0, top_p=0.8),
+    SamplingParams(temperature=0.7, top_p=0.9, min_p=0.05),
+]
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 6])
+@pytest.mark.parametrize("params", CASES, ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}-m{p.min_p}")
+def test_first_three_tokens_follow_target(params: SamplingParams, gamma: int) -> None:
+    target = MarkovLM(V, order=1, seed=11, scale=1.5)
+    draft = MarkovLM(V, order=1, seed=12, scale=1.5)  # a different model: α well below 1
+    decoder = SpeculativeDecoder(target, ByteTokenizer(), draft, gamma=gamma, seed=1234 + gamma)
+    counts = sample_three(decoder, params, 8000)
+    assert_matches_distribution(counts, joint_of_three(target, params), what=f"γ={gamma} {params}")
+    stats = decoder.generate(PROMPT, max_tokens=3, params=params).stats
+    assert 0.0 < stats.mean_alpha < 1.0
+
+
+def test_plain_decoding_is_exact() -> None:
+    params = SamplingParams(temperature=0.9)
+    target = MarkovLM(V, order=1, seed=21)
+    decoder = SpeculativeDecoder(target, ByteTokenizer(), None, gamma=0, seed=5)
+    counts = sample_three(decoder, params, 8000)
+    assert_matches_distribution(counts, joint_of_three(target, params))
+
+
+def test_draft_with_fewer_vocab_rows_stays_exact() -> None:
+    """A draft lacking the target's last ids gives q = 0 there; still exact."""
+    params = SamplingParams(temperature=1.0)
+    target = MarkovLM(V, order=1, seed=31)
+    small = MarkovLM(V - 1, order=1, seed=32)
+    draft = MarkovLM(V - 1, order=1, table=np.pad(small.table, ((0, 1), (0, 0))))  # rows for every context id
+    decoder = SpeculativeDecoder(target, ByteTokenizer(), draft, gamma=3, seed=7)
+    counts = sample_three(decoder, params, 8000)
+    assert_matches_distribution(counts, joint_of_three(target, params))
+
+
+def test_greedy_speculation_equals_greedy_plain() -> None:
+    target = MarkovLM(12, order=2, seed=41)
+    draft = MarkovLM(12, order=2, seed=42)
+    params = SamplingParams(temperature=0.0)
+    plain = SpeculativeDecoder(target, ByteTokenizer(), None, gamma=0).generate([3, 4], max_tokens=40, params=params)
+    for gamma in (1, 4, 8):
+        spec = SpeculativeDecoder(MarkovLM(12, order=2, seed=41), ByteTokenizer(), draft, gamma=gamma)
+        assert spec.generate([3, 4], max_tokens=40, params=params).tokens == plain.tokens

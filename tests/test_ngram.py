@@ -1,0 +1,350 @@
+"""Prompt-lookup (n-gram) drafting: the index, the proposals, and exactness.
+
+- The incremental index must always give the proposals of a brute-force
+  search over the sequence, whatever interleaving of appends, proposals,
+  rollbacks and new prompts led there.
+- A deterministic draft is verified as q = one-hot: the emitted tokens must
+  follow the target's joint distribution at any temperature (chi-square over
+  synthetic Markov models, like test_decoder_exactness), alone and combined
+  with a draft model.
+- Greedy decoding with n-gram drafts equals plain greedy decoding.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specdec_cpu import SamplingParams, SpeculativeDecoder
+from specdec_cpu.drafters import CombinedDrafter, Draft, ModelDrafter, NgramDrafter, NgramIndex
+from stats_helpers import assert_matches_distribution, expected_distribution
+from synthetic import ByteTokenizer, MarkovLM
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def brute_force(seq, gamma, max_ngram, min_ngram, max_draft):
+    """The specification: longest suffix n-gram (max_ngram down to min_ngram)
+    with an earlier occurrence; the tokens after its most recent one."""
+    size = len(seq)
+    for n in range(max_ngram, min_ngram - 1, -1):
+        suffix = seq[size - n:]
+        for i in range(size - 1, n - 1, -1):  # i: the position after the occurrence
+            if seq[i - n:i] == suffix:
+                return seq[i:i + min(gamma, max_draft)]
+    return []
+
+
+def propose(drafter, seq, gamma):
+    return drafter.propose(seq, gamma, GREEDY, None).tokens.tolist()
+
+
+# ---------------------------------------------------------------- arguments
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"max_ngram": 0}, "max_ngram"),
+    ({"min_ngram": 0}, "min_ngram"),
+    ({"min_ngram": 3, "max_ngram": 2}, "min_ngram"),
+    ({"max_draft": 0}, "max_draft"),
+    ({"max_draft": True}, "max_draft"),
+    ({"max_ngram": 2.0}, "max_ngram"),
+])
+def test_bad_arguments_name_the_argument(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        NgramDrafter(**kwargs)
+
+
+# ---------------------------------------------------------------- proposals
+
+
+def test_longest_match_wins():
+    # (1, 2, 3) occurred once, followed by 4; (2, 3) occurred later, followed by 5.
+    seq = [7, 1, 2, 3, 4, 2, 3, 5, 1, 2, 3]
+    assert propose(NgramDrafter(max_ngram=3), seq, 3) == [4, 2, 3]
+    assert propose(NgramDrafter(max_ngram=2), seq, 3) == [5, 1, 2]
+
+
+def test_most_recent_occurrence_and_length_limits():
+    seq = [1, 2, 5, 1, 2, 6, 1, 2]
+    d = NgramDrafter(max_ngram=2)
+    assert propose(d, seq, 8) == [6, 1, 2]  # cut at the end of the sequence
+    assert propose(d, seq, 2) == [6, 1]  # cut at gamma
+    assert propose(NgramDrafter(max_ngram=2, max_draft=1), seq, 8) == [6]  # cut at max_draft
+    assert d.available(seq) == 3
+
+
+def test_no_match_gives_an_empty_one_hot_draft():
+    d = NgramDrafter(max_ngram=3, min_ngram=2)
+    for seq in ([], [4], [1, 2, 3, 4], [1, 2, 3, 1]):  # the last matches only as a unigram
+        draft = d.propose(seq, 4, GREEDY, None)
+        assert isinstance(draft, Draft) and len(draft) == 0
+        assert draft.probs is None and draft.name == "ngram"
+        assert d.routes(seq) == ()
+    draft = d.propose([1, 2, 3, 1, 2], 4, GREEDY, None)
+    assert draft.tokens.tolist() == [3, 1, 2] and draft.probs is None and draft.name == "ngram"
+    assert draft.tokens.dtype == np.int32
+    assert d.routes([1, 2, 3, 1, 2]) == ("ngram",)
+    assert propose(d, [1, 2, 3, 1, 2], 0) == []
+
+
+def test_index_is_incremental():
+    d = NgramDrafter(max_ngram=2)
+    seq = [1, 2, 3]
+    d.begin(seq)
+    assert d.index.tokens == seq
+    seq += [1, 2]
+    assert propose(d, seq, 4) == [3, 1, 2]
+    assert d.index.tokens == seq
+    d.rollback(len(seq) + 3)  # draft tokens the index never held: nothing to drop
+    assert d.index.tokens == seq
+    d.rollback(3)
+    assert d.index.tokens == [1, 2, 3] and d.index.positions([1, 2]) == [2]
+    d.begin([9, 9])  # a different prompt: realigned
+    assert d.index.tokens == [9, 9] and propose(d, [9, 9], 4) == [9]
+
+
+# ---------------------------------------------------------------- index vs brute force
+
+
+def fresh_index(tokens, max_ngram, min_ngram):
+    idx = NgramIndex(max_ngram, min_ngram)
+    idx.extend(tokens)
+    return idx
+
+
+OPS = st.one_of(
+    st.tuples(st.just("append"), st.lists(st.integers(0, 3), min_size=1, max_size=6)),
+    st.tuples(st.just("propose"), st.integers(0, 8)),
+    st.tuples(st.just("rollback"), st.integers(0, 48)),
+    st.tuples(st.just("begin"), st.integers(0, 48), st.lists(st.integers(0, 3), max_size=8)),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    orders=st.tuples(st.integers(1, 4), st.integers(1, 4)).map(sorted),
+    max_draft=st.integers(1, 6),
+    alphabet=st.integers(2, 4),
+    start=st.lists(st.integers(0, 3), max_size=12),
+    ops=st.lists(OPS, max_size=40),
+)
+def test_index_matches_brute_force(orders, max_draft, alphabet, start, ops):
+    min_n, max_n = orders
+    d = NgramDrafter(max_ngram=max_n, min_ngram=min_n, max_draft=max_draft)
+    seq = [t % alphabet for t in start]
+    d.begin(seq)
+    for op in ops:
+        if op[0] == "append":  # tokens the decoder accepted
+            seq = seq + [t % alphabet for t in op[1]]
+        elif op[0] == "propose":
+            assert propose(d, seq, op[1]) == brute_force(seq, op[1], max_n, min_n, max_draft), seq
+            assert d.index.tokens == seq
+            assert d.index._pos == fresh_index(seq, max_n, min_n)._pos
+        elif op[0] == "rollback":  # keep the first n (may be beyond what is indexed)
+            d.rollback(op[1])
+            seq = seq[:op[1]]
+        else:  # a new prompt sharing some prefix with the old sequence
+            seq = seq[:op[1]] + [t % alphabet for t in op[2]]
+            d.begin(seq)
+            assert d.index.tokens == seq
+    for gamma in (1, 3, 16):
+        assert propose(d, seq, gamma) == brute_force(seq, gamma, max_n, min_n, max_draft)
+    assert d.index._pos == fresh_index(seq, max_n, min_n)._pos
+
+
+@settings(max_examples=100, deadline=None)
+@given(tokens=st.lists(st.integers(0, 2), max_size=60), cut=st.integers(0, 60))
+def test_truncate_equals_rebuild(tokens, cut):
+    idx = fresh_index(tokens, 3, 1)
+    idx.truncate(cut)
+    ref = fresh_index(tokens[:cut], 3, 1)
+    assert idx.tokens == ref.tokens and idx._pos == ref._pos
+    assert idx.find() == ref.find()
+
+
+# ---------------------------------------------------------------- exactness
+
+V = 5
+PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # every suffix has matches: n-gram drafts are frequent
+CYCLE = {1: 2, 2: 3, 3: 1, 0: 4, 4: 0}
+
+
+def cyclic_markov(seed: int, bias: float = 2.0) -> MarkovLM:
+    """An order-2 model that tends to continue the cycle 1 → 2 → 3 → 1, so
+    that copied continuations are often (not always) accepted."""
+    rng = np.random.default_rng(seed)
+    table = rng.normal(0.0, 1.0, size=(V, V, V))
+    for prev, nxt in CYCLE.items():
+        table[:, prev, nxt] += bias
+    return MarkovLM(V, order=2, table=table)
+
+
+def joint_of_three(model: MarkovLM, params: SamplingParams) -> np.ndarray:
+    joint = np.zeros((V, V, V))
+    for a, b, c in itertools.product(range(V), repeat=3):
+        joint[a, b, c] = (expected_distribution(model.row(PROMPT), params=params)[a]
+                          * expected_distribution(model.row(PROMPT + [a]), params=params)[b]
+                          * expected_distribution(model.row(PROMPT + [a, b]), params=params)[c])
+    return joint
+
+
+def sample_three(decoder, params, n, max_tokens=8):
+    """Counts of the first three emitted tokens; longer generations let γ=5
+    drafts happen at the first step."""
+    counts = np.zeros((V, V, V))
+    by_drafter: dict = {}
+    for _ in range(n):
+        gen = decoder.generate(PROMPT, max_tokens=max_tokens, params=params)
+        counts[tuple(gen.tokens[:3])] += 1
+        for name, (drafted, accepted) in gen.stats.by_drafter.items():
+            tot = by_drafter.setdefault(name, [0, 0])
+            tot[0] += drafted
+            tot[1] += accepted
+    return counts, by_drafter
+
+
+EXACT_CASES = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.9)]
+
+
+@pytest.mark.parametrize("gamma", [2, 5])
+@pytest.mark.parametrize("params", EXACT_CASES, ids=lambda p: f"T{p.temperature}-p{p.top_p}")
+def test_ngram_drafts_are_exact(params, gamma):
+    target = cyclic_markov(seed=3)
+    dec = SpeculativeDecoder(target, ByteTokenizer(), drafter=NgramDrafter(max_ngram=3),
+                             gamma=gamma, seed=100 + gamma)
+    counts, by_drafter = sample_three(dec, params, 6000)
+    assert_matches_distribution(counts, joint_of_three(target, params), what=f"n-gram γ={gamma} {params}")
+    drafted, accepted = by_drafter["ngram"]
+    assert 0 < accepted < drafted  # both verdicts were exercised
+    assert set(by_drafter) == {"ngram"}
+
+
+@pytest.mark.parametrize("gamma", [3, "auto"])
+def test_combined_drafts_are_exact(gamma):
+    params = SamplingParams(temperature=0.9, top_p=0.95)
+    target = cyclic_markov(seed=5)
+    draft = cyclic_markov(seed=6, bias=1.0)
+    drafter = CombinedDrafter(ModelDrafter(draft, V, 8), NgramDrafter(max_ngram=3, min_ngram=2))
+    dec = SpeculativeDecoder(target, ByteTokenizer(), draft, drafter=drafter, gamma=gamma,
+                             gamma_max=8, seed=77)
+    counts, by_drafter = sample_three(dec, params, 6000)
+    assert_matches_distribution(counts, joint_of_three(target, params), what=f"combined γ={gamma}")
+    assert by_drafter["ngram"][0] > 0 and by_drafter["model"][0] > 0  # both routes drafted
+    if gamma == "auto":
+        assert set(dec._controllers) == {"ngram", "model"}
+
+
+# ---------------------------------------------------------------- decoder behaviour
+
+
+REPEAT_PROMPT = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2]
+
+
+@pytest.mark.parametrize("gamma", [1, 4, 8, "auto"])
+def test_greedy_equals_plain(gamma):
+    plain = SpeculativeDecoder(MarkovLM(12, order=2, seed=41), ByteTokenizer(), gamma=0)
+    expected = plain.generate(REPEAT_PROMPT, max_tokens=50, params=GREEDY).tokens
+    alone = SpeculativeDecoder(MarkovLM(12, order=2, seed=41), ByteTokenizer(),
+                               drafter=NgramDrafter(), gamma=gamma, gamma_max=8)
+    gen = alone.generate(REPEAT_PROMPT, max_tokens=50, params=GREEDY)
+    assert gen.tokens == expected
+    assert gen.stats.by_drafter["ngram"][1] > 0
+    draft = MarkovLM(12, order=2, seed=42)
+    combined = SpeculativeDecoder(
+        MarkovLM(12, order=2, seed=41), ByteTokenizer(), draft, gamma=gamma, gamma_max=8,
+        drafter=CombinedDrafter(ModelDrafter(draft, 12, 8), NgramDrafter(min_ngram=3)))
+    gen = combined.generate(REPEAT_PROMPT, max_tokens=50, params=GREEDY)
+    assert gen.tokens == expected
+    # The model drafter's cache stays a prefix of the sequence.
+    held = combined.drafter.model.cache.tokens
+    assert held == (REPEAT_PROMPT + gen.tokens)[:len(held)]
+    # A second turn extending the first reuses the index.
+    turn2 = REPEAT_PROMPT + gen.tokens + [7, 8]
+    assert combined.generate(turn2, max_tokens=20, params=GREEDY).tokens == \
+        plain.generate(turn2, max_tokens=20, params=GREEDY).tokens
+
+
+class EmptyDrafter:
+    name = "ngram"
+
+    def __init__(self):
+        self.proposed = 0
+
+    def begin(self, seq):
+        pass
+
+    def propose(self, seq, gamma, params, rng):
+        self.proposed += 1
+        return Draft(np.zeros(0, dtype=np.int32), None, 0.0, self.name)
+
+    def rollback(self, n_valid):
+        raise AssertionError("no draft was verified, nothing to roll back")
+
+    def reset(self):
+        pass
+
+
+@pytest.mark.parametrize("gamma", [3, "auto"])
+def test_empty_draft_is_a_plain_step(gamma):
+    params = SamplingParams(temperature=1.0)
+    plain = SpeculativeDecoder(MarkovLM(V, seed=8), ByteTokenizer(), gamma=0, seed=9)
+    drafter = EmptyDrafter()
+    dec = SpeculativeDecoder(MarkovLM(V, seed=8), ByteTokenizer(), drafter=drafter, gamma=gamma, seed=9)
+    for _ in range(3):
+        gen = dec.generate(PROMPT, max_tokens=30, params=params)
+        assert gen.tokens == plain.generate(PROMPT, max_tokens=30, params=params).tokens
+        assert gen.stats.drafted == 0 and set(gen.stats.gammas) == {0} and gen.stats.steps == 30
+    assert drafter.proposed > 0
+
+
+def test_ngram_controller_is_free_and_separate():
+    dec = SpeculativeDecoder(cyclic_markov(seed=3), ByteTokenizer(), drafter=NgramDrafter(), gamma="auto")
+    assert dec._gamma_controller("ngram").cost == 0.0
+    assert dec._gamma_controller("model").cost > 0.0  # the model's prior is untouched
+    gen = dec.generate(PROMPT, max_tokens=60, params=SamplingParams(temperature=0.5))
+    assert gen.stats.by_drafter["ngram"][0] > 0
+    ctrl = dec._controllers["ngram"]
+    assert ctrl.steps > 0 and ctrl.cost < 0.5
+
+
+# ---------------------------------------------------------------- GGUF models
+
+
+TEXT = "def add(a, b):\n    return a + b\n\n" * 4 + "def add("
+
+
+def test_from_gguf_ngram_alone(tiny_target):
+    plain = SpeculativeDecoder.from_gguf(tiny_target, gamma=0, n_ctx=512, n_threads=1)
+    dec = SpeculativeDecoder.from_gguf(tiny_target, ngram=True, gamma=4, n_ctx=512, n_threads=1,
+                                       ngram_kwargs={"max_ngram": 3, "max_draft": 8})
+    assert isinstance(dec.drafter, NgramDrafter) and dec.drafter.max_ngram == 3
+    assert dec.draft is None
+    gen = dec.generate(TEXT, max_tokens=40, params=GREEDY)
+    assert gen.tokens == plain.generate(TEXT, max_tokens=40, params=GREEDY).tokens
+    assert gen.stats.by_drafter["ngram"][0] > 0
+    gen = dec.generate(TEXT, max_tokens=20, params=SamplingParams(temperature=0.8, top_p=0.9), gamma="auto")
+    assert len(gen.tokens) > 0
+
+
+def test_from_gguf_combined(tiny_target, tiny_draft):
+    plain = SpeculativeDecoder.from_gguf(tiny_target, gamma=0, n_ctx=512, n_threads=1)
+    dec = SpeculativeDecoder.from_gguf(tiny_target, tiny_draft, ngram=True, gamma=3, n_ctx=512, n_threads=1)
+    assert isinstance(dec.drafter, CombinedDrafter)
+    for _ in range(2):  # the second call reuses both caches and the index
+        gen = dec.generate(TEXT, max_tokens=40, params=GREEDY)
+        assert gen.tokens == plain.generate(TEXT, max_tokens=40, params=GREEDY).tokens
+    assert sum(d for d, _ in gen.stats.by_drafter.values()) == gen.stats.drafted > 0
+    gen = dec.generate(TEXT, max_tokens=20, params=SamplingParams(temperature=1.0), gamma="auto")
+    assert len(gen.tokens) > 0
+
+
+def test_from_gguf_ngram_kwargs_need_ngram(tiny_target):
+    with pytest.raises(ValueError, match="ngram_kwargs"):
+        SpeculativeDecoder.from_gguf(tiny_target, ngram_kwargs={"max_ngram": 2})
+    with pytest.raises(ValueError, match="max_draft"):
+        SpeculativeDecoder.from_gguf(tiny_target, ngram=True, ngram_kwargs={"max_draft": 0})
