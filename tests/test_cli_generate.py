@@ -73,8 +73,8 @@ def test_streamed_text_is_the_generated_text(env, pair):
 
 
 def test_stats_go_to_stderr(env, pair):
-    code, out, err = cli("generate", *pair, "--stats", "--max-tokens", "16", "--seed", "3",
-                         "hello", env=env)
+    code, out, err = cli("generate", *pair, "--stats", "--gamma", "2", "--max-tokens", "16",
+                         "--seed", "3", "hello", env=env)
     assert code == 0, err
     assert out.strip() and "tok/s" not in out
     assert "tok/s" in err and "acceptance" in err and "mean α" in err

@@ -464,3 +464,22 @@ def test_controller_choice_agrees_with_theory(alpha, c, slope):
     ctl = GammaController(cost_model(curve, c, alpha=alpha), gamma_max=12, min_speedup=1.0)
     expected = theory.optimal_gamma(alpha, c, 12, ctl.verify_curve())
     assert ctl.next_gamma() == expected
+
+
+def test_pass_times_follow_the_machine_load() -> None:
+    """T̂(1) measured on a busy machine must not stay inflated while the
+    controller speculates (it would make drafting look cheaper than it is)."""
+    from specdec_cpu.controller import GammaController
+
+    def t_pass(k: int, load: float) -> float:  # seconds; memory-bound shape
+        return load * 0.030 * (1.0 + 0.08 * (k - 1))
+
+    ctrl = GammaController(None, gamma_max=6, warmup=0)
+    for _ in range(3):
+        ctrl.observe(0, (), 0, None, t_pass(1, load=3.0))  # busy: T(1) = 90 ms
+    for _ in range(400):  # the load goes away
+        g = ctrl.next_gamma()
+        ctrl.observe(g, (0.9,) * g, g, 0.004 * g if g else None, t_pass(g + 1, load=1.0))
+    assert ctrl._curve()[1] == pytest.approx(30.0, rel=0.1)
+    assert ctrl.cost == pytest.approx(4.0 / 30.0, rel=0.15)
+    assert ctrl.gamma_counts[0] - 3 <= 0.02 * 400  # refreshing T(1) costs few plain steps

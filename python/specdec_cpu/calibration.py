@@ -17,7 +17,7 @@ from .costmodel import CostModel, ModelIdentity, calibration_key, calibration_pa
 from .model import CausalLM
 from .params import SamplingParams
 
-__all__ = ["SAMPLE_PROMPTS", "calibrate", "measure_alpha", "time_passes"]
+__all__ = ["SAMPLE_PROMPTS", "cached_calibration", "calibrate", "measure_alpha", "time_passes"]
 
 # Short prompts of different kinds (prose, code, a list, dialogue): acceptance
 # varies with content, and calibration wants a typical value, not a best case.
@@ -121,6 +121,22 @@ def calibrate(
     if cache:
         model.save(path)
     return model
+
+
+def cached_calibration(target_path: Optional[str], draft_path: Optional[str],
+                       n_threads: Optional[int]) -> Optional[CostModel]:
+    """The stored calibration of this pair, thread count and CPU, if any.
+
+    Never measures: a decoder starting without one learns its costs online.
+    """
+    key = calibration_key(_identity(target_path), _identity(draft_path), int(n_threads or 0), cpu_model())
+    path = calibration_path(key)
+    if not path.is_file():
+        return None
+    try:
+        return CostModel.load(path)
+    except (OSError, ValueError):
+        return None
 
 
 def time_passes(model: CausalLM, ks: Sequence[int], repeats: int = 3,

@@ -54,6 +54,10 @@ class GammaController:
             really slower than plain decoding.
         stale_cap: largest weight the first α row after a plain stretch gets
             (α̂ is stale after many plain tokens, so that row counts for more).
+        stale_steps: steps after which an unobserved T̂(k) follows the drift
+            of the pass times that are being observed.
+        refresh_every: while speculating, one plain step this often
+            re-measures T̂(1) (≈ 1% of the steps at the default).
         history_len: steps of γ history kept for statistics.
     """
 
@@ -73,6 +77,8 @@ class GammaController:
         slope_prior: float = 0.3,
         warmup: int = 2,
         stale_cap: float = 0.5,
+        stale_steps: int = 8,
+        refresh_every: int = 128,
         history_len: int = 10_000,
     ) -> None:
         if isinstance(gamma_max, bool) or not isinstance(gamma_max, int) or gamma_max < 0:
@@ -97,6 +103,10 @@ class GammaController:
 
         k_top = gamma_max + 1
         self._t = np.full(k_top + 1, np.nan)  # T̂(k) in ms, index k (0 unused)
+        self._seen = np.zeros(k_top + 1, dtype=np.int64)  # step at which each T̂(k) was last observed
+        self.stale_steps = stale_steps
+        self.refresh_every = refresh_every
+        self._refresh_interval = min(16, refresh_every)
         self._d: Optional[float] = None  # d̂, ms per drafted token
         self.alpha = alpha_prior
         self._warmup = warmup
@@ -124,6 +134,12 @@ class GammaController:
             return 0
         if self._best > 0:
             self._plain_run = 0
+            if self.steps - self._seen[1] > self._refresh_interval:
+                # Only the choice between γ = 0 and γ > 0 depends on T̂(1), and
+                # while speculating nothing re-measures it: take one plain step
+                # now and then (16, 32, ... up to refresh_every steps apart).
+                self._refresh_interval = min(2 * self._refresh_interval, self.refresh_every)
+                return 0
             return self._best
         self._plain_run += 1
         if self._plain_run > self._probe_interval:
@@ -170,7 +186,13 @@ class GammaController:
             self._skip_draft_time = True
         k = gamma + 1
         if _positive(target_seconds) and k < self._t.shape[0]:
-            self._t[k] = self._blend(self._t[k], 1000.0 * target_seconds)
+            before = self._t[k]
+            stale = self.steps - self._seen[k] > self.stale_steps
+            self._t[k] = self._blend(before, 1000.0 * target_seconds,
+                                     weight=max(self.time_ema, 0.6) if stale else None)
+            self._seen[k] = self.steps
+            if math.isfinite(before):
+                self._follow_drift(k, self._t[k] / before)
 
         self._best = self._choose()
         if self._probing and gamma > 0:
@@ -251,13 +273,28 @@ class GammaController:
         else:  # nothing changed: back off, so a stable plain stretch stays cheap
             self._probe_interval = min(2 * self._probe_interval, self.probe_max)
 
-    def _blend(self, old: Optional[float], new: float) -> float:
+    def _follow_drift(self, k: int, factor: float) -> None:
+        """Scale the pass times not observed lately by the change just seen at k.
+
+        The load on a shared machine moves every pass time together; without
+        this, T̂(1) measured during a busy minute would stay inflated for as
+        long as speculation runs (no plain steps re-measure it) and make
+        drafting look cheaper than it is.  Recently observed k keep their own
+        estimates, so the shape of v(k) is still learned where it is seen.
+        """
+        stale = (self.steps - self._seen) > self.stale_steps
+        stale[k] = False
+        stale &= np.isfinite(self._t)
+        self._t[stale] *= factor
+
+    def _blend(self, old: Optional[float], new: float, weight: Optional[float] = None) -> float:
         if old is None or not math.isfinite(old):
             return new
         # A single wild reading (a page fault, another process) moves the
-        # estimate by at most a factor ~3 times the EMA weight.
+        # estimate by at most a factor ~3 times the EMA weight.  A reading of
+        # an estimate not refreshed for a while counts for more: it is old.
         new = min(new, 3.0 * old)
-        return old + self.time_ema * (new - old)
+        return old + (self.time_ema if weight is None else weight) * (new - old)
 
     def _cost(self, t: np.ndarray) -> float:
         if self._d is None or not self._measured():

@@ -9,17 +9,21 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence, Union
 
+import numpy as np
+
 from . import sampling
 from .cache import CachedSequence
 from .drafters import CombinedDrafter, Draft, Drafter, ModelDrafter, NgramDrafter
-from .errors import ContextOverflowError
+from .errors import ContextOverflowError, GenerationCancelled, InvalidLogitsError, InvalidPromptError
 from .model import CausalLM, Tokenizer
 from .params import SamplingParams
 from .stats import GenerationStats
 from .text import TextAssembler
 
 GammaSetting = Union[int, str]
+Prompt = Union[str, bytes, Sequence[int]]
 GAMMA_LIMIT = 64
+_LOCK_POLL = 0.05  # seconds between cancel/timeout checks while waiting for the decoder
 
 
 @dataclass
@@ -47,7 +51,12 @@ class SpeculativeDecoder:
 
     One decoder holds one conversation's caches: calls are serialised by an
     internal lock, so sharing a decoder between threads is safe but not
-    parallel (use ``DecoderPool`` for that).
+    parallel (use ``DecoderPool`` for that).  A request waiting for the lock
+    still honours its ``cancel`` and ``timeout``.
+
+    Stopping early (``cancel``, ``timeout``, closing a stream, an exception
+    such as ``InvalidLogitsError`` or ``KeyboardInterrupt``) leaves the caches
+    consistent: the next call gives what a fresh decoder would.
     """
 
     def __init__(
@@ -104,6 +113,7 @@ class SpeculativeDecoder:
         gamma_max: int = 12,
         ngram: bool = False,
         ngram_kwargs: Optional[dict] = None,
+        calibration: object = "cached",
     ) -> "SpeculativeDecoder":
         """Load a target (and optionally a draft) GGUF model through llama.cpp.
 
@@ -112,40 +122,63 @@ class SpeculativeDecoder:
         adds prompt-lookup drafting (``NgramDrafter(**ngram_kwargs)``): alone
         without a draft model, else preferred whenever the text offers a
         continuation, with the draft model for the other steps.
+
+        ``calibration`` seeds the γ planner: ``"cached"`` (default) uses the
+        stored calibration of this pair on this machine if there is one,
+        ``"measure"`` measures one now (a few seconds; stored for next time),
+        a ``CostModel`` is used as given, ``None`` starts from priors.  In
+        every case the planner keeps refining its estimates from real steps.
         """
         from . import engine  # the only place llama.cpp is touched
 
         _check_gamma(gamma)
         if ngram_kwargs is not None and not ngram:
             raise ValueError("ngram_kwargs needs ngram=True")
-        drafter: Optional[Drafter] = NgramDrafter(**(ngram_kwargs or {})) if ngram else None
+        _check_calibration(calibration)
         target_w = engine.LlamaWeights(target)
         draft_w = None
         try:
             if draft is not None:
                 draft_w = engine.LlamaWeights(draft)
                 engine.check_vocab_compatible(target_w, draft_w)
-            target_ctx = target_w.new_context(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
-            draft_ctx = (draft_w.new_context(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
-                         if draft_w is not None else None)
+            dec = cls._from_weights(target_w, draft_w, gamma=gamma, n_ctx=n_ctx, n_batch=n_batch,
+                                    n_threads=n_threads, seed=seed, gamma_max=gamma_max,
+                                    ngram=ngram, ngram_kwargs=ngram_kwargs, calibration=calibration)
         except BaseException:
             target_w.close()
             if draft_w is not None:
                 draft_w.close()
             raise
+        dec._weights = (target_w, draft_w)  # keep the models alive with their contexts
+        return dec
+
+    @classmethod
+    def _from_weights(cls, target_w, draft_w, *, gamma: GammaSetting = "auto", n_ctx: int = 4096,
+                      n_batch: int = 512, n_threads: Optional[int] = None, seed: Optional[int] = None,
+                      gamma_max: int = 12, ngram: bool = False, ngram_kwargs: Optional[dict] = None,
+                      calibration: object = "cached") -> "SpeculativeDecoder":
+        """A decoder with contexts of its own over loaded, vocabulary-checked
+        ``LlamaWeights`` (which the caller keeps alive and closes)."""
+        from . import engine
+
+        drafter: Optional[Drafter] = NgramDrafter(**(ngram_kwargs or {})) if ngram else None
+        target_ctx = target_w.new_context(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+        draft_ctx = (draft_w.new_context(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+                     if draft_w is not None else None)
         if drafter is not None and draft_ctx is not None:
             drafter = CombinedDrafter(ModelDrafter(draft_ctx, target_ctx.n_vocab, gamma_max), drafter)
         dec = cls(target_ctx, engine.LlamaTokenizer(target_w), draft_ctx, gamma=gamma,
                   gamma_max=gamma_max, seed=seed, drafter=drafter)
-        dec._weights = (target_w, draft_w)  # keep the models alive with their contexts
-        dec.target_path, dec.draft_path = os.fspath(target), (os.fspath(draft) if draft else None)
+        dec.target_path = target_w.path
+        dec.draft_path = draft_w.path if draft_w is not None else None
         dec.n_threads = target_ctx.n_threads
+        dec.cost_model = _initial_cost_model(dec, calibration)
         return dec
 
     # ------------------------------------------------------------------ public API
     def generate(
         self,
-        prompt: Union[str, Sequence[int]],
+        prompt: Prompt,
         *,
         max_tokens: int = 256,
         params: SamplingParams = SamplingParams(),
@@ -154,15 +187,29 @@ class SpeculativeDecoder:
         cancel: Optional[threading.Event] = None,
         timeout: Optional[float] = None,
     ) -> Generation:
-        """Generate a continuation of ``prompt`` (text, or token ids)."""
+        """Generate a continuation of ``prompt`` (text, UTF-8 bytes, or token ids).
+
+        ``cancel`` (a ``threading.Event``) and ``timeout`` (seconds for the
+        whole call, waiting for the decoder included) stop generation at the
+        next step boundary; ``generate`` then raises ``GenerationCancelled``
+        whose ``partial`` is the Generation so far (``finish_reason``
+        ``"cancelled"`` or ``"timeout"``) and ``reason`` says which.  The
+        decoder is ready for the next call either way.
+        """
         run = self._run(prompt, max_tokens, params, stop, gamma, cancel, timeout)
         for _ in run:
             pass
-        return run.result  # type: ignore[attr-defined]
+        gen = run.result
+        if gen.finish_reason in ("cancelled", "timeout"):
+            what = ("cancelled by its cancel event" if gen.finish_reason == "cancelled"
+                    else f"stopped by its timeout of {timeout} s")
+            raise GenerationCancelled(f"generation {what} after {len(gen.tokens)} tokens",
+                                      partial=gen, reason=gen.finish_reason)
+        return gen
 
     def stream(
         self,
-        prompt: Union[str, Sequence[int]],
+        prompt: Prompt,
         *,
         max_tokens: int = 256,
         params: SamplingParams = SamplingParams(),
@@ -171,8 +218,17 @@ class SpeculativeDecoder:
         cancel: Optional[threading.Event] = None,
         timeout: Optional[float] = None,
     ) -> Iterator[str]:
-        """Yield text pieces as they are accepted.  Closing the iterator stops
-        generation and leaves the decoder ready for the next call."""
+        """Yield text pieces as they are accepted.
+
+        Unlike ``generate``, a stream simply ends when ``cancel`` is set or
+        ``timeout`` passes (no exception).  Once it has ended, or been closed,
+        its ``result`` attribute is the Generation, whose ``finish_reason``
+        says why (``"cancelled"`` also after ``close()``).  A stream holds the
+        decoder's lock while it is suspended: close it (``close()``, a
+        ``with`` block, or dropping the last reference) when stopping early;
+        that stops generation at once and leaves the decoder ready for the
+        next call.  Argument errors are raised here, not at the first piece.
+        """
         return iter(self._run(prompt, max_tokens, params, stop, gamma, cancel, timeout))
 
     def chat(self, messages: Sequence[dict], **kwargs) -> Generation:
@@ -213,29 +269,43 @@ class SpeculativeDecoder:
         _check_gamma(gamma)
         if self.drafter is None and gamma not in (0, "auto"):
             raise ValueError(f"gamma={gamma} needs a drafter: this decoder has none")
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+                raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
+            if not timeout > 0:
+                raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if cancel is not None and not callable(getattr(cancel, "is_set", None)):
+            raise TypeError(f"cancel must be a threading.Event (anything with is_set()) or None, got {cancel!r}")
         tokens = self._prompt_tokens(prompt)
         return _Run(self, tokens, max_tokens, params, TextAssembler(stop), gamma, cancel, timeout)
 
-    def _prompt_tokens(self, prompt: Union[str, Sequence[int]]) -> list[int]:
+    def _prompt_tokens(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, (bytes, bytearray, memoryview)):
+            prompt = _utf8_text(bytes(prompt))
         if isinstance(prompt, str):
             if not prompt:
-                raise ValueError("prompt is empty")
+                raise InvalidPromptError("prompt is empty")
+            try:
+                prompt.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise InvalidPromptError(
+                    f"prompt is not valid Unicode: {exc.reason} at index {exc.start} "
+                    f"({prompt[exc.start:exc.end]!r}); lone surrogates cannot be encoded as UTF-8") from None
             tokens = self.tokenizer.tokenize(prompt, add_special=True, parse_special=True)
         else:
-            tokens = [int(t) for t in prompt]
-            bad = [t for t in tokens if not 0 <= t < self.target.n_vocab]
-            if bad:
-                raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.target.n_vocab})")
+            tokens = _token_ids(prompt, self.target.n_vocab)
         if not tokens:
-            raise ValueError("prompt is empty")
-        limit = min(self.target.n_ctx, self.draft.n_ctx if self.draft is not None else self.target.n_ctx)
+            raise InvalidPromptError("prompt is empty")
+        limit = self._context_limit()
         if len(tokens) > limit:
             raise ContextOverflowError(
                 f"prompt is {len(tokens)} tokens but the context holds {limit}; "
                 "shorten the prompt or raise n_ctx")
         return tokens
+
+    def _context_limit(self) -> int:
+        """Tokens a sequence may hold: the smaller of the two contexts."""
+        return min(self.target.n_ctx, self.draft.n_ctx if self.draft is not None else self.target.n_ctx)
 
     def _gamma_controller(self, route: str = "model"):
         """The γ controller of one draft route (created on first use).
@@ -258,7 +328,8 @@ class SpeculativeDecoder:
 
 
 class _Run:
-    """One generation as an iterator of text pieces; ``result`` when done."""
+    """One generation as an iterator of text pieces; ``result`` (a Generation)
+    once it has ended or been closed.  Leaving a ``with`` block closes it."""
 
     def __init__(self, dec: SpeculativeDecoder, prompt: list[int], max_tokens: int,
                  params: SamplingParams, text: TextAssembler, gamma: GammaSetting,
@@ -269,6 +340,8 @@ class _Run:
         self.out: list[int] = []
         self.thread: Optional[int] = None
         self.result: Optional[Generation] = None
+        self.deadline = None if timeout is None else time.perf_counter() + timeout
+        self.phase = "target"  # the model running, for error messages
         self._gen = self._generate()
 
     def __iter__(self) -> "_Run":
@@ -280,6 +353,14 @@ class _Run:
     def close(self) -> None:
         """Stop early; the decoder's caches stay consistent."""
         self._gen.close()
+        if self.result is None:  # closed before it started
+            self._finish(None)
+
+    def __enter__(self) -> "_Run":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _generate(self) -> Iterator[str]:
         dec = self.dec
@@ -288,21 +369,65 @@ class _Run:
             # A stream this thread left suspended: it can never resume before
             # we finish, so end it now rather than deadlock on the lock.
             active.close()
-        with dec._lock:
+        if not self._acquire(dec._lock):
+            self._finish(None)
+            return
+        try:
             dec._active, self.thread = self, threading.get_ident()
             start = time.perf_counter()
             try:
                 yield from self._decode(start)
+            except InvalidLogitsError as exc:
+                raise InvalidLogitsError(self._logits_context(exc)) from None
             finally:
-                dec._target_cache.resync()
+                _resync(dec._target_cache)
                 for part in _parts(dec.drafter):
                     if isinstance(part, ModelDrafter):
-                        part.cache.resync()
-                self.stats.total_seconds = time.perf_counter() - start
-                if self.stats.finish_reason is None:
-                    self.stats.finish_reason = "cancelled"
-                self.result = Generation(self.text.text, self.out, self.stats)
+                        _resync(part.cache)
+                self._finish(start)
                 dec._active = None
+        finally:
+            dec._lock.release()
+
+    def _finish(self, start: Optional[float]) -> None:
+        if start is not None:
+            self.stats.total_seconds = time.perf_counter() - start
+        if self.stats.finish_reason is None:
+            self.stats.finish_reason = "cancelled"
+        self.result = Generation(self.text.text, self.out, self.stats)
+
+    def _stop_reason(self) -> Optional[str]:
+        """``"cancelled"`` or ``"timeout"`` once the run must stop, else None."""
+        if self.cancel is not None and self.cancel.is_set():
+            return "cancelled"
+        if self.deadline is not None and time.perf_counter() >= self.deadline:
+            return "timeout"
+        return None
+
+    def _acquire(self, lock: threading.Lock) -> bool:
+        """Take the decoder's lock; False if cancelled or timed out first."""
+        if self.cancel is None and self.deadline is None:
+            lock.acquire()
+            return True
+        while True:
+            reason = self._stop_reason()
+            if reason is not None:
+                self.stats.finish_reason = reason
+                return False
+            wait = _LOCK_POLL
+            if self.deadline is not None:
+                wait = min(wait, max(self.deadline - time.perf_counter(), 0.0))
+            if lock.acquire(timeout=wait):
+                return True
+
+    def _logits_context(self, exc: InvalidLogitsError) -> str:
+        """Which model gave bad logits, and where (the kernel names row and token)."""
+        dec = self.dec
+        path = dec.target_path if self.phase == "target" else dec.draft_path
+        where = f" ({path})" if path else ""
+        n = self.stats.prompt_tokens + self.stats.tokens
+        return (f"the {self.phase} model{where} produced invalid logits predicting position {n} "
+                f"(row r: position {n} + r): {exc}")
 
     def _decode(self, start: float) -> Iterator[str]:
         dec, params, stats = self.dec, self.params, self.stats
@@ -317,24 +442,26 @@ class _Run:
                 dec._gamma_controller(route).new_sequence()
         seq = list(self.prompt)
         target = dec._target_cache
-        n_ctx = dec.target.n_ctx
+        n_ctx = dec._context_limit()
 
         # Prompt: reuse what the cache already holds, decode the rest but the
-        # last token (its logits come with the first step).
+        # last token (its logits come with the first step), a batch at a time.
         stats.prompt_cached = min(target.align(seq), len(seq) - 1)
-        if len(target) < len(seq) - 1:
-            target.eval(seq[len(target):-1], 1)
+        chunk = getattr(dec.target, "n_batch", None) or len(seq)
+        while len(target) < len(seq) - 1:
+            reason = self._stop_reason()
+            if reason is not None:
+                stats.finish_reason = reason
+                return
+            target.eval(seq[len(target):min(len(target) + chunk, len(seq) - 1)], 1)
         if dec.drafter is not None:
             dec.drafter.begin(seq)
         stats.prompt_seconds = time.perf_counter() - start
-        deadline = None if self.timeout is None else start + self.timeout
 
         while True:
-            if self.cancel is not None and self.cancel.is_set():
-                stats.finish_reason = "cancelled"
-                return
-            if deadline is not None and time.perf_counter() > deadline:
-                stats.finish_reason = "timeout"
+            reason = self._stop_reason()
+            if reason is not None:
+                stats.finish_reason = reason
                 return
             room = n_ctx - len(seq)  # tokens the target cache can still take beyond seq[:-1]
             if room < 0:
@@ -344,8 +471,10 @@ class _Run:
             gamma, route = self._choose_gamma(seq, max(0, min(remaining - 1, room, dec.gamma_max)), auto)
             draft_s = 0.0
             if gamma > 0:
+                self.phase = "draft"
                 draft: Draft = _parts(dec.drafter, route=route).propose(seq, gamma, params, rng_d)
                 gamma, draft_s = min(len(draft), gamma), draft.seconds
+                self.phase = "target"
                 # An empty draft (no n-gram match) falls through to a plain step.
 
             if gamma == 0:
@@ -437,6 +566,64 @@ def _parts(drafter: Optional[Drafter], *, names: bool = False, route: Optional[s
     if parts is None:
         parts = {} if drafter is None else {drafter.name: drafter}
     return list(parts) if names else list(parts.values())
+
+
+def _check_calibration(calibration: object) -> None:
+    from .costmodel import CostModel
+
+    if not (calibration is None or isinstance(calibration, CostModel) or calibration in ("cached", "measure")):
+        raise ValueError(f"calibration must be 'cached', 'measure', a CostModel or None, got {calibration!r}")
+
+
+def _initial_cost_model(dec: SpeculativeDecoder, calibration: object) -> object:
+    from .calibration import cached_calibration, calibrate
+
+    if calibration == "cached":
+        return cached_calibration(dec.target_path, dec.draft_path, dec.n_threads)
+    if calibration == "measure":
+        return calibrate(dec) if dec.draft is not None else None
+    return calibration
+
+
+def _resync(cache: CachedSequence) -> None:
+    """After a stop or an error, make a cache's mirror and its model agree.
+
+    An interruption inside ``CachedSequence.keep`` can leave the model shorter
+    than the mirror (truncated, mirror not yet cut); inside ``eval``, longer.
+    """
+    n = cache.model.n_past
+    if n < len(cache.tokens):
+        del cache.tokens[n:]
+    cache.resync()
+
+
+def _utf8_text(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidPromptError(
+            f"prompt is not valid UTF-8: {exc.reason} at byte {exc.start} "
+            f"({data[exc.start:exc.end]!r})") from None
+
+
+def _token_ids(prompt: object, n_vocab: int) -> list[int]:
+    """A prompt of token ids as a list of ints, each checked."""
+    if isinstance(prompt, np.ndarray) and prompt.ndim == 1 and prompt.dtype.kind in "iu":
+        tokens = prompt.tolist()
+    else:
+        try:
+            tokens = list(prompt)  # type: ignore[call-overload]
+        except TypeError:
+            raise TypeError("prompt must be a str, UTF-8 bytes or a sequence of int token ids, "
+                            f"got {type(prompt).__name__}") from None
+        for i, t in enumerate(tokens):
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+                raise TypeError(f"prompt[{i}] must be an int token id, got {t!r}")
+        tokens = [int(t) for t in tokens]
+    for i, t in enumerate(tokens):
+        if not 0 <= t < n_vocab:
+            raise InvalidPromptError(f"prompt token id {t} (prompt[{i}]) is outside the vocabulary [0, {n_vocab})")
+    return tokens
 
 
 def _check_gamma(gamma: object) -> None:

@@ -1,6 +1,15 @@
-"""The exceptions specdec-cpu raises. Every message names the culprit."""
+"""The exceptions specdec-cpu raises. Every message names the culprit.
+
+All of them derive from :class:`SpecDecError`, so a server can catch that
+one class around a request.  Errors that are really bad arguments also
+derive from ``ValueError`` (``InvalidPromptError``, ``InvalidLogitsError``);
+invalid parameters (``SamplingParams``, γ, ``n_threads``, ...) raise plain
+``ValueError``/``TypeError`` naming the parameter and the expected range.
+"""
 
 from __future__ import annotations
+
+from typing import Any, Optional
 
 
 class SpecDecError(Exception):
@@ -19,12 +28,33 @@ class ContextOverflowError(SpecDecError):
     """A prompt (or a prompt plus its generation) does not fit the context."""
 
 
+class InvalidPromptError(SpecDecError, ValueError):
+    """A prompt that cannot be decoded: empty, not valid UTF-8 / Unicode, of
+    the wrong type, or holding token ids outside the vocabulary."""
+
+
 class InvalidLogitsError(SpecDecError, ValueError):
-    """A model produced NaN or infinite logits."""
+    """A model produced NaN or infinite logits (the message names the model,
+    the row and the token)."""
 
 
 class GenerationCancelled(SpecDecError):
-    """Generation was stopped by a cancel event or a timeout."""
+    """``generate()`` was stopped by its cancel event or its timeout.
+
+    Attributes:
+        partial: the :class:`~specdec_cpu.Generation` produced before the stop
+            (its ``finish_reason`` is ``"cancelled"`` or ``"timeout"``), or
+            None when nothing ran.
+        reason: ``"cancelled"`` or ``"timeout"``.
+    """
+
+    def __init__(self, message: str, partial: Optional[Any] = None, reason: str = "cancelled") -> None:
+        super().__init__(message)
+        self.partial = partial
+        self.reason = reason
+
+    def __reduce__(self):  # keep partial and reason across pickling (process pools)
+        return (type(self), (str(self), self.partial, self.reason))
 
 
 class UnsupportedModelError(ModelLoadError):

@@ -308,7 +308,7 @@ def estimated_speedup(decoder, stats: GenerationStats, gamma: GammaSetting) -> O
 
 
 def _aggregate(alpha: float, cost: float, verify, gammas: Sequence[int]) -> float:
-    """Σ E[tokens](α, γ_i) / Σ (γ_i·c + v(γ_i + 1)) over the steps' γ_i."""
+    """Σ E[tokens](α, γ_i) / Σ (γ_i·c + v(γ_i + 1)) over the steps' γ_i (v ≥ 1)."""
     from .. import theory
 
     tokens = spent = 0.0
@@ -320,9 +320,15 @@ def _aggregate(alpha: float, cost: float, verify, gammas: Sequence[int]) -> floa
             tokens += n
             spent += n
         else:
+            # A pass over k > 1 rows never costs less than over one: timings
+            # taken under different loads must not make the estimate run away.
             tokens += n * float(theory.expected_tokens(alpha, g))
-            spent += n * (g * cost + float(verify(g + 1)))
-    return tokens / spent if spent > 0 else 1.0
+            v = float(verify(g + 1))
+            spent += n * (g * max(cost, 0.0) + (max(v, 1.0) if math.isfinite(v) else 1.0))
+    result = tokens / spent if spent > 0 else 1.0
+    if not math.isfinite(result):
+        raise ValueError("no finite estimate")
+    return result
 
 
 def status_line(stats: GenerationStats, speedup: Optional[float], drafting: bool) -> str:
@@ -333,7 +339,7 @@ def status_line(stats: GenerationStats, speedup: Optional[float], drafting: bool
                   f"γ {stats.mean_gamma:.1f}"]
         if speedup is not None:
             parts.append(f"est. {speedup:.2f}× over plain")
-    else:
+    else:  # no drafter, γ = 0, or γ auto found that speculation does not pay
         parts.append("plain decoding")
     if stats.finish_reason not in (None, "stop"):
         parts.append(_finish_text(stats.finish_reason))

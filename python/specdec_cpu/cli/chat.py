@@ -282,7 +282,7 @@ class ChatSession:
         self.last = stats
         self.session_stats.append(stats)
         self.last_speedup = estimated_speedup(self.decoder, stats, self.gamma)
-        emit(status_line(stats, self.last_speedup, has_drafter(self.decoder)), sys.stderr)
+        emit(status_line(stats, self.last_speedup, stats.drafted > 0), sys.stderr)
         if stats.finish_reason == "context":
             emit("(the context is full: /reset starts a new conversation; --ctx raises the size)",
                  sys.stderr)
@@ -290,9 +290,10 @@ class ChatSession:
     def stats_text(self) -> list[str]:
         if self.last is None:
             return ["no reply yet"]
-        drafting = has_drafter(self.decoder)
-        lines = ["last reply:"] + ["  " + s for s in stats_lines(self.last, self.last_speedup, drafting)]
+        lines = ["last reply:"] + ["  " + s for s in stats_lines(self.last, self.last_speedup,
+                                                                 self.last.drafted > 0)]
         total = combine(self.session_stats)
+        drafting = total.drafted > 0
         lines += [
             f"session ({len(self.session_stats)} replies, {len(self.history) // 2} turns in the "
             f"conversation):",

@@ -15,7 +15,6 @@ from ._session import (
     check_args,
     describe_models,
     estimated_speedup,
-    has_drafter,
     interruptible,
     load_decoder,
     run_result,
@@ -88,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
     gen = run_result(stream)
     stats = gen.stats
-    drafting = has_drafter(decoder)
+    drafting = stats.drafted > 0
     speedup = estimated_speedup(decoder, stats, decoder.gamma)
     if args.json:
         emit(json.dumps(_json(decoder, args, params, gen, chat, speedup)))

@@ -1,0 +1,1 @@
+"""specdec-cpu's benchmark suite: ``python -m bench`` (see bench/run.py)."""
