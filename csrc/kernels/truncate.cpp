@@ -47,6 +47,19 @@ size_t filter_at_least(const float* e, uint32_t* cand, size_t m, float threshold
     return kept;
 }
 
+// A value that likely has between k and a few hundred values of e at or
+// above it, read off every kSampleStride-th entry; 0 when sampling does not
+// pay (short rows, or a k that is a large share of the row).
+constexpr size_t kSampleStride = 64;
+float sampled_threshold(const float* e, size_t n, size_t k, float* scratch) {
+    const size_t ns = n / kSampleStride;
+    if (ns < 256 || k * 16 > ns) return 0.0f;
+    for (size_t j = 0; j < ns; ++j) scratch[j] = e[j * kSampleStride];
+    const size_t rank = std::min(ns - 1, 4 * k * ns / n + 4);
+    std::nth_element(scratch, scratch + rank, scratch + ns, [](float a, float b) { return a > b; });
+    return scratch[rank];
+}
+
 }  // namespace
 
 std::string validate_params(const DistParams& p) {
@@ -230,12 +243,16 @@ DistResult compute_distribution(const float* x, size_t n, const DistParams& prm,
     double mass = total;  // mass of the distribution top-p is measured against
     if (k_on) {
         const size_t k = static_cast<size_t>(prm.top_k);
-        // Any threshold that keeps >= k tokens keeps all of the top k; try
-        // high ones first so the candidate list stays short.
+        // Any threshold that keeps >= k tokens keeps all of the top k.  Real
+        // rows have a few large values over a long tail whose depth varies
+        // row to row, so guess one from a strided sample first (expected
+        // ~4k + 5·stride candidates), then fall back to a fixed ladder.
+        m = 0;
+        const float guess = sampled_threshold(e, n, k, ws.vals.data());
+        if (guess > 0.0f) m = K.compress_ge(e, n, guess, cand);
         static const float kLadder[] = {0x1p-7f, 0x1p-20f, 0x1p-60f, kTiny};
-        for (float t : kLadder) {
-            m = K.compress_ge(e, n, t, cand);
-            if (m >= k) break;
+        for (size_t i = 0; m < k && i < sizeof kLadder / sizeof kLadder[0]; ++i) {
+            if (kLadder[i] < guess || guess == 0.0f) m = K.compress_ge(e, n, kLadder[i], cand);
         }
         if (m > k) m = select_prefix(e, cand, m, k, kInf, ws);
         mass = 0.0;
