@@ -64,7 +64,7 @@ PAIRS: Dict[str, Pair] = {
         Pair("compute", "compute-bound", "Q4_K_M target / Q4_0 draft", Q4_K_M, Q4_0,
              ("gamma2", "gamma4", "gamma8", "auto",
               "llama-completion", "llama-speculative", "llama-speculative-simple")),
-        Pair("ngram", "n-gram", "F32 target, prompt-lookup drafting (no draft model)", F32, None,
+        Pair("ngram", "n-gram", "F32 target, prompt-lookup drafting, no draft model", F32, None,
              ("ngram", "ngram-draft", "pld2", "pld10")),
     )
 }

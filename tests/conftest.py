@@ -120,3 +120,17 @@ def unknown_arch_gguf(tiny_dir):
     """A well-formed GGUF whose architecture llama.cpp does not know."""
     return _write(tiny_dir, "unknown_arch.gguf", n_vocab=TARGET_VOCAB, seed=0, n_layer=1,
                   architecture="nosucharch")
+
+
+# -- the soak test's size ----------------------------------------------------
+
+
+def pytest_addoption(parser):
+    parser.addoption("--soak", action="store_true", default=False,
+                     help="run the soak test at full size (500 generations) instead of a short run")
+    parser.addoption("--soak-generations", type=int, default=None, metavar="N",
+                     help="number of generations of the soak test (overrides --soak)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "soak: long-run resource test (short unless --soak)")

@@ -13,6 +13,7 @@ from .errors import (
     ContextOverflowError,
     GenerationCancelled,
     InvalidLogitsError,
+    InvalidPromptError,
     ModelLoadError,
     SpecDecError,
     VocabMismatchError,
@@ -27,6 +28,7 @@ _LAZY = {
     "SpeculativeDecoder": "decoder",
     "Generation": "decoder",
     "GenerationStats": "stats",
+    "DecoderPool": "pool",
 }
 
 
@@ -41,10 +43,12 @@ __all__ = [
     "SpeculativeDecoder",
     "Generation",
     "GenerationStats",
+    "DecoderPool",
     "SpecDecError",
     "ModelLoadError",
     "VocabMismatchError",
     "ContextOverflowError",
     "InvalidLogitsError",
+    "InvalidPromptError",
     "GenerationCancelled",
 ]

@@ -62,7 +62,7 @@ def sample_into(
     out[V_in:] (out is (V_out,) with V_out >= V_in), and draw a token from it."""
 
 def acceptance_rate(p: npt.NDArray[np.float32], q: npt.NDArray[np.float32]) -> float:
-    """Σ min(p, q) of two float32 rows (V,), accumulated in double."""
+    """Σ min(p, q) of two float32 rows (V,): float32 sums of 64-entry blocks, added in double."""
 
 def verify(
     target_logits: npt.NDArray[np.float32],

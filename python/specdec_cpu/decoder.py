@@ -6,6 +6,7 @@ import dataclasses
 import os
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence, Union
 
@@ -197,8 +198,12 @@ class SpeculativeDecoder:
         decoder is ready for the next call either way.
         """
         run = self._run(prompt, max_tokens, params, stop, gamma, cancel, timeout)
-        for _ in run:
-            pass
+        pieces = run.iterate()
+        try:
+            for _ in pieces:
+                pass
+        finally:
+            pieces.close()  # after a KeyboardInterrupt between two steps: release the decoder now
         gen = run.result
         if gen.finish_reason in ("cancelled", "timeout"):
             what = ("cancelled by its cancel event" if gen.finish_reason == "cancelled"
@@ -229,7 +234,7 @@ class SpeculativeDecoder:
         that stops generation at once and leaves the decoder ready for the
         next call.  Argument errors are raised here, not at the first piece.
         """
-        return iter(self._run(prompt, max_tokens, params, stop, gamma, cancel, timeout))
+        return _Stream(self._run(prompt, max_tokens, params, stop, gamma, cancel, timeout))
 
     def chat(self, messages: Sequence[dict], **kwargs) -> Generation:
         """``generate`` on the target's chat template applied to ``messages``.
@@ -260,6 +265,11 @@ class SpeculativeDecoder:
 
     # ------------------------------------------------------------------ the loop
     def _run(self, prompt, max_tokens, params, stop, gamma, cancel, timeout) -> "_Run":
+        tokens, text, gamma = self._prepare(prompt, max_tokens, params, stop, gamma, cancel, timeout)
+        return _Run(self, tokens, max_tokens, params, text, gamma, cancel, timeout)
+
+    def _prepare(self, prompt, max_tokens, params, stop, gamma, cancel, timeout):
+        """Check a request's arguments: (prompt token ids, TextAssembler, γ)."""
         if not isinstance(params, SamplingParams):
             raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
@@ -277,7 +287,7 @@ class SpeculativeDecoder:
         if cancel is not None and not callable(getattr(cancel, "is_set", None)):
             raise TypeError(f"cancel must be a threading.Event (anything with is_set()) or None, got {cancel!r}")
         tokens = self._prompt_tokens(prompt)
-        return _Run(self, tokens, max_tokens, params, TextAssembler(stop), gamma, cancel, timeout)
+        return tokens, TextAssembler(stop), gamma
 
     def _prompt_tokens(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, (bytes, bytearray, memoryview)):
@@ -327,9 +337,40 @@ class SpeculativeDecoder:
         return ctrl
 
 
+class _Stream:
+    """What ``stream`` returns: an iterator of text pieces, ``result`` (a
+    Generation) once it has ended or been closed.  Leaving a ``with`` block
+    closes it.  Nothing else refers to it, so dropping the last reference
+    closes the generation too (at once, not at the next garbage collection)."""
+
+    def __init__(self, run: "_Run") -> None:
+        self._run = run
+        self._gen = run.iterate()
+
+    def __iter__(self) -> "_Stream":
+        return self
+
+    def __next__(self) -> str:
+        return next(self._gen)
+
+    @property
+    def result(self) -> Optional[Generation]:
+        return self._run.result
+
+    def close(self) -> None:
+        """Stop early; the decoder's caches stay consistent."""
+        self._run.close()
+
+    def __enter__(self) -> "_Stream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 class _Run:
-    """One generation as an iterator of text pieces; ``result`` (a Generation)
-    once it has ended or been closed.  Leaving a ``with`` block closes it."""
+    """The state of one generation; ``iterate()`` runs it, yielding text
+    pieces, and ``result`` is its Generation once it has ended or been closed."""
 
     def __init__(self, dec: SpeculativeDecoder, prompt: list[int], max_tokens: int,
                  params: SamplingParams, text: TextAssembler, gamma: GammaSetting,
@@ -342,25 +383,20 @@ class _Run:
         self.result: Optional[Generation] = None
         self.deadline = None if timeout is None else time.perf_counter() + timeout
         self.phase = "target"  # the model running, for error messages
-        self._gen = self._generate()
+        self._gen: Optional[weakref.ref] = None  # weak: the generator refers to us
 
-    def __iter__(self) -> "_Run":
-        return self
-
-    def __next__(self) -> str:
-        return next(self._gen)
+    def iterate(self) -> Iterator[str]:
+        gen = self._generate()
+        self._gen = weakref.ref(gen)
+        return gen
 
     def close(self) -> None:
         """Stop early; the decoder's caches stay consistent."""
-        self._gen.close()
+        gen = self._gen() if self._gen is not None else None
+        if gen is not None:
+            gen.close()
         if self.result is None:  # closed before it started
             self._finish(None)
-
-    def __enter__(self) -> "_Run":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _generate(self) -> Iterator[str]:
         dec = self.dec
@@ -425,9 +461,11 @@ class _Run:
         dec = self.dec
         path = dec.target_path if self.phase == "target" else dec.draft_path
         where = f" ({path})" if path else ""
-        n = self.stats.prompt_tokens + self.stats.tokens
-        return (f"the {self.phase} model{where} produced invalid logits predicting position {n} "
-                f"(row r: position {n} + r): {exc}")
+        n = self.stats.prompt_tokens + self.stats.tokens  # the first position being predicted
+        if self.phase == "draft":
+            return f"the draft model{where} produced invalid logits drafting from position {n} on: {exc}"
+        return (f"the target model{where} produced invalid logits for positions {n} on "
+                f"(row r predicts position {n} + r): {exc}")
 
     def _decode(self, start: float) -> Iterator[str]:
         dec, params, stats = self.dec, self.params, self.stats

@@ -130,6 +130,11 @@ class LlamaContext:
         self._out[:] = 0
 
         self._tokens: List[int] = []
+        # True while the KV cache may hold cells past len(_tokens): set before
+        # any change and cleared after it, so that an interruption in between
+        # (KeyboardInterrupt lands between any two bytecodes) is repaired by
+        # the next eval instead of failing it with "inconsistent positions".
+        self._dirty = False
         self._logits_addr = 0
         self._logits_rows = 0
         self._row_bytes = self._n_vocab * 4
@@ -224,6 +229,9 @@ class LlamaContext:
         tail_start = max(0, n - nb)
         self._logits_addr = 0
         self._logits_rows = 0
+        if self._dirty:
+            lib.llama_memory_seq_rm(self._mem, _SEQ, n_past, -1)
+        self._dirty = True
         try:
             start = 0
             while start < tail_start:
@@ -233,8 +241,10 @@ class LlamaContext:
             self._decode(ctx, arr, tail_start, n, n_past, n_logits)
         except BaseException:
             lib.llama_memory_seq_rm(self._mem, _SEQ, n_past, -1)
+            self._dirty = False
             raise
         self._tokens.extend(arr.tolist())
+        self._dirty = False
 
         if n_logits == 0:
             return np.empty((0, self._n_vocab), dtype=np.float32)
@@ -294,12 +304,19 @@ class LlamaContext:
             raise ValueError(f"truncate length must be in [0, n_past={n_past}], got {n}")
         if n == n_past:
             return
+        # Forget the ids first: interrupted before the cells are freed, the
+        # cache is one the next eval repairs (see _dirty).
+        self._dirty = True
+        dropped = self._tokens[n:]
+        del self._tokens[n:]
         if not lib.llama_memory_seq_rm(self._mem, _SEQ, n, -1):
+            self._tokens.extend(dropped)
+            self._dirty = False
             raise UnsupportedModelError(
                 f"cannot truncate the cache of {self._weights.path} ({self._weights.architecture}) "
                 f"from {n_past} to {n} tokens: recurrent/hybrid models cannot drop a suffix"
             )
-        del self._tokens[n:]
+        self._dirty = False
 
     # -- extras ----------------------------------------------------------
 

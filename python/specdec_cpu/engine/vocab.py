@@ -46,7 +46,6 @@ class LlamaTokenizer:
         self._add_bos = bool(lib.llama_vocab_get_add_bos(self._vocab))
         self._add_eos = bool(lib.llama_vocab_get_add_eos(self._vocab))
         self._eog: Optional[frozenset] = None
-        self._piece_buf = ctypes.create_string_buffer(256)
 
     # -- properties ------------------------------------------------------
 
@@ -136,9 +135,12 @@ class LlamaTokenizer:
             raise ValueError(f"token id {int(token)} out of range [0, {self._n_vocab})")
 
     def _piece(self, token: int) -> bytes:
+        # A buffer per call: the ctypes call releases the GIL, so a shared
+        # buffer could be filled by two threads at once.  Pieces are cached,
+        # so this runs once per token id.
         self._weights._require()
-        buf = self._piece_buf
-        size = len(buf)
+        size = 64
+        buf = ctypes.create_string_buffer(size)
         n = int(lib.llama_token_to_piece(self._vocab, token, buf, size, 0, True))
         if n < 0:
             size = -n

@@ -1,0 +1,728 @@
+"""The end-to-end benchmark suite: ours against plain decoding and the peers.
+
+    python -m bench                # the full run (about 45 minutes on 2 cores)
+    python -m bench --quick        # a few minutes: 2 prompts, T=0 and T=1, 64 tokens
+    python -m bench --report-only bench/results.json   # re-render tables and plots
+
+For every (model pair, sampling setting, prompt, repeat) the engines run back
+to back in an order rotated from block to block, so that a change of machine
+load hits all engines alike; speed-ups are medians of per-block ratios against
+our plain decoding in the same block.  Each pair is also calibrated in the same
+run (v(k), c, α at each setting), and every speculative run of ours is compared
+with the theory's prediction from those numbers and the α measured in the run.
+
+Writes bench/RESULTS.md (keeping its "## Kernels" section, which
+bench/kernels.py writes), bench/results.json (every run) and PNG plots next to
+RESULTS.md.  Progress and an ETA go to stderr.  Nothing here asserts a time:
+the "Targets" section of RESULTS.md reports met / not met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from . import peers
+from .prompts import PROMPTS, Prompt, by_name
+from .suite import ENGINES, OPTIONAL_ENGINES, PAIRS, Q4_0, QUICK, SETTINGS, Engine, Pair, Setting
+
+HERE = Path(__file__).resolve().parent
+
+#: γ_max the pairs are calibrated up to (T_target is measured for k = 1..9 rows).
+CALIBRATION_GAMMA_MAX = 8
+#: A peer run that takes longer than this is recorded as failed (a very busy machine).
+PEER_TIMEOUT = 600.0
+
+
+# ---------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------
+
+
+def _csv(choices: Sequence[str], what: str):
+    def parse(text: str) -> List[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [t for t in items if t not in choices]
+        if bad or not items:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what} {', '.join(bad) or '(none)'}; choose from {', '.join(choices)}")
+        return items
+    return parse
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="End-to-end speculative decoding benchmark: ours vs plain decoding, "
+                    "llama.cpp's tools and llama-cpp-python's prompt lookup.")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"a few-minute run: prompts {','.join(QUICK['prompts'])}, settings "
+                         f"{','.join(QUICK['settings'])}, {QUICK['tokens']} tokens, engines "
+                         f"{','.join(QUICK['engines'])} (explicit options still win)")
+    ap.add_argument("--pairs", type=_csv(list(PAIRS), "pair"), default=None,
+                    help=f"model pairs (default all: {','.join(PAIRS)})")
+    ap.add_argument("--settings", type=_csv(list(SETTINGS), "setting"), default=None,
+                    help=f"sampling settings (default all: {','.join(SETTINGS)})")
+    ap.add_argument("--engines", type=_csv(list(ENGINES), "engine"), default=None,
+                    help="engines (default: every engine of each pair; 'plain' always runs). "
+                         f"Known: {','.join(ENGINES)}")
+    ap.add_argument("--prompts", type=_csv([p.name for p in PROMPTS], "prompt"), default=None,
+                    help=f"prompts (default all: {','.join(p.name for p in PROMPTS)})")
+    ap.add_argument("--tokens", type=int, default=None, help="new tokens per run (default 128)")
+    ap.add_argument("--repeats", type=int, default=None, help="repeats per prompt (default 1)")
+    ap.add_argument("--threads", type=int, default=2, help="threads of every engine (default 2)")
+    ap.add_argument("--peer-draft-max", type=int, default=4,
+                    help="--spec-draft-n-max of llama-speculative[-simple] (default 4)")
+    ap.add_argument("--ctx", type=int, default=1024, help="context size of every engine (default 1024)")
+    ap.add_argument("--seed", type=int, default=1234, help="base seed (block i uses seed + i)")
+    ap.add_argument("--output-dir", type=Path, default=HERE,
+                    help="where RESULTS.md, results.json and the plots go (default bench/)")
+    ap.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    ap.add_argument("--report-only", type=Path, metavar="RESULTS.json", default=None,
+                    help="re-render RESULTS.md and the plots from a results.json, run nothing")
+    args = ap.parse_args(argv)
+    q = args.quick
+    args.pairs = args.pairs or list(PAIRS)
+    args.settings = args.settings or list(QUICK["settings"] if q else SETTINGS)
+    args.prompts = args.prompts or list(QUICK["prompts"] if q else [p.name for p in PROMPTS])
+    args.tokens = args.tokens or (QUICK["tokens"] if q else 128)
+    args.repeats = args.repeats or (QUICK["repeats"] if q else 1)
+    if args.engines is None and q:
+        args.engines = list(QUICK["engines"])
+    for name in ("tokens", "repeats", "threads", "peer_draft_max", "ctx"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
+
+
+def command_line(argv: Optional[Sequence[str]]) -> str:
+    args = list(sys.argv[1:] if argv is None else argv)
+    return " ".join(["python -m bench", *(peers._quote(a) for a in args)])
+
+
+# ---------------------------------------------------------------------------
+# progress
+# ---------------------------------------------------------------------------
+
+
+class Progress:
+    """Counts estimated work done, rescales the estimate by what was observed."""
+
+    def __init__(self, total_estimate: float) -> None:
+        self.t0 = time.monotonic()
+        self.total = total_estimate
+        self.done_est = 0.0
+        self.done_real = 0.0
+
+    def add(self, estimate: float, real: float) -> None:
+        self.done_est += estimate
+        self.done_real += real
+
+    def eta(self) -> float:
+        scale = self.done_real / self.done_est if self.done_est > 0 else 1.0
+        scale = min(max(scale, 0.3), 5.0)
+        return max(self.total - self.done_est, 0.0) * scale
+
+    def say(self, text: str) -> None:
+        elapsed = time.monotonic() - self.t0
+        print(f"[{_mmss(elapsed)} elapsed, ETA {_mmss(self.eta())}] {text}", file=sys.stderr, flush=True)
+
+
+def _mmss(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def _is_f32(target: str) -> bool:
+    return target.endswith("f32")
+
+
+def estimate_run(target: str, engine: Engine, tokens: int) -> float:
+    """Rough seconds of one run on an idle 2-core machine (only for the ETA)."""
+    f32 = _is_f32(target)
+    tps = 14.0 if f32 else 40.0
+    if engine.kind == "ours" and engine.gamma != 0:
+        tps *= 1.4 if f32 else 1.0
+    elif engine.kind == "speculative":
+        tps *= 1.4 if f32 else 0.8
+    elif engine.kind == "lcp" and engine.num_pred_tokens:
+        tps *= 1.2
+    fixed = {"completion": 3.0 if f32 else 1.5, "speculative": 4.5 if f32 else 2.5,
+             "lcp": 0.5, "ours": 0.1}[engine.kind]
+    return tokens / tps + fixed
+
+
+def estimate_calibration(target: str, quick: bool) -> float:
+    return (12.0 if _is_f32(target) else 6.0) * (0.6 if quick else 1.0)
+
+
+# ---------------------------------------------------------------------------
+# machine and versions
+# ---------------------------------------------------------------------------
+
+
+def machine_info(threads: int) -> Dict[str, Any]:
+    from specdec_cpu import sampling
+    from specdec_cpu.costmodel import cpu_model
+
+    info: Dict[str, Any] = {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "isa": sampling.active_isa(),
+        "isas_supported": list(sampling.supported_isas()),
+        "threads": threads,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+    try:
+        with open("/proc/meminfo") as f:
+            kb = int(f.readline().split()[1])
+        info["memory_gb"] = round(kb / 1024 ** 2, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return info
+
+
+def versions(peer_paths: Optional[Dict[str, Path]]) -> Dict[str, Any]:
+    import numpy
+    import specdec_cpu
+    import llama_cpp
+
+    out: Dict[str, Any] = {
+        "specdec_cpu": getattr(specdec_cpu, "__version__", "?"),
+        "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
+        "numpy": numpy.__version__,
+        "peers_built_from": f"vendored llama.cpp of the llama-cpp-python "
+                            f"{peers.LLAMA_CPP_PYTHON_VERSION} sdist",
+    }
+    try:
+        import matplotlib
+        out["matplotlib"] = matplotlib.__version__
+    except ImportError:
+        pass
+    if peer_paths:
+        try:
+            proc = subprocess.run([str(peer_paths["plain"]), "--version"], capture_output=True,
+                                  text=True, timeout=30)
+            lines = [l.strip() for l in (proc.stdout + proc.stderr).splitlines() if l.strip()]
+            out["llama_cpp"] = next((l for l in lines if l.startswith("version")), lines[0] if lines else "?")
+        except (OSError, subprocess.SubprocessError):
+            out["llama_cpp"] = "?"
+        info = peer_paths["plain"].parent / "BUILD-INFO.json"
+        if info.is_file():
+            try:
+                out["peer_build"] = json.loads(info.read_text())
+            except ValueError:
+                pass
+    return out
+
+
+def load_average() -> Optional[List[float]]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+# ---------------------------------------------------------------------------
+# engines
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Group:
+    """Pairs sharing one target model: their engines run in the same blocks."""
+
+    target: str
+    target_path: Path
+    pairs: List[Pair]
+    engines: List[Engine]
+    decoders: Dict[str, Any] = field(default_factory=dict)  # role -> SpeculativeDecoder
+    draft_paths: Dict[str, Optional[Path]] = field(default_factory=dict)  # role -> draft file
+    cost_models: Dict[str, Any] = field(default_factory=dict)  # role -> CostModel (current setting)
+    lcp: Any = None
+
+    def pair_ids_of(self, engine: Engine) -> List[str]:
+        if engine.id == "plain":
+            return [p.id for p in self.pairs]
+        return [p.id for p in self.pairs if engine.id in p.engines or engine.id in OPTIONAL_ENGINES.get(p.id, ())]
+
+    @property
+    def model_draft(self) -> Optional[str]:
+        return next((p.draft for p in self.pairs if p.draft), None)
+
+
+def build_groups(args: argparse.Namespace) -> List[Group]:
+    from specdec_cpu.models import ensure_model
+
+    wanted = set(args.engines) if args.engines is not None else None
+    by_target: Dict[str, Group] = {}
+    for pid in args.pairs:
+        pair = PAIRS[pid]
+        group = by_target.get(pair.target)
+        if group is None:
+            group = by_target[pair.target] = Group(pair.target, ensure_model(pair.target), [], [])
+        group.pairs.append(pair)
+    for group in by_target.values():
+        ids = ["plain"]
+        for pair in group.pairs:
+            allowed = list(pair.engines) + list(OPTIONAL_ENGINES.get(pair.id, ()))
+            for eid in allowed:
+                if wanted is None and eid not in pair.engines:
+                    continue
+                if wanted is not None and eid not in wanted:
+                    continue
+                if eid not in ids:
+                    ids.append(eid)
+        order = list(ENGINES)
+        group.engines = [ENGINES[e] for e in sorted(ids, key=order.index)]
+    return [g for g in by_target.values() if len(g.engines) > 1 or args.engines is not None]
+
+
+def load_group(group: Group, args: argparse.Namespace, progress: Progress) -> None:
+    """Load every decoder (and the llama-cpp-python model) the group's engines need."""
+    from specdec_cpu import SpeculativeDecoder
+    from specdec_cpu.models import ensure_model
+
+    roles = {e.drafter for e in group.engines if e.kind == "ours"}
+    draft = group.model_draft
+    if draft is None and ("draft" in roles or "ngram-draft" in roles):
+        draft = Q4_0
+    draft_path = ensure_model(draft) if draft else None
+    if "plain" in roles:
+        roles.discard("plain")
+        if not roles & {"draft", "ngram"}:
+            roles.add("draft" if draft_path is not None and group.model_draft else "plain")
+    common = dict(gamma=0, n_ctx=args.ctx, n_threads=args.threads, seed=args.seed)
+    for role in sorted(roles):
+        if role == "draft":
+            dec = SpeculativeDecoder.from_gguf(group.target_path, draft_path, **common)
+            group.draft_paths[role] = draft_path
+        elif role == "ngram":
+            dec = SpeculativeDecoder.from_gguf(group.target_path, None, ngram=True, **common)
+            group.draft_paths[role] = None
+        elif role == "ngram-draft":
+            dec = SpeculativeDecoder.from_gguf(group.target_path, ensure_model(Q4_0), ngram=True, **common)
+            group.draft_paths[role] = ensure_model(Q4_0)
+        else:
+            dec = SpeculativeDecoder.from_gguf(group.target_path, None, **common)
+            group.draft_paths[role] = None
+        group.decoders[role] = dec
+    if any(e.kind == "lcp" for e in group.engines):
+        group.lcp = LcpRunner(group.target_path, args.threads, args.ctx)
+    progress.say(f"loaded {group.target} ({', '.join(sorted(group.decoders))}"
+                 f"{', llama-cpp-python' if group.lcp else ''})")
+
+
+def plain_decoder(group: Group):
+    for role in ("draft", "ngram", "plain", "ngram-draft"):
+        if role in group.decoders:
+            return group.decoders[role]
+    raise RuntimeError("no decoder for plain decoding")
+
+
+class LcpRunner:
+    """llama-cpp-python's high-level ``Llama`` with ``LlamaPromptLookupDecoding``.
+
+    Used here as a peer only (the package itself never touches the ``Llama``
+    class).  Decode speed is measured from the first generated token to the
+    last: (n − 1) tokens over that time, so prompt processing is excluded as it
+    is for the other engines.
+    """
+
+    def __init__(self, model: Path, threads: int, n_ctx: int) -> None:
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        self._pld = LlamaPromptLookupDecoding
+        # A draft model at construction makes the context keep every row's logits.
+        self.llm = Llama(model_path=str(model), n_ctx=n_ctx, n_batch=512, n_threads=threads,
+                         n_threads_batch=threads, draft_model=LlamaPromptLookupDecoding(),
+                         verbose=False)
+
+    def run(self, text: str, max_tokens: int, setting: Setting, seed: int,
+            num_pred_tokens: int) -> Dict[str, Any]:
+        import llama_cpp
+
+        llm = self.llm
+        llm.draft_model = (self._pld(max_ngram_size=2, num_pred_tokens=num_pred_tokens)
+                           if num_pred_tokens else None)
+        llm.set_seed(seed)
+        tokens = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+        out: List[int] = []
+        t_first = None
+        t_start = time.perf_counter()
+        finish = "length"
+        gen = llm.generate(tokens, top_k=setting.top_k, top_p=setting.top_p, min_p=setting.min_p,
+                           typical_p=1.0, temp=setting.temperature, repeat_penalty=1.0,
+                           frequency_penalty=0.0, presence_penalty=0.0)
+        try:
+            for tok in gen:
+                if t_first is None:
+                    t_first = time.perf_counter()
+                if llama_cpp.llama_vocab_is_eog(llm._model.vocab, tok):
+                    finish = "stop"
+                    break
+                out.append(int(tok))
+                if len(out) >= max_tokens:
+                    break
+        finally:
+            gen.close()
+        t_end = time.perf_counter()
+        decode = (t_end - t_first) if t_first is not None else 0.0
+        n = len(out)
+        return {
+            "tokens": n,
+            "tps": (n - 1) / decode if n > 1 and decode > 0 else None,
+            "decode_seconds": decode,
+            "prompt_seconds": (t_first - t_start) if t_first is not None else None,
+            "prompt_tokens": len(tokens),
+            "finish": finish,
+            "text": llm.detokenize(out).decode("utf-8", "replace"),
+        }
+
+
+def _seconds_stats(s) -> Dict[str, Any]:
+    return {
+        "draft_seconds": s.draft_seconds,
+        "target_seconds": s.target_seconds,
+        "sampling_seconds": s.sampling_seconds,
+        "overhead_seconds": s.overhead_seconds,
+        "overhead_fraction": s.overhead_seconds / s.decode_seconds if s.decode_seconds > 0 else None,
+    }
+
+
+def predicted_speedup(engine: Engine, stats, cost_model) -> Optional[float]:
+    """The theory's speed-up for this run, from α measured in it and the
+    pair's calibration (c, v(k)) in the same setting.
+
+    Fixed γ: ``theory.speedup(α, γ, c, v)``.  γ = auto and n-gram runs, whose γ
+    changes from step to step (0 included): Σ E[tokens](α, γ_i) / Σ (γ_i·c +
+    v(γ_i + 1)) over the steps.  An n-gram lookup costs ~nothing (c = 0); with
+    both drafters, c is the model's c weighted by the share of tokens it drafted.
+    """
+    from specdec_cpu import theory
+
+    if cost_model is None or engine.gamma == 0 or not stats.steps:
+        return None
+    if not stats.alpha_rows:
+        return 1.0 if not stats.drafted else None
+    alpha = min(max(stats.mean_alpha, 0.0), 1.0)
+    c = cost_model.cost
+    if engine.drafter == "ngram":
+        c = 0.0
+    elif engine.drafter == "ngram-draft":
+        drafted = {k: v[0] for k, v in stats.by_drafter.items()}
+        total = sum(drafted.values())
+        c = c * (drafted.get("model", 0) / total) if total else c
+    top = max(max(stats.gammas), engine.gamma if isinstance(engine.gamma, int) else 1, 1)
+    v = cost_model.verify_curve(top + 1)
+    if isinstance(engine.gamma, int):
+        return float(theory.speedup(alpha, engine.gamma, c, v))
+    tokens = spent = 0.0
+    for g, n in Counter(stats.gammas).items():
+        if g == 0:
+            tokens += n
+            spent += n
+        else:
+            tokens += n * float(theory.expected_tokens(alpha, g))
+            spent += n * (g * c + float(v[g + 1]))
+    return tokens / spent if spent > 0 else None
+
+
+def run_engine(group: Group, engine: Engine, setting: Setting, text: str, seed: int,
+               args: argparse.Namespace) -> Dict[str, Any]:
+    rec: Dict[str, Any] = {"engine": engine.id}
+    t0 = time.perf_counter()
+    try:
+        if engine.kind == "ours":
+            dec = plain_decoder(group) if engine.id == "plain" else group.decoders[engine.drafter]
+            gen = dec.generate(text, max_tokens=args.tokens, params=setting.params(seed), gamma=engine.gamma)
+            s = gen.stats
+            role = "draft" if engine.id == "plain" else engine.drafter
+            cm = group.cost_models.get(role)
+            rec.update({
+                "tokens": s.tokens,
+                "tps": s.tokens_per_second,
+                "decode_seconds": s.decode_seconds,
+                "prompt_seconds": s.prompt_seconds,
+                "prompt_tokens": s.prompt_tokens,
+                "finish": s.finish_reason,
+                "steps": s.steps,
+                "drafted": s.drafted,
+                "accepted": s.accepted,
+                "acceptance": s.acceptance if s.drafted else None,
+                "mean_alpha": s.mean_alpha if s.alpha_rows else None,
+                "tokens_per_step": s.tokens_per_step,
+                "mean_gamma": s.mean_gamma,
+                "gamma_runs": s.gamma_runs(),
+                "by_drafter": s.by_drafter,
+                **_seconds_stats(s),
+                "predicted": predicted_speedup(engine, s, cm),
+                "text": gen.text,
+            })
+        elif engine.kind == "completion":
+            r = peers.run_plain(group.target_path, text, args.tokens, threads=args.threads, seed=seed,
+                                ctx=args.ctx, timeout=PEER_TIMEOUT, **setting.peer_kwargs())
+            rec.update(_peer_record(r))
+            # a generation loop pays for sampling too (the speculative tools' figure includes it)
+            if r.tokens_per_s_with_sampling:
+                rec["tps"] = r.tokens_per_s_with_sampling
+                rec["tps_eval_only"] = r.tokens_per_s
+        elif engine.kind == "speculative":
+            draft = group.model_draft or Q4_0
+            from specdec_cpu.models import ensure_model
+            r = peers.run_speculative(group.target_path, ensure_model(draft), text, args.tokens,
+                                      threads=args.threads, seed=seed, draft_max=args.peer_draft_max,
+                                      variant=engine.variant, ctx=args.ctx, timeout=PEER_TIMEOUT,
+                                      **setting.peer_kwargs())
+            rec.update(_peer_record(r))
+        elif engine.kind == "lcp":
+            rec.update(group.lcp.run(text, args.tokens, setting, seed, engine.num_pred_tokens))
+        else:  # pragma: no cover
+            raise ValueError(engine.kind)
+    except (peers.PeerRunError, peers.PeerBuildError, RuntimeError, OSError, ValueError) as exc:
+        rec["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+        rec["tps"] = None
+    rec["wall_seconds"] = time.perf_counter() - t0
+    return rec
+
+
+def _peer_record(r: "peers.PeerResult") -> Dict[str, Any]:
+    return {
+        "tokens": r.n_decoded,
+        "tps": r.tokens_per_s,
+        "decode_seconds": r.decode_seconds,
+        "prompt_seconds": r.prompt_seconds,
+        "prompt_tokens": r.prompt_tokens,
+        "acceptance": r.acceptance,
+        "drafted": r.n_drafted,
+        "accepted": r.n_accepted,
+        "n_draft_max": r.n_draft_max,
+        "command": r.command_line,
+        "text": r.text,
+    }
+
+
+# ---------------------------------------------------------------------------
+# the run
+# ---------------------------------------------------------------------------
+
+
+def warm_up(group: Group, args: argparse.Namespace, progress: Progress) -> None:
+    """One short generation per decoder and per peer tool (page cache, first-call setup)."""
+    from specdec_cpu import SamplingParams
+
+    t0 = time.monotonic()
+    text = "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n"
+    for dec in group.decoders.values():
+        dec.generate(text, max_tokens=8, params=SamplingParams(temperature=0.0), gamma=0)
+        if dec.drafter is not None:
+            dec.generate(text, max_tokens=8, params=SamplingParams(temperature=0.0), gamma=2)
+    if group.lcp is not None:
+        group.lcp.run(text, 8, SETTINGS["t0"], 1, 2)
+    kinds = {e.kind for e in group.engines}
+    try:
+        if "completion" in kinds:
+            peers.run_plain(group.target_path, text, 8, threads=args.threads, ctx=args.ctx, timeout=PEER_TIMEOUT)
+        if "speculative" in kinds:
+            from specdec_cpu.models import ensure_model
+            peers.run_speculative(group.target_path, ensure_model(group.model_draft or Q4_0), text, 8,
+                                  threads=args.threads, ctx=args.ctx, timeout=PEER_TIMEOUT)
+    except peers.PeerRunError as exc:
+        progress.say(f"warm-up of a peer failed: {exc}")
+    progress.say(f"warmed up {group.target} in {time.monotonic() - t0:.0f} s")
+
+
+def calibrate_group(group: Group, setting: Setting, args: argparse.Namespace,
+                    progress: Progress) -> List[Dict[str, Any]]:
+    """Calibrate every decoder with a drafter at this setting; attach the cost
+    models so that γ=auto starts from this run's measurement."""
+    from specdec_cpu.calibration import calibrate
+
+    out = []
+    params = setting.params(args.seed)
+    n_tokens = 16 if args.quick else 32
+    models: Dict[str, Any] = {}
+    for role in ("draft", "ngram", "ngram-draft"):
+        dec = group.decoders.get(role)
+        if dec is None:
+            continue
+        if role == "ngram-draft" and "draft" in models:
+            cm = models["draft"]  # the same two model files: the same costs
+        else:
+            t0 = time.monotonic()
+            cm = calibrate(dec, params=params, gamma_max=CALIBRATION_GAMMA_MAX, n_tokens=n_tokens,
+                           recalibrate=True, cache=False)
+            progress.say(f"calibrated {group.target} ({role}) at {setting.label}: c={cm.cost:.3f}, "
+                         f"v(5)={cm.verify_cost(5):.2f}, v(9)={cm.verify_cost(9):.2f}, "
+                         f"α={cm.alpha if cm.alpha is None else round(cm.alpha, 3)} "
+                         f"({time.monotonic() - t0:.0f} s)")
+            out.append({
+                "target": group.target, "role": role, "setting": setting.id,
+                "draft": None if group.draft_paths.get(role) is None else group.draft_paths[role].name,
+                "target_ms": cm.target_ms, "draft_ms": cm.draft_ms, "c": cm.cost,
+                "v": [cm.verify_cost(k) for k in range(1, cm.k_max + 1)], "alpha": cm.alpha,
+            })
+        models[role] = cm
+        dec.cost_model = cm
+        # γ=auto keeps one controller per draft route, created on first use from
+        # dec.cost_model: drop the previous setting's so this calibration is used.
+        if hasattr(dec, "_controllers"):
+            dec._controllers.clear()
+    group.cost_models = models
+    return out
+
+
+def run_suite(args: argparse.Namespace, command: str) -> Dict[str, Any]:
+    t_start = time.time()
+    results: Dict[str, Any] = {
+        "format": 1,
+        "command": command,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t_start)),
+        "load_average_start": load_average(),
+        "config": {
+            "pairs": args.pairs, "settings": args.settings, "prompts": args.prompts,
+            "engines": args.engines, "tokens": args.tokens, "repeats": args.repeats,
+            "threads": args.threads, "peer_draft_max": args.peer_draft_max, "ctx": args.ctx,
+            "seed": args.seed, "quick": args.quick,
+        },
+        "calibrations": [],
+        "runs": [],
+        "complete": False,
+    }
+    groups = build_groups(args)
+    prompts = by_name(args.prompts)
+    settings = [SETTINGS[s] for s in args.settings]
+    kinds = {e.kind for g in groups for e in g.engines}
+    peer_paths = None
+    if kinds & {"completion", "speculative"}:
+        try:
+            peer_paths = peers.ensure_peers()
+        except peers.PeerBuildError as exc:
+            print(f"llama.cpp peers unavailable, running without them: {exc}", file=sys.stderr)
+            results["peer_error"] = str(exc)
+            for g in groups:
+                g.engines = [e for e in g.engines if e.kind not in ("completion", "speculative")]
+    results["machine"] = machine_info(args.threads)
+    results["versions"] = versions(peer_paths)
+    results["pairs"] = {p: {"label": PAIRS[p].label, "description": PAIRS[p].description,
+                            "target": PAIRS[p].target, "draft": PAIRS[p].draft,
+                            "engines": [e.id for g in groups for e in g.engines
+                                        if p in g.pair_ids_of(e)]}
+                        for p in args.pairs}
+    results["engines"] = {e.id: {"label": e.label, "kind": e.kind} for g in groups for e in g.engines}
+    results["settings"] = {s.id: {"label": s.label, "temperature": s.temperature, "top_k": s.top_k,
+                                  "top_p": s.top_p, "min_p": s.min_p} for s in settings}
+    results["prompts"] = {p.name: {"kind": p.kind, "description": p.description} for p in prompts}
+
+    total = 0.0
+    for g in groups:
+        total += 25.0 if _is_f32(g.target) else 10.0
+        n_cal = len({e.drafter for e in g.engines if e.kind == "ours"} - {"plain"})
+        total += len(settings) * n_cal * estimate_calibration(g.target, args.quick)
+        total += len(settings) * len(prompts) * args.repeats * sum(
+            estimate_run(g.target, e, args.tokens) for e in g.engines)
+    progress = Progress(total)
+    progress.say(f"{len(groups)} target(s), {len(settings)} setting(s), {len(prompts)} prompt(s) × "
+                 f"{args.repeats} repeat(s), {args.tokens} tokens; estimated {_mmss(total)} on an idle machine")
+
+    block = 0
+    try:
+        for group in groups:
+            t0 = time.monotonic()
+            load_group(group, args, progress)
+            warm_up(group, args, progress)
+            progress.add(25.0 if _is_f32(group.target) else 10.0, time.monotonic() - t0)
+            for setting in settings:
+                t0 = time.monotonic()
+                cals = calibrate_group(group, setting, args, progress)
+                results["calibrations"].extend(cals)
+                n_cal = len({e.drafter for e in group.engines if e.kind == "ours"} - {"plain"})
+                progress.add(n_cal * estimate_calibration(group.target, args.quick), time.monotonic() - t0)
+                for prompt in prompts:
+                    text = plain_decoder(group).chat_prompt(prompt.messages())
+                    for rep in range(args.repeats):
+                        seed = args.seed + block
+                        n = len(group.engines)
+                        order = [group.engines[(block + i) % n] for i in range(n)]
+                        block_runs = []
+                        for pos, engine in enumerate(order):
+                            load = load_average()
+                            rec = run_engine(group, engine, setting, text, seed, args)
+                            rec.update({"load_1min": load[0] if load else None, "block": block, "target": group.target, "setting": setting.id,
+                                        "prompt": prompt.name, "kind": prompt.kind, "repeat": rep,
+                                        "position": pos, "seed": seed,
+                                        "pairs": group.pair_ids_of(engine)})
+                            block_runs.append(rec)
+                            progress.add(estimate_run(group.target, engine, args.tokens), rec["wall_seconds"])
+                            progress.say(_run_line(rec, setting))
+                        base = next((r["tps"] for r in block_runs if r["engine"] == "plain"), None)
+                        for r in block_runs:
+                            r["ratio"] = (r["tps"] / base) if base and r.get("tps") else None
+                        results["runs"].extend(block_runs)
+                        block += 1
+            release(group)
+        results["complete"] = True
+    except KeyboardInterrupt:
+        progress.say("interrupted: writing what was measured so far")
+    results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime())
+    results["duration_seconds"] = round(time.time() - t_start, 1)
+    results["load_average_end"] = load_average()
+    return results
+
+
+def release(group: Group) -> None:
+    """Drop the group's models before the next group loads its own."""
+    import gc
+
+    group.decoders.clear()
+    group.cost_models = {}
+    if group.lcp is not None:
+        try:
+            group.lcp.llm.close()
+        except Exception:  # noqa: BLE001 - best effort, the process ends soon
+            pass
+        group.lcp = None
+    gc.collect()
+
+
+def _run_line(rec: Dict[str, Any], setting: Setting) -> str:
+    head = f"{rec['target'].split('-')[-1]} {setting.id} {rec['prompt']} r{rec['repeat']} {rec['engine']}"
+    if rec.get("error"):
+        return f"{head}: FAILED {rec['error']}"
+    parts = [f"{rec['tps']:.1f} tok/s" if rec.get("tps") else "no rate", f"{rec.get('tokens')} tok"]
+    if rec.get("acceptance") is not None:
+        parts.append(f"acc {rec['acceptance']:.2f}")
+    if rec.get("mean_gamma"):
+        parts.append(f"γ̄ {rec['mean_gamma']:.1f}")
+    return f"{head}: " + ", ".join(parts)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    from . import report
+
+    out_dir: Path = args.output_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.report_only is not None:
+        results = json.loads(args.report_only.read_text())
+    else:
+        results = run_suite(args, command_line(argv))
+        (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+        print(f"wrote {out_dir / 'results.json'}", file=sys.stderr)
+    plots = {} if args.no_plots else report.make_plots(results, out_dir)
+    report.write_results_md(results, out_dir / "RESULTS.md", plots)
+    print(f"wrote {out_dir / 'RESULTS.md'}" + (f" and {len(plots)} plot(s)" if plots else ""), file=sys.stderr)
+    print(report.headline(results), file=sys.stderr)
+    return 0 if results.get("complete") else 1
