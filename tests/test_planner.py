@@ -483,3 +483,20 @@ def test_pass_times_follow_the_machine_load() -> None:
     assert ctrl._curve()[1] == pytest.approx(30.0, rel=0.1)
     assert ctrl.cost == pytest.approx(4.0 / 30.0, rel=0.15)
     assert ctrl.gamma_counts[0] - 3 <= 0.02 * 400  # refreshing T(1) costs few plain steps
+
+
+def test_no_probes_where_even_perfect_acceptance_cannot_pay() -> None:
+    """Compute-bound target with a costly draft (DESIGN §2's Q4_K_M curve, c = 0.68):
+    a probe would only cost the draft's catch-up, so none are made."""
+    from specdec_cpu.controller import GammaController
+
+    steep = [1.0, 1.0, 1.76, 2.23, 2.41, 3.34, 3.60, 3.84, 3.92, 4.88]  # index k
+    ctrl = GammaController(None, gamma_max=8, warmup=0, probe_every=4)
+    for k in range(1, 10):  # costs measured, e.g. by earlier steps
+        ctrl.observe(k - 1, (0.95,) * (k - 1), k - 1, 0.0136 * (k - 1) or None, 0.020 * steep[k])
+    choices = []
+    for _ in range(100):
+        g = ctrl.next_gamma()
+        choices.append(g)
+        ctrl.observe(g, (0.95,) * g, g, 0.0136 * g or None, 0.020 * steep[g + 1])
+    assert set(choices) == {0}

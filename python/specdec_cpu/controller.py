@@ -142,7 +142,7 @@ class GammaController:
                 return 0
             return self._best
         self._plain_run += 1
-        if self._plain_run > self._probe_interval:
+        if self._plain_run > self._probe_interval and self._could_pay():
             self._plain_run = 0
             self._probing = True
             return self.probe_gamma
@@ -328,6 +328,15 @@ class GammaController:
         left = k < kk[0]
         t[left] = np.maximum(tt[0] - slope * (kk[0] - k[left]), 0.05 * tt[0])
         return t
+
+    def _could_pay(self) -> bool:
+        """Whether any α at all would make speculation pay at the current costs.
+
+        A probe is not free (the draft first catches up on every token it
+        skipped), so where even perfect acceptance cannot beat plain decoding
+        (a compute-bound target with a costly draft) probing is pure loss.
+        """
+        return self._choose(alpha=1.0) > 0
 
     def _choose(self, alpha: Optional[float] = None) -> int:
         if self.gamma_max == 0:
