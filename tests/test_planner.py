@@ -500,3 +500,23 @@ def test_no_probes_where_even_perfect_acceptance_cannot_pay() -> None:
         choices.append(g)
         ctrl.observe(g, (0.95,) * g, g, 0.0136 * g or None, 0.020 * steep[g + 1])
     assert set(choices) == {0}
+
+
+def test_correlated_acceptance_earns_longer_drafts() -> None:
+    """A drafter whose later tokens are accepted whenever the first one is
+    (an n-gram continuation of copied text) gets longer drafts than an i.i.d.
+    drafter that is accepted more often on its first token."""
+    from specdec_cpu.controller import GammaController
+
+    def run(rows_of) -> int:
+        ctrl = GammaController(None, gamma_max=12, warmup=0, cost_prior=0.0)
+        for _ in range(300):
+            g = ctrl.next_gamma()
+            rows = rows_of(g)
+            ctrl.observe(g, rows, 0, 1e-6 if g else None, 0.050 * (1 + 0.05 * g))
+        return ctrl.next_gamma()
+
+    # first row accepted half the time; once it is, the rest almost surely are
+    correlated = run(lambda g: [0.5] + [0.98] * (g - 1) if g else [])
+    iid = run(lambda g: [0.62] * g)
+    assert correlated > iid >= 1

@@ -116,6 +116,7 @@ class GammaController:
             if cost_model.alpha is not None:
                 self.alpha = cost_model.alpha
             self._warmup = 0  # T(1) is known from the calibration
+        self.alpha_first = self.alpha_rest = self.alpha  # see _observe_alpha
 
         self._stale = 0  # plain steps since the last α observation
         self._skip_draft_time = True  # the first draft of a sequence includes its prefill
@@ -256,9 +257,18 @@ class GammaController:
         w = self.ema
         if self._stale:
             w = max(self.ema, min(self.stale_cap, 1.0 - (1.0 - self.ema) ** (1 + self._stale)))
-        for a in rows:
+        for i, a in enumerate(rows):
             a = min(max(a, 0.0), 1.0)
             self.alpha += w * (a - self.alpha)
+            # Row 0 is verified every step; a later row only after the rows
+            # before it were accepted.  Tracking the two apart captures
+            # correlated acceptance (an n-gram continuation that matches its
+            # first token usually matches the next ones too), which the
+            # i.i.d. formula E = (1 - α^(γ+1)) / (1 - α) cannot express.
+            if i == 0:
+                self.alpha_first += w * (a - self.alpha_first)
+            else:
+                self.alpha_rest += w * (a - self.alpha_rest)
             w = self.ema
         self._stale = 0
 
@@ -341,17 +351,19 @@ class GammaController:
     def _choose(self, alpha: Optional[float] = None) -> int:
         if self.gamma_max == 0:
             return 0
-        a = self.alpha if alpha is None else alpha
+        first, rest = (self.alpha_first, self.alpha_rest) if alpha is None else (alpha, alpha)
         t = self._curve()
         c = self._cost(t)
         v = (t / t[1]).tolist()
         # theory.speedup in a plain loop: this runs every step, and numpy's
         # per-call overhead on 13 numbers would cost more than the arithmetic.
+        # E[tokens] = 1 + α₁(1 + α_r + ... + α_r^(γ-1)); with α₁ = α_r = α it
+        # is the seed's (1 - α^(γ+1)) / (1 - α).
         best, best_s = 0, 1.0
-        e, a_pow = 1.0, 1.0
+        e, term = 1.0, first
         for g in range(1, self.gamma_max + 1):
-            a_pow *= a
-            e += a_pow  # E[tokens] = 1 + α + ... + α^γ
+            e += term
+            term *= rest
             s = e / (g * c + v[g + 1])
             if s > best_s:
                 best, best_s = g, s
