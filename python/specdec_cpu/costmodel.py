@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import platform
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from . import theory
+from .paths import atomic_path, cache_dir
 
 __all__ = [
     "CostModel",
@@ -204,18 +204,10 @@ class CostModel:
         """Write atomically (temp file + rename), so readers never see half a file."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with atomic_path(path) as tmp:
+            with open(tmp, "w", encoding="utf-8") as f:
                 f.write(self.to_json())
                 f.write("\n")
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
         return path
 
     @classmethod
@@ -236,14 +228,6 @@ def _identity(data: Any) -> Optional[ModelIdentity]:
 
 # ---------------------------------------------------------------- cache location
 
-def cache_dir() -> Path:
-    """$SPECDEC_CACHE_DIR, else $XDG_CACHE_HOME/specdec-cpu, else ~/.cache/specdec-cpu."""
-    env = os.environ.get("SPECDEC_CACHE_DIR")
-    if env:
-        return Path(env)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "specdec-cpu"
 
 
 def calibration_path(key: str) -> Path:

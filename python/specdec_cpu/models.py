@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional, TextIO
 
 from .errors import ModelLoadError
+from .paths import cache_dir
 
 try:
     import fcntl
@@ -137,15 +138,6 @@ class ModelInfo:
 # ---------------------------------------------------------------------------
 
 
-def cache_dir() -> Path:
-    """``$SPECDEC_CACHE_DIR``, else ``$XDG_CACHE_HOME/specdec-cpu``, else ``~/.cache/specdec-cpu``."""
-    explicit = os.environ.get("SPECDEC_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return Path(xdg).expanduser() / "specdec-cpu"
-    return Path.home() / ".cache" / "specdec-cpu"
 
 
 def models_dir() -> Path:

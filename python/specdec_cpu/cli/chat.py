@@ -367,7 +367,7 @@ class _History:
         except ImportError:  # pragma: no cover - e.g. Windows without pyreadline
             return
         self.readline = readline
-        from ..models import cache_dir
+        from ..paths import cache_dir
 
         self.path = cache_dir() / "chat_history"
         try:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import ctypes
 import os
-import tempfile
 from typing import Optional, Union
 
 from ..errors import ModelLoadError
+from ..paths import atomic_path
 from .backend import clear_log_errors, describe_failure, ensure_backend, lib
 from .weights import check_gguf_file
 
@@ -57,9 +57,7 @@ def quantize(src: Union[str, "os.PathLike[str]"], dst: Union[str, "os.PathLike[s
         raise ModelLoadError(f"output path is a directory: {dst_s}")
     ensure_backend()
 
-    fd, tmp = tempfile.mkstemp(prefix=".quantize-", suffix=".gguf.tmp", dir=out_dir)
-    os.close(fd)
-    try:
+    with atomic_path(dst_s, suffix=".gguf.tmp") as tmp:
         params = lib.llama_model_quantize_default_params()
         params.nthread = n_threads
         params.ftype = ftype
@@ -71,11 +69,4 @@ def quantize(src: Union[str, "os.PathLike[str]"], dst: Union[str, "os.PathLike[s
             raise ModelLoadError(f"failed to quantize {src_s} to ftype {ftype} ({dst_s}): {reason}")
         if os.path.getsize(tmp) == 0:
             raise ModelLoadError(f"quantizing {src_s} produced an empty file")
-        os.replace(tmp, dst_s)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
     return dst_s
