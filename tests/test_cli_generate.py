@@ -132,10 +132,6 @@ def test_target_alone_is_plain_decoding(env, tiny_target):
 
 
 def test_ngram_flag(env, tiny_target):
-    from specdec_cpu.cli._session import supports_ngram
-
-    if not supports_ngram():
-        pytest.skip("this version's decoder has no n-gram drafter")
     prompt = "the world is the world is the world is the world is"
     code, out, err = cli("generate", "--target", tiny_target, "--ngram", "--gamma", "3", "--raw",
                          "--json", "--temperature", "0", "--max-tokens", "24", prompt, env=env)

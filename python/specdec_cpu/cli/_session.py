@@ -5,7 +5,6 @@ statistics they print."""
 from __future__ import annotations
 
 import argparse
-import inspect
 import math
 import signal
 import sys
@@ -130,17 +129,6 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
 # ---------------------------------------------------------------------------
 
 
-def supports_ngram() -> bool:
-    """Whether this version's ``SpeculativeDecoder.from_gguf`` takes ``ngram=``."""
-    from ..decoder import SpeculativeDecoder
-
-    try:
-        params = inspect.signature(SpeculativeDecoder.from_gguf).parameters
-    except (TypeError, ValueError):  # pragma: no cover
-        return False
-    return "ngram" in params
-
-
 def check_args(args: argparse.Namespace) -> None:
     """Flag combinations that cannot work, caught before any model is loaded."""
     if args.draft is not None and args.target is None:
@@ -148,8 +136,6 @@ def check_args(args: argparse.Namespace) -> None:
     no_drafter = args.target is not None and args.draft is None and not args.ngram
     if no_drafter and isinstance(args.gamma, int) and args.gamma > 0:
         raise UsageError(f"--gamma {args.gamma} needs a drafter: add --draft D.gguf or --ngram")
-    if args.ngram and not supports_ngram():
-        raise UsageError("--ngram is not available in this version of specdec-cpu")
 
 
 def model_paths(args: argparse.Namespace) -> "tuple[str, Optional[str]]":
