@@ -267,10 +267,12 @@ def targets(results) -> List[Dict[str, Any]]:
             out.append(_target(7, "Code-editing and document-grounded prompts, F32 target: ≥ 1.5× plain "
                                   f"decoding ({info['label']})", g, 1.5, f"n-gram {_x(g)}"))
         for s, info in settings.items():
-            r = _med(block_ratios(results, "ngram", s, "ngram", ["pld2", "pld10"], ["grounded"]))
+            blocks = block_ratios(results, "ngram", s, "ngram", ["pld2", "pld10"], ["grounded"])
+            r = _med(blocks)
             out.append(_target(7, "… and ≥ 1.2× llama-cpp-python's `LlamaPromptLookupDecoding` on the same "
                                   f"target and prompts ({info['label']})", r, 1.2,
-                               f"n-gram / faster PromptLookup config in the block: {_x(r)}"))
+                               f"n-gram / faster PromptLookup config in the block: {_x(r)} "
+                               f"(blocks: {', '.join(f'{b:.2f}' for b in blocks)})"))
         for s, info in settings.items():
             rows = runs_of(results, "ngram", s, "ngram", ["open"])
             o = summarize(rows)["ratio"]
@@ -286,6 +288,23 @@ def targets(results) -> List[Dict[str, Any]]:
                               "on this 2-core machine", -dur / 60, -limit, f"{dur / 60:.1f} min",
                            "" if results.get("complete") else "run interrupted"))
     return out
+
+
+def aa_noise(results) -> str:
+    """How far two runs doing identical work can differ here: γ=auto runs that
+    never drafted (plain decoding through the same engine) against the plain
+    run of their block."""
+    ratios = [r["ratio"] for r in results["runs"]
+              if r["engine"] == "auto" and r.get("ratio") and r.get("gamma_runs")
+              and all(g == 0 for g, _ in r["gamma_runs"])]
+    if len(ratios) < 3:
+        return ""
+    return (f"Noise floor of this run: {len(ratios)} γ=auto runs never drafted, i.e. did exactly the work "
+            f"of plain decoding; against the plain run of their block they measured "
+            f"{min(ratios):.2f}× – {statistics.median(ratios):.2f}× (median) – {max(ratios):.2f}×. "
+            f"Differences of that size between single runs are machine noise; the medians over "
+            f"{results['config']['repeats'] * len(results['prompts'])} blocks per setting are steadier, "
+            f"but a goal missed or met by a few percent is within it.")
 
 
 def targets_lines(results) -> List[str]:
@@ -320,9 +339,13 @@ def render(results, plots: Dict[str, str]) -> str:
         f"- Machine: {m.get('cpu')}, {m.get('cores')} cores, {m.get('memory_gb', '?')} GB; kernel ISA in use "
         f"`{m.get('isa')}` (supported: {', '.join(m.get('isas_supported', []))}); "
         f"{cfg['threads']} threads for every engine; {m.get('platform')}, Python {m.get('python')}.",
-        f"- Versions: specdec-cpu {v.get('specdec_cpu')}, llama-cpp-python {v.get('llama_cpp_python')}, "
-        f"llama.cpp peers built from the {v.get('peers_built_from', '?').replace('vendored llama.cpp of the ', '')} "
-        f"(their `--version`: `{v.get('llama_cpp', '?')}`), numpy {v.get('numpy')}"
+        f"- Versions: specdec-cpu {v.get('specdec_cpu')}"
+        + (f" (git {v['specdec_cpu_git']})" if v.get("specdec_cpu_git") else "")
+        + f", llama-cpp-python {v.get('llama_cpp_python')}, "
+        + (f"llama.cpp peers built from the vendored llama.cpp of the llama-cpp-python "
+           f"{v.get('peer_build', {}).get('llama_cpp_python', v.get('llama_cpp_python'))} sdist "
+           f"(their `--version`: `{v['llama_cpp']}`), " if v.get("llama_cpp") else "")
+        + f"numpy {v.get('numpy')}"
         + (f", matplotlib {v['matplotlib']}" if v.get("matplotlib") else "") + ".",
         f"- Workload: {len(results['prompts'])} prompt(s) × {cfg['repeats']} repeat(s) per setting, at most "
         f"{cfg['tokens']} new tokens each, context {cfg['ctx']}, base seed {cfg['seed']}.",
@@ -361,6 +384,12 @@ def render(results, plots: Dict[str, str]) -> str:
         "lookup is taken as free (c = 0). measured / predicted is the median over blocks of (measured "
         "ratio to plain) / (predicted). γ = auto starts from this calibration (its controllers are reset "
         "at each setting) and refines α, c and v online.",
+        "- **Caches and controllers.** Before each block the block's prompt is given to every model of ours "
+        "(target and draft), outside the timed runs: a draft model otherwise takes in the prompt during its "
+        "first draft, which the statistics count as decode time, while the peers' decode figures exclude "
+        "both models' prompt processing. Each decoder (one per drafting mode) stays loaded for the whole "
+        "target; its γ=auto controllers carry what they learnt from one prompt to the next, as in a server "
+        "process, and are reset only when a setting's calibration is attached.",
         "- **Python overhead**: decode time not spent in the draft model, the target model or a sampling "
         "kernel (`GenerationStats.overhead_seconds / decode_seconds`).",
         "",
@@ -385,7 +414,10 @@ def render(results, plots: Dict[str, str]) -> str:
                 continue
             L += [f"### {info['label'].capitalize()} pair ({info['description']}), {sinfo['label']}", ""]
             L += pair_table(results, pair, s)
-            L += ["", calibration_line(results, pair, s), ""]
+            L += ["", calibration_line(results, pair, s) + contention_line(results, pair, s), ""]
+            extra = in_run_line(results, pair, s)
+            if extra:
+                L += [extra, ""]
             if pair == "ngram":
                 L += ["By prompt kind:", ""] + ngram_kind_table(results, s) + [""]
     failed = [r for r in results["runs"] if r.get("error")]
@@ -406,17 +438,94 @@ def render(results, plots: Dict[str, str]) -> str:
           "Each goal of the issues' benchmark sections, as measured in this run "
           "(the issue's wording quoted; met means the number reached the goal's threshold):", ""]
     L += targets_lines(results)
+    noise = aa_noise(results)
+    if noise:
+        L += ["", noise]
     L += ["", "Kernel timings are in the [Kernels](#kernels) section below, written by "
               "`python bench/kernels.py`.", ""]
     return "\n".join(L)
 
 
 def _run_loads(results) -> str:
+    out = ""
     loads = [r["load_1min"] for r in results["runs"] if r.get("load_1min") is not None]
-    if not loads:
+    if loads:
+        out += (f"; 1-min load average at the start of each run (ours included): median "
+                f"{statistics.median(loads):.2f}, max {max(loads):.2f}")
+    others = [r["others_cores"] for r in results["runs"] if r.get("others_cores") is not None]
+    if others:
+        thr = results["config"].get("busy_cores_threshold", 0.25)
+        busy = sum(1 for x in others if x > thr)
+        out += (f". Other processes' CPU use during each run (all busy CPU time minus ours): median "
+                f"{statistics.median(others):.2f} cores, max {max(others):.2f}; above {thr} cores in "
+                f"{busy} of {len(others)} runs (per run in results.json)")
+        if results["config"].get("wait_for_quiet"):
+            out += "; before each block the suite waited (up to 60 s) while others used more than that"
+    return out
+
+
+def in_run_costs(results, pair: str, setting: str) -> Optional[Dict[str, Any]]:
+    """Step costs observed in the timed runs themselves (not the calibration).
+
+    T(1): median target seconds per step of our plain runs; T(γ+1): the same
+    for each fixed-γ engine; d: median draft seconds per drafted token (the
+    draft model's pass plus sampling its row).  v(k) = T(k)/T(1), c = d/T(1).
+    """
+    def per_step(eid, what="target_seconds", per="steps"):
+        vals = [r[what] / r[per] for r in runs_of(results, pair, setting, eid)
+                if r.get(per) and r.get(what) is not None]
+        return _med(vals)
+
+    t1 = per_step("plain")
+    if not t1:
+        return None
+    out: Dict[str, Any] = {"t1_ms": 1000 * t1, "v": {}, "c": None, "predicted": {}}
+    ds = []
+    for eid in ("gamma2", "gamma4", "gamma6", "gamma8"):
+        tk = per_step(eid)
+        if tk is None:
+            continue
+        out["v"][int(eid[5:]) + 1] = tk / t1
+        d = per_step(eid, "draft_seconds", "drafted")
+        if d is not None:
+            ds.append(d)
+    if not out["v"]:
+        return None
+    if ds:
+        out["c"] = statistics.median(ds) / t1
+        from specdec_cpu import theory
+        for k, v in out["v"].items():
+            alpha = summarize(runs_of(results, pair, setting, f"gamma{k - 1}"))["mean_alpha"]
+            if alpha is not None:
+                out["predicted"][k - 1] = float(theory.expected_tokens(alpha, k - 1)) / ((k - 1) * out["c"] + v)
+    return out
+
+
+def in_run_line(results, pair: str, setting: str) -> str:
+    cost = in_run_costs(results, pair, setting)
+    if cost is None:
         return ""
-    return (f"; 1-min load average at the start of each run: median {statistics.median(loads):.2f}, "
-            f"max {max(loads):.2f} (other processes share this machine; per run in results.json)")
+    vs = ", ".join(f"v({k}) = {v:.2f}" for k, v in sorted(cost["v"].items()))
+    line = (f"Step costs seen in the timed runs themselves: T(1) = {cost['t1_ms']:.1f} ms (plain runs), {vs}"
+            f" (fixed-γ runs)")
+    if cost["c"] is not None:
+        line += (f", c = {cost['c']:.3f} (draft time per drafted token, its sampling included)")
+        if cost["predicted"]:
+            preds = ", ".join(f"γ={g} {p:.2f}×" for g, p in sorted(cost["predicted"].items()))
+            line += f"; with these costs and each run's α the theory predicts {preds}"
+    return line + "."
+
+
+def contention_line(results, pair: str, setting: str) -> str:
+    rows = [r for r in runs_of(results, pair, setting) if r.get("others_cores") is not None]
+    if not rows:
+        return ""
+    thr = results["config"].get("busy_cores_threshold", 0.25)
+    busy = [r for r in rows if r["others_cores"] > thr]
+    blocks = {r["block"] for r in busy}
+    n_blocks = len({r["block"] for r in rows})
+    return (f" Runs disturbed by other processes (> {thr} cores): {len(busy)} of {len(rows)}, "
+            f"in {len(blocks)} of {n_blocks} blocks.")
 
 
 def _la(la) -> str:
@@ -510,7 +619,9 @@ def headline(results) -> str:
         out.append("  compute-bound T=1: " + row("compute", "t1", ["plain", "auto", "llama-speculative"]))
     if "ngram" in results["pairs"]:
         for s in results["settings"]:
-            out.append(f"  n-gram grounded {s}: " + row("ngram", s, ["plain", "ngram", "pld2", "pld10"], ["grounded"]))
+            cells = row("ngram", s, ["plain", "ngram", "pld2", "pld10"], ["grounded"])
+            if cells:
+                out.append(f"  n-gram grounded {s}: " + cells)
     for t in targets(results):
         out.append(f"  #{t['issue']} {'MET' if t['met'] else 'not met' if t['met'] is False else 'n/a'}: "
                    f"{t['goal']} — {t['measured']}")
@@ -643,9 +754,11 @@ def _plot_verify(results, plt):
     for c in cals:
         col = targets_seen.setdefault(c["target"], palette[len(targets_seen) % len(palette)])
         k = list(range(1, len(c["v"]) + 1))
-        label = f"{c['target'].replace('qwen2.5-coder-0.5b-', '').upper()} target ({c['role']}), " \
+        how = {"draft": "with its draft model", "ngram": "n-gram decoder"}.get(c["role"], c["role"])
+        label = f"{c['target'].replace('qwen2.5-coder-0.5b-', '').upper()} target ({how}), " \
                 f"{results['settings'].get(c['setting'], {}).get('label', c['setting'])}"
-        ax.plot(k, c["v"], styles.get(c["setting"], "-"), color=col, marker=".", label=label)
+        ax.plot(k, c["v"], styles.get(c["setting"], "-"), color=col,
+                marker="." if c["role"] == "draft" else "x", label=label)
     kmax = max(len(c["v"]) for c in cals)
     ax.plot([1, kmax], [1, 1], color="#999999", lw=0.6)
     ax.set_xlabel("rows in one target pass, k = γ + 1")

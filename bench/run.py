@@ -20,6 +20,7 @@ the "Targets" section of RESULTS.md reports met / not met.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -87,6 +88,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=1234, help="base seed (block i uses seed + i)")
     ap.add_argument("--output-dir", type=Path, default=HERE,
                     help="where RESULTS.md, results.json and the plots go (default bench/)")
+    ap.add_argument("--no-wait", dest="wait", action="store_false",
+                    help="start every block at once (default: when other processes use more than "
+                         f"{BUSY_CORES} cores, wait up to 60 s before a block, 5 min in all)")
     ap.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     ap.add_argument("--report-only", type=Path, metavar="RESULTS.json", default=None,
                     help="re-render RESULTS.md and the plots from a results.json, run nothing")
@@ -210,6 +214,18 @@ def versions(peer_paths: Optional[Dict[str, Path]]) -> Dict[str, Any]:
         out["matplotlib"] = matplotlib.__version__
     except ImportError:
         pass
+    root = HERE.parent
+    if (root / ".git").exists():
+        try:
+            head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                                  capture_output=True, text=True, timeout=30).stdout.strip()
+            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", ".",
+                                    ":(exclude)bench"], capture_output=True, text=True,
+                                   timeout=30).stdout.strip()
+            if head:
+                out["specdec_cpu_git"] = head + (" with uncommitted changes outside bench/" if dirty else "")
+        except (OSError, subprocess.SubprocessError):
+            pass
     if peer_paths:
         try:
             proc = subprocess.run([str(peer_paths["plain"]), "--version"], capture_output=True,
@@ -225,6 +241,65 @@ def versions(peer_paths: Optional[Dict[str, Path]]) -> Dict[str, Any]:
             except ValueError:
                 pass
     return out
+
+
+class CpuMeter:
+    """CPU time other processes used: (all busy time − ours) per second of wall time.
+
+    The load average cannot tell our own two busy threads from someone
+    else's; /proc/stat minus this process's (and its waited-for children's)
+    CPU time can.  Returns None where /proc/stat is unavailable.
+    """
+
+    def __init__(self) -> None:
+        self._hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._start = self._sample()
+
+    def _sample(self):
+        try:
+            with open("/proc/stat") as f:
+                v = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        busy = sum(v[:3]) + sum(v[5:8])  # user nice system + irq softirq steal
+        t = os.times()
+        own = t.user + t.system + t.children_user + t.children_system
+        return time.monotonic(), busy / self._hz, own
+
+    def restart(self) -> None:
+        self._start = self._sample()
+
+    def others(self) -> Optional[float]:
+        """Cores' worth of CPU used by other processes since the last restart."""
+        end = self._sample()
+        if end is None or self._start is None or end[0] - self._start[0] <= 0:
+            return None
+        wall = end[0] - self._start[0]
+        return max(((end[1] - self._start[1]) - (end[2] - self._start[2])) / wall, 0.0)
+
+
+#: Other processes using more than this many cores count as contention.
+BUSY_CORES = 0.25
+
+
+def wait_until_quiet(progress: "Progress", budget: List[float], per_block: float = 60.0) -> Optional[float]:
+    """Before a block: sample others' CPU use for 2 s; while it exceeds
+    BUSY_CORES, wait (at most ``per_block`` seconds, and no more than what is
+    left of the run's ``budget[0]``).  Returns the last sample."""
+    meter = CpuMeter()
+    time.sleep(2.0)
+    others = meter.others()
+    waited = 0.0
+    while others is not None and others > BUSY_CORES and waited < per_block and budget[0] > 0:
+        if waited == 0.0:
+            progress.say(f"other processes are using {others:.2f} cores: waiting for a quieter machine "
+                         f"(up to {min(per_block, budget[0]):.0f} s)")
+        meter.restart()
+        time.sleep(5.0)
+        waited += 5.0
+        budget[0] -= 5.0
+        others = meter.others()
+    return others
 
 
 def load_average() -> Optional[List[float]]:
@@ -303,7 +378,9 @@ def load_group(group: Group, args: argparse.Namespace, progress: Progress) -> No
         roles.discard("plain")
         if not roles & {"draft", "ngram"}:
             roles.add("draft" if draft_path is not None and group.model_draft else "plain")
-    common = dict(gamma=0, n_ctx=args.ctx, n_threads=args.threads, seed=args.seed)
+    common: Dict[str, Any] = dict(gamma=0, n_ctx=args.ctx, n_threads=args.threads, seed=args.seed)
+    if "calibration" in inspect.signature(SpeculativeDecoder.from_gguf).parameters:
+        common["calibration"] = None  # each setting attaches this run's own calibration
     for role in sorted(roles):
         if role == "draft":
             dec = SpeculativeDecoder.from_gguf(group.target_path, draft_path, **common)
@@ -345,10 +422,13 @@ class LcpRunner:
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         self._pld = LlamaPromptLookupDecoding
-        # A draft model at construction makes the context keep every row's logits.
+        # A draft model makes the context compute every row's logits, but the
+        # Python-side score buffer only gets n_ctx rows with an explicit
+        # logits_all=True (else n_batch rows, overflowing once prompt +
+        # generation pass n_batch tokens).
         self.llm = Llama(model_path=str(model), n_ctx=n_ctx, n_batch=512, n_threads=threads,
                          n_threads_batch=threads, draft_model=LlamaPromptLookupDecoding(),
-                         verbose=False)
+                         logits_all=True, verbose=False)
 
     def run(self, text: str, max_tokens: int, setting: Setting, seed: int,
             num_pred_tokens: int) -> Dict[str, Any]:
@@ -544,6 +624,29 @@ def warm_up(group: Group, args: argparse.Namespace, progress: Progress) -> None:
     progress.say(f"warmed up {group.target} in {time.monotonic() - t0:.0f} s")
 
 
+def prime(group: Group, text: str) -> None:
+    """Process the block's prompt in every model of ours before the timed runs.
+
+    Our target caches keep the prompt between runs (prompt time is excluded
+    from tok/s anyway), but a model drafter processes the prompt lazily, in its
+    first draft of a generation, which the statistics count as draft (decode)
+    time.  The peers' decode figures exclude both models' prompt processing, so
+    the draft models are given the prompt here, outside the timed runs.
+    """
+    from specdec_cpu import SamplingParams
+
+    for dec in group.decoders.values():
+        dec.generate(text, max_tokens=1, params=SamplingParams(temperature=0.0), gamma=0)
+        drafter = dec.drafter
+        parts = getattr(drafter, "drafters", None) or ({"": drafter} if drafter is not None else {})
+        tokens = dec.tokenizer.tokenize(text, add_special=True, parse_special=True)
+        for part in parts.values():
+            cache = getattr(part, "cache", None)
+            if cache is not None and hasattr(cache, "sync_and_eval"):
+                part.begin(tokens)
+                cache.sync_and_eval(tokens, 1)
+
+
 def calibrate_group(group: Group, setting: Setting, args: argparse.Namespace,
                     progress: Progress) -> List[Dict[str, Any]]:
     """Calibrate every decoder with a drafter at this setting; attach the cost
@@ -595,7 +698,8 @@ def run_suite(args: argparse.Namespace, command: str) -> Dict[str, Any]:
             "pairs": args.pairs, "settings": args.settings, "prompts": args.prompts,
             "engines": args.engines, "tokens": args.tokens, "repeats": args.repeats,
             "threads": args.threads, "peer_draft_max": args.peer_draft_max, "ctx": args.ctx,
-            "seed": args.seed, "quick": args.quick,
+            "seed": args.seed, "quick": args.quick, "wait_for_quiet": args.wait,
+            "busy_cores_threshold": BUSY_CORES,
         },
         "calibrations": [],
         "runs": [],
@@ -638,6 +742,7 @@ def run_suite(args: argparse.Namespace, command: str) -> Dict[str, Any]:
                  f"{args.repeats} repeat(s), {args.tokens} tokens; estimated {_mmss(total)} on an idle machine")
 
     block = 0
+    wait_budget = [300.0 if not args.quick else 60.0]
     try:
         for group in groups:
             t0 = time.monotonic()
@@ -657,10 +762,14 @@ def run_suite(args: argparse.Namespace, command: str) -> Dict[str, Any]:
                         n = len(group.engines)
                         order = [group.engines[(block + i) % n] for i in range(n)]
                         block_runs = []
+                        prime(group, text)
+                        quiet = wait_until_quiet(progress, wait_budget) if args.wait else None
                         for pos, engine in enumerate(order):
                             load = load_average()
+                            meter = CpuMeter()
                             rec = run_engine(group, engine, setting, text, seed, args)
-                            rec.update({"load_1min": load[0] if load else None, "block": block, "target": group.target, "setting": setting.id,
+                            rec.update({"others_cores": meter.others(), "others_cores_before_block": quiet,
+                                        "load_1min": load[0] if load else None, "block": block, "target": group.target, "setting": setting.id,
                                         "prompt": prompt.name, "kind": prompt.kind, "repeat": rep,
                                         "position": pos, "seed": seed,
                                         "pairs": group.pair_ids_of(engine)})
@@ -709,8 +818,15 @@ def _run_line(rec: Dict[str, Any], setting: Setting) -> str:
     return f"{head}: " + ", ".join(parts)
 
 
+def _interrupt(signum, frame):  # noqa: ARG001
+    raise KeyboardInterrupt
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    import signal
+
+    signal.signal(signal.SIGTERM, _interrupt)  # a terminated run still writes what it measured
     from . import report
 
     out_dir: Path = args.output_dir
