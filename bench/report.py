@@ -6,7 +6,7 @@ import math
 import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 #: Headings this module writes; any other "## " section of RESULTS.md (the
 #: "## Kernels" section of bench/kernels.py) is kept as it is.

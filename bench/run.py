@@ -24,7 +24,6 @@ import inspect
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -34,7 +33,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import peers
-from .prompts import PROMPTS, Prompt, by_name
+from .prompts import PROMPTS, by_name
 from .suite import ENGINES, OPTIONAL_ENGINES, PAIRS, Q4_0, QUICK, SETTINGS, Engine, Pair, Setting
 
 HERE = Path(__file__).resolve().parent
