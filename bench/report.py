@@ -281,8 +281,12 @@ def targets(results) -> List[Dict[str, Any]]:
                                o, 0.97, f"median {_x(o)}, worst single run {_x(worst)}",
                                "judged on the median over the open prompts"))
     dur = results.get("duration_seconds")
-    if dur is not None:
-        quick = results["config"].get("quick")
+    cfg = results["config"]
+    default_full = (not cfg.get("quick") and cfg.get("engines") is None and cfg.get("tokens") == 128
+                    and cfg.get("repeats") == 1 and len(cfg.get("pairs", ())) == 3
+                    and len(cfg.get("settings", ())) == 3 and len(cfg.get("prompts", ())) == 5)
+    if dur is not None and (cfg.get("quick") or default_full):
+        quick = cfg.get("quick")
         limit = 10 if quick else 60
         out.append(_target(6, f"{'`--quick`' if quick else 'The full run'} finishes within {limit} minutes "
                               "on this 2-core machine", -dur / 60, -limit, f"{dur / 60:.1f} min",
@@ -430,7 +434,8 @@ def render(results, plots: Dict[str, str]) -> str:
         if r.get("command") and r["engine"] not in cmds:
             cmds[r["engine"]] = r["command"]
     if cmds:
-        L += ["### Peer command lines (first run of each; prompt abbreviated)", ""]
+        L += ["### Peer command lines (first run of each; prompt abbreviated; `<cache>` is "
+              "`$SPECDEC_CACHE_DIR`, else `~/.cache/specdec-cpu`)", ""]
         for e, c in cmds.items():
             L += [f"- {e}: `{_abbrev_prompt(c)}`"]
         L.append("")

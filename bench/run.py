@@ -1,6 +1,6 @@
 """The end-to-end benchmark suite: ours against plain decoding and the peers.
 
-    python -m bench                # the full run (about 45 minutes on 2 cores)
+    python -m bench                # the full run (about 40 minutes on 2 cores)
     python -m bench --quick        # a few minutes: 2 prompts, T=0 and T=1, 64 tokens
     python -m bench --report-only bench/results.json   # re-render tables and plots
 
@@ -184,7 +184,7 @@ def machine_info(threads: int) -> Dict[str, Any]:
         "isa": sampling.active_isa(),
         "isas_supported": list(sampling.supported_isas()),
         "threads": threads,
-        "platform": platform.platform(),
+        "platform": f"{platform.system()} {platform.machine()}",
         "python": platform.python_version(),
     }
     try:
@@ -577,6 +577,13 @@ def run_engine(group: Group, engine: Engine, setting: Setting, text: str, seed: 
     return rec
 
 
+def _short_paths(text: str) -> str:
+    """Command lines with the cache directory written as <cache> (see bench/_cache.py)."""
+    from ._cache import cache_dir
+
+    return text.replace(str(cache_dir()), "<cache>")
+
+
 def _peer_record(r: "peers.PeerResult") -> Dict[str, Any]:
     return {
         "tokens": r.n_decoded,
@@ -588,7 +595,7 @@ def _peer_record(r: "peers.PeerResult") -> Dict[str, Any]:
         "drafted": r.n_drafted,
         "accepted": r.n_accepted,
         "n_draft_max": r.n_draft_max,
-        "command": r.command_line,
+        "command": _short_paths(r.command_line),
         "text": r.text,
     }
 

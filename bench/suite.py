@@ -115,8 +115,8 @@ OPTIONAL_ENGINES: Dict[str, Tuple[str, ...]] = {
 QUICK = dict(
     settings=("t0", "t1"),
     prompts=("code-edit", "chat"),
-    engines=("plain", "gamma4", "auto", "llama-completion", "llama-speculative",
-             "llama-speculative-simple", "ngram", "pld10"),
+    engines=("plain", "gamma4", "auto", "llama-speculative", "llama-speculative-simple",
+             "ngram", "pld10"),
     tokens=64,
     repeats=1,
 )
