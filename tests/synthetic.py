@@ -8,16 +8,22 @@ that can be extended and truncated and returns fresh logits rows.
 
 from __future__ import annotations
 
+import time
 from typing import Optional, Sequence
 
 import numpy as np
 
 
 class MarkovLM:
-    """logits(next | context) = table[last `order` tokens]."""
+    """logits(next | context) = table[last `order` tokens].
+
+    ``pass_seconds`` makes every ``eval`` take at least that long, whatever
+    the number of rows: a memory-bound model, so that a γ controller timing
+    the passes sees a stable, flat cost curve instead of microsecond noise.
+    """
 
     def __init__(self, n_vocab: int, *, order: int = 1, seed: int = 0, scale: float = 2.0,
-                 n_ctx: int = 512, table: Optional[np.ndarray] = None) -> None:
+                 n_ctx: int = 512, table: Optional[np.ndarray] = None, pass_seconds: float = 0.0) -> None:
         rng = np.random.default_rng(seed)
         shape = (n_vocab,) * order + (n_vocab,)
         self.table = (table if table is not None else rng.normal(0.0, scale, size=shape)).astype(np.float32)
@@ -26,6 +32,7 @@ class MarkovLM:
         self._n_ctx = n_ctx
         self.tokens: list[int] = []
         self.evaluated = 0  # tokens fed through eval: counts re-evaluation
+        self.pass_seconds = pass_seconds
 
     @property
     def n_vocab(self) -> int:
@@ -45,6 +52,8 @@ class MarkovLM:
         return self.table[tuple(ctx[-self.order:])]
 
     def eval(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
+        if self.pass_seconds:
+            time.sleep(self.pass_seconds)
         tokens = list(tokens)
         if not 1 <= n_logits <= len(tokens):
             raise ValueError(f"n_logits={n_logits} with {len(tokens)} tokens")

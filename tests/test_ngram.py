@@ -21,23 +21,46 @@ from hypothesis import strategies as st
 
 from specdec_cpu import SamplingParams, SpeculativeDecoder
 from specdec_cpu.drafters import CombinedDrafter, Draft, ModelDrafter, NgramDrafter, NgramIndex
+from specdec_cpu.planner import MatchLengthController
 from stats_helpers import assert_matches_distribution, expected_distribution
 from synthetic import ByteTokenizer, MarkovLM
 
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def brute_force(seq, gamma, max_ngram, min_ngram, max_draft):
-    """The specification: longest suffix n-gram (max_ngram down to min_ngram)
-    with an earlier occurrence; the tokens after its most recent one."""
+def brute_match(seq, max_ngram, min_ngram, candidates=8, max_match=64):
+    """The specification of a match: the longest suffix n-gram (max_ngram
+    down to min_ngram) with an earlier occurrence is the key; of its
+    `candidates` most recent occurrences, the one whose match extends
+    furthest back (at most max_match tokens) wins, the most recent on a tie;
+    unanimous unless an equally long one was followed by another token."""
     size = len(seq)
+
+    def extent(i, n):
+        length = n
+        while length < min(max_match, i) and seq[i - 1 - length] == seq[size - 1 - length]:
+            length += 1
+        return length
+
     for n in range(max_ngram, min_ngram - 1, -1):
         suffix = seq[size - n:]
-        for i in range(size - 1, n - 1, -1):  # i: the position after the occurrence
-            if seq[i - n:i] == suffix:
-                return seq[i:i + min(gamma, max_draft)]
-    return []
+        found = [i for i in range(size - 1, n - 1, -1) if seq[i - n:i] == suffix][:candidates]
+        if found:
+            best = max(found, key=lambda i: (extent(i, n), i))
+            length = extent(best, n)
+            unanimous = all(seq[i] == seq[best] for i in found if extent(i, n) == length)
+            return (length, best, unanimous)
+    return None
 
+
+def brute_force(seq, gamma, max_ngram, min_ngram, max_draft, candidates=8, max_match=64):
+    """The specification of a proposal: what followed the match, repeating
+    with the period of the match where it reaches the end of the sequence."""
+    m = brute_match(seq, max_ngram, min_ngram, candidates, max_match)
+    if m is None:
+        return []
+    period = len(seq) - m[1]
+    return [seq[m[1] + j % period] for j in range(min(gamma, max_draft))]
 
 def propose(drafter, seq, gamma):
     return drafter.propose(seq, gamma, GREEDY, None).tokens.tolist()
@@ -52,6 +75,8 @@ def propose(drafter, seq, gamma):
     ({"min_ngram": 3, "max_ngram": 2}, "min_ngram"),
     ({"max_draft": 0}, "max_draft"),
     ({"max_draft": True}, "max_draft"),
+    ({"candidates": 0}, "candidates"),
+    ({"max_match": 3}, "max_match"),  # shorter than max_ngram (4)
     ({"max_ngram": 2.0}, "max_ngram"),
 ])
 def test_bad_arguments_name_the_argument(kwargs, name):
@@ -66,16 +91,24 @@ def test_longest_match_wins():
     # (1, 2, 3) occurred once, followed by 4; (2, 3) occurred later, followed by 5.
     seq = [7, 1, 2, 3, 4, 2, 3, 5, 1, 2, 3]
     assert propose(NgramDrafter(max_ngram=3), seq, 3) == [4, 2, 3]
-    assert propose(NgramDrafter(max_ngram=2), seq, 3) == [5, 1, 2]
+    assert propose(NgramDrafter(max_ngram=2, candidates=1), seq, 3) == [5, 1, 2]
+    # With more candidates, the older (2, 3) wins: it shares (1, 2, 3) with the suffix.
+    d = NgramDrafter(max_ngram=2)
+    assert propose(d, seq, 3) == [4, 2, 3] and d.match(seq) == (3, 4, True)
+    assert NgramDrafter(max_ngram=2, max_match=2).match(seq) == (2, 7, False)  # most recent; 4 or 5?
 
 
-def test_most_recent_occurrence_and_length_limits():
+def test_most_recent_occurrence_period_and_length_limits():
     seq = [1, 2, 5, 1, 2, 6, 1, 2]
     d = NgramDrafter(max_ngram=2)
-    assert propose(d, seq, 8) == [6, 1, 2]  # cut at the end of the sequence
+    assert d.match(seq) == (2, 5, False)  # both share 2 tokens: the most recent wins, but 5 or 6?
+    assert propose(d, seq, 8) == [6, 1, 2, 6, 1, 2, 6, 1]  # continues the period 3
     assert propose(d, seq, 2) == [6, 1]  # cut at gamma
     assert propose(NgramDrafter(max_ngram=2, max_draft=1), seq, 8) == [6]  # cut at max_draft
-    assert d.available(seq) == 3
+    assert propose(NgramDrafter(), [4, 4, 4], 5) == [4, 4, 4, 4, 4]
+    # A match long enough to span the period is followed all the way back.
+    assert NgramDrafter(max_ngram=2).match([3, 1, 2, 1, 2, 1, 2]) == (4, 5, True)
+    assert NgramDrafter(max_ngram=2, max_match=2).match([3, 1, 2, 1, 2, 1, 2]) == (2, 5, True)  # both say 1
 
 
 def test_no_match_gives_an_empty_one_hot_draft():
@@ -84,9 +117,9 @@ def test_no_match_gives_an_empty_one_hot_draft():
         draft = d.propose(seq, 4, GREEDY, None)
         assert isinstance(draft, Draft) and len(draft) == 0
         assert draft.probs is None and draft.name == "ngram"
-        assert d.routes(seq) == ()
+        assert d.routes(seq) == () and d.match(seq) is None
     draft = d.propose([1, 2, 3, 1, 2], 4, GREEDY, None)
-    assert draft.tokens.tolist() == [3, 1, 2] and draft.probs is None and draft.name == "ngram"
+    assert draft.tokens.tolist() == [3, 1, 2, 3] and draft.probs is None and draft.name == "ngram"
     assert draft.tokens.dtype == np.int32
     assert d.routes([1, 2, 3, 1, 2]) == ("ngram",)
     assert propose(d, [1, 2, 3, 1, 2], 0) == []
@@ -98,14 +131,14 @@ def test_index_is_incremental():
     d.begin(seq)
     assert d.index.tokens == seq
     seq += [1, 2]
-    assert propose(d, seq, 4) == [3, 1, 2]
+    assert propose(d, seq, 4) == [3, 1, 2, 3]
     assert d.index.tokens == seq
     d.rollback(len(seq) + 3)  # draft tokens the index never held: nothing to drop
     assert d.index.tokens == seq
     d.rollback(3)
     assert d.index.tokens == [1, 2, 3] and d.index.positions([1, 2]) == [2]
     d.begin([9, 9])  # a different prompt: realigned
-    assert d.index.tokens == [9, 9] and propose(d, [9, 9], 4) == [9]
+    assert d.index.tokens == [9, 9] and propose(d, [9, 9], 4) == [9, 9, 9, 9]
 
 
 # ---------------------------------------------------------------- index vs brute force
@@ -129,20 +162,24 @@ OPS = st.one_of(
 @given(
     orders=st.tuples(st.integers(1, 4), st.integers(1, 4)).map(sorted),
     max_draft=st.integers(1, 6),
+    candidates=st.integers(1, 4),
+    extra_match=st.integers(0, 6),
     alphabet=st.integers(2, 4),
     start=st.lists(st.integers(0, 3), max_size=12),
     ops=st.lists(OPS, max_size=40),
 )
-def test_index_matches_brute_force(orders, max_draft, alphabet, start, ops):
+def test_index_matches_brute_force(orders, max_draft, candidates, extra_match, alphabet, start, ops):
     min_n, max_n = orders
-    d = NgramDrafter(max_ngram=max_n, min_ngram=min_n, max_draft=max_draft)
+    limits = dict(candidates=candidates, max_match=max_n + extra_match)
+    d = NgramDrafter(max_ngram=max_n, min_ngram=min_n, max_draft=max_draft, **limits)
     seq = [t % alphabet for t in start]
     d.begin(seq)
     for op in ops:
         if op[0] == "append":  # tokens the decoder accepted
             seq = seq + [t % alphabet for t in op[1]]
         elif op[0] == "propose":
-            assert propose(d, seq, op[1]) == brute_force(seq, op[1], max_n, min_n, max_draft), seq
+            assert propose(d, seq, op[1]) == brute_force(seq, op[1], max_n, min_n, max_draft, **limits), seq
+            assert d.match(seq) == brute_match(seq, max_n, min_n, **limits)
             assert d.index.tokens == seq
             assert d.index._pos == fresh_index(seq, max_n, min_n)._pos
         elif op[0] == "rollback":  # keep the first n (may be beyond what is indexed)
@@ -153,7 +190,7 @@ def test_index_matches_brute_force(orders, max_draft, alphabet, start, ops):
             d.begin(seq)
             assert d.index.tokens == seq
     for gamma in (1, 3, 16):
-        assert propose(d, seq, gamma) == brute_force(seq, gamma, max_n, min_n, max_draft)
+        assert propose(d, seq, gamma) == brute_force(seq, gamma, max_n, min_n, max_draft, **limits)
     assert d.index._pos == fresh_index(seq, max_n, min_n)._pos
 
 
@@ -249,7 +286,8 @@ REPEAT_PROMPT = [1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6, 1, 2]
 def test_greedy_equals_plain(gamma):
     plain = SpeculativeDecoder(MarkovLM(12, order=2, seed=41), ByteTokenizer(), gamma=0)
     expected = plain.generate(REPEAT_PROMPT, max_tokens=50, params=GREEDY).tokens
-    alone = SpeculativeDecoder(MarkovLM(12, order=2, seed=41), ByteTokenizer(),
+    # A flat pass cost, so that γ = auto sees what speculation is worth.
+    alone = SpeculativeDecoder(MarkovLM(12, order=2, seed=41, pass_seconds=0.002), ByteTokenizer(),
                                drafter=NgramDrafter(), gamma=gamma, gamma_max=8)
     gen = alone.generate(REPEAT_PROMPT, max_tokens=50, params=GREEDY)
     assert gen.tokens == expected
@@ -303,9 +341,13 @@ def test_empty_draft_is_a_plain_step(gamma):
 
 
 def test_ngram_controller_is_free_and_separate():
+    draft = MarkovLM(V, seed=4)
+    combined = SpeculativeDecoder(cyclic_markov(seed=3), ByteTokenizer(), draft, gamma="auto",
+                                  drafter=CombinedDrafter(ModelDrafter(draft, V, 12), NgramDrafter()))
+    assert isinstance(combined._gamma_controller("ngram"), MatchLengthController)
+    assert combined._gamma_controller("ngram").cost == 0.0
+    assert combined._gamma_controller("model").cost > 0.0  # the model's prior is untouched
     dec = SpeculativeDecoder(cyclic_markov(seed=3), ByteTokenizer(), drafter=NgramDrafter(), gamma="auto")
-    assert dec._gamma_controller("ngram").cost == 0.0
-    assert dec._gamma_controller("model").cost > 0.0  # the model's prior is untouched
     gen = dec.generate(PROMPT, max_tokens=60, params=SamplingParams(temperature=0.5))
     assert gen.stats.by_drafter["ngram"][0] > 0
     ctrl = dec._controllers["ngram"]

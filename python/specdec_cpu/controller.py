@@ -135,13 +135,7 @@ class GammaController:
             return 0
         if self._best > 0:
             self._plain_run = 0
-            if self.steps - self._seen[1] > self._refresh_interval:
-                # Only the choice between γ = 0 and γ > 0 depends on T̂(1), and
-                # while speculating nothing re-measures it: take one plain step
-                # now and then (16, 32, ... up to refresh_every steps apart).
-                self._refresh_interval = min(2 * self._refresh_interval, self.refresh_every)
-                return 0
-            return self._best
+            return 0 if self._refresh_due() else self._best
         self._plain_run += 1
         if self._plain_run > self._probe_interval and self._could_pay():
             self._plain_run = 0
@@ -201,6 +195,10 @@ class GammaController:
             self._after_probe(rows)
         elif self._probing:
             self._plain_run = self._probe_interval  # the probe was cut to γ = 0: retry next step
+
+    def emitted(self, first_token: int) -> None:
+        """The first token the last step emitted, for a controller that had
+        predicted it (see ``MatchLengthController``); this one has not."""
 
     def new_sequence(self) -> None:
         """Tell the controller a new generation starts.
@@ -349,25 +347,43 @@ class GammaController:
         return self._choose(alpha=1.0) > 0
 
     def _choose(self, alpha: Optional[float] = None) -> int:
+        """The best γ at the current estimates (or at a uniform ``alpha``)."""
+        first, rest = (self.alpha_first, self.alpha_rest) if alpha is None else (alpha, alpha)
+        return self._best_gamma([first] + [rest] * (self.gamma_max - 1))
+
+    def _best_gamma(self, row_alpha: Sequence[float]) -> int:
+        """The γ maximising E[tokens] / (γ·ĉ + v̂(γ+1)) when row j of a draft
+        (j = 0..gamma_max−1) is accepted with probability ``row_alpha[j]``
+        given that the rows before it were: E[tokens] = 1 + α₀ + α₀α₁ + ...
+        (with every α equal, the seed's (1 − α^(γ+1)) / (1 − α)).  0 unless
+        the best beats plain decoding by ``min_speedup``."""
         if self.gamma_max == 0:
             return 0
-        first, rest = (self.alpha_first, self.alpha_rest) if alpha is None else (alpha, alpha)
         t = self._curve()
         c = self._cost(t)
         v = (t / t[1]).tolist()
-        # theory.speedup in a plain loop: this runs every step, and numpy's
-        # per-call overhead on 13 numbers would cost more than the arithmetic.
-        # E[tokens] = 1 + α₁(1 + α_r + ... + α_r^(γ-1)); with α₁ = α_r = α it
-        # is the seed's (1 - α^(γ+1)) / (1 - α).
+        # A plain loop, not theory.speedup: this runs every step, and numpy's
+        # per-call overhead on a dozen numbers would cost more than the arithmetic.
         best, best_s = 0, 1.0
-        e, term = 1.0, first
+        e, reach = 1.0, 1.0
         for g in range(1, self.gamma_max + 1):
-            e += term
-            term *= rest
+            reach *= row_alpha[g - 1]
+            e += reach
             s = e / (g * c + v[g + 1])
             if s > best_s:
                 best, best_s = g, s
         return best if best_s >= self.min_speedup else 0
+
+    def _refresh_due(self) -> bool:
+        """Whether a speculating controller should take a plain step to
+        re-measure T̂(1) (16, 32, ... up to ``refresh_every`` steps apart).
+
+        Only the choice between γ = 0 and γ > 0 depends on T̂(1), and while
+        speculating nothing else re-measures it."""
+        if self.steps - self._seen[1] > self._refresh_interval:
+            self._refresh_interval = min(2 * self._refresh_interval, self.refresh_every)
+            return True
+        return False
 
 
 def _positive(x: Optional[float]) -> bool:

@@ -14,8 +14,10 @@ import numpy as np
 
 from . import sampling
 from .cache import CachedSequence
+from .controller import GammaController
 from .drafters import CombinedDrafter, Draft, Drafter, ModelDrafter, NgramDrafter
 from .errors import ContextOverflowError, GenerationCancelled, InvalidLogitsError, InvalidPromptError
+from .match_controller import MatchLengthController
 from .model import CausalLM, Tokenizer
 from .params import SamplingParams
 from .stats import GenerationStats
@@ -320,17 +322,18 @@ class SpeculativeDecoder:
     def _gamma_controller(self, route: str = "model"):
         """The γ controller of one draft route (created on first use).
 
-        An n-gram lookup costs ~nothing: its controller starts from c = 0 and
-        learns its own α (the calibration's draft cost and α are the model's).
+        An n-gram lookup costs ~nothing and its acceptance depends on how long
+        the match is: its controller (``MatchLengthController``) has c = 0 and
+        learns α per match length (the calibration's draft cost and α are the
+        model's).
         """
         ctrl = self._controllers.get(route)
         if ctrl is None:
-            from .planner import GammaController
-
-            if route == NgramDrafter.name:
+            part = _parts(self.drafter, route=route)
+            if isinstance(part, NgramDrafter):
                 cm = (None if self.cost_model is None
                       else dataclasses.replace(self.cost_model, draft_ms=0.0, alpha=None))
-                ctrl = GammaController(cm, gamma_max=self.gamma_max, cost_prior=0.0)
+                ctrl = MatchLengthController(cm, gamma_max=min(part.max_draft, GAMMA_LIMIT))
             else:
                 ctrl = GammaController(self.cost_model, gamma_max=self.gamma_max)
             self._controllers[route] = ctrl
@@ -506,7 +509,7 @@ class _Run:
                 stats.finish_reason = "context"
                 return
             remaining = self.max_tokens - stats.tokens
-            gamma, route = self._choose_gamma(seq, max(0, min(remaining - 1, room, dec.gamma_max)), auto)
+            gamma, route = self._choose_gamma(seq, max(0, min(remaining - 1, room)), auto)
             draft_s = 0.0
             if gamma > 0:
                 self.phase = "draft"
@@ -545,7 +548,7 @@ class _Run:
             stats.target_seconds += t1 - t0
             stats.sampling_seconds += t2 - t1
             if auto:
-                self._observe(route if gamma > 0 else None, gamma, alphas, n_acc, draft_s, t1 - t0)
+                self._observe(route if gamma > 0 else None, gamma, alphas, n_acc, draft_s, t1 - t0, new[0])
 
             for tok in new:
                 if dec.tokenizer.is_eog(tok):
@@ -571,21 +574,33 @@ class _Run:
 
     def _choose_gamma(self, seq: list[int], cap: int, auto: bool) -> tuple[int, Optional[str]]:
         """(γ, route) of the next step: the first route the drafter offers
-        after ``seq`` whose γ (its controller's, or the fixed one) is > 0."""
+        after ``seq`` whose γ (its controller's, or the fixed one) is > 0,
+        at most ``cap``.  Controllers keep to their own γ_max: ``gamma_max``
+        for a draft model, ``max_draft`` for prompt lookup (whose drafts cost
+        nothing, so only the target's pass limits how long they pay)."""
         dec = self.dec
         if dec.drafter is None or cap <= 0:
             return 0, None
         routes = dec.drafter.routes(seq) if hasattr(dec.drafter, "routes") else (dec.drafter.name,)
         for route in routes:
-            g = dec._gamma_controller(route).next_gamma() if auto else int(self.gamma)
+            if not auto:
+                g = min(int(self.gamma), dec.gamma_max)
+            else:
+                ctrl = dec._gamma_controller(route)
+                if isinstance(ctrl, MatchLengthController):
+                    m = _parts(dec.drafter, route=route).match(seq)
+                    g = ctrl.next_gamma(m.length, seq[m.position], m.unanimous) if m else 0
+                else:
+                    g = ctrl.next_gamma()
             if g > 0:
                 return min(g, cap), route
         return 0, None
 
     def _observe(self, route: Optional[str], gamma: int, alphas, n_acc: int,
-                 draft_s: float, target_s: float) -> None:
+                 draft_s: float, target_s: float, first_token: int) -> None:
         """A drafted step teaches its route's controller; a plain step (its
-        T(1)) teaches them all."""
+        T(1)) teaches them all; a route that predicted the first emitted
+        token without drafting it learns whether it was right."""
         for name, ctrl in self.dec._controllers.items():
             if route is None:
                 ctrl.observe(0, (), 0, draft_s, target_s)
@@ -593,6 +608,7 @@ class _Run:
                 ctrl.observe(gamma, alphas, n_acc, draft_s, target_s)
             else:
                 ctrl.new_sequence()  # its drafter fell behind: its next draft time includes catching up
+            ctrl.emitted(first_token)
 
 
 def _parts(drafter: Optional[Drafter], *, names: bool = False, route: Optional[str] = None):

@@ -4,7 +4,9 @@ One import point for the pieces that decide how far to speculate:
 
 - :class:`~specdec_cpu.costmodel.CostModel` — measured T_target(k), T_draft(1), α;
 - :func:`~specdec_cpu.calibration.calibrate` — measures (and caches) a CostModel;
-- :class:`~specdec_cpu.controller.GammaController` — picks γ per step online.
+- :class:`~specdec_cpu.controller.GammaController` — picks γ per step online;
+- :class:`~specdec_cpu.match_controller.MatchLengthController` — the same for
+  prompt-lookup drafts, with α learnt per match length.
 
 The closed-form math lives in :mod:`specdec_cpu.theory`.
 """
@@ -21,11 +23,13 @@ from .costmodel import (
     calibration_path,
     cpu_model,
 )
+from .match_controller import MatchLengthController
 
 __all__ = [
     "SAMPLE_PROMPTS",
     "CostModel",
     "GammaController",
+    "MatchLengthController",
     "ModelIdentity",
     "cache_dir",
     "calibrate",

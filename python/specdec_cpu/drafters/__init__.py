@@ -3,6 +3,6 @@
 from .base import Draft, Drafter
 from .combined import CombinedDrafter
 from .model_drafter import ModelDrafter
-from .ngram import NgramDrafter, NgramIndex
+from .ngram import Match, NgramDrafter, NgramIndex
 
-__all__ = ["CombinedDrafter", "Draft", "Drafter", "ModelDrafter", "NgramDrafter", "NgramIndex"]
+__all__ = ["CombinedDrafter", "Draft", "Drafter", "Match", "ModelDrafter", "NgramDrafter", "NgramIndex"]

@@ -50,8 +50,8 @@ class CombinedDrafter:
         self.model.begin(seq)
 
     def propose(self, seq: Sequence[int], gamma: int, params: SamplingParams, rng: Rng) -> Draft:
-        """The n-gram continuation if any (``min(gamma, available)`` tokens),
-        else ``gamma`` tokens from the model drafter."""
+        """The n-gram continuation if there is one, else ``gamma`` tokens
+        from the model drafter."""
         if self.ngram.match(seq) is not None:
             return self.ngram.propose(seq, gamma, params, rng)
         return self.model.propose(seq, gamma, params, rng)

@@ -10,7 +10,7 @@ exact at every temperature, not only for greedy decoding.
 from __future__ import annotations
 
 import time
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -18,7 +18,21 @@ from ..params import SamplingParams
 from ..sampling import Rng
 from .base import Draft
 
-__all__ = ["NgramDrafter", "NgramIndex"]
+__all__ = ["Match", "NgramDrafter", "NgramIndex"]
+
+
+class Match(NamedTuple):
+    """Where the current suffix occurred before.
+
+    ``length`` tokens before ``position`` equal the last ``length`` tokens;
+    ``position`` is where the proposal is copied from.  ``unanimous`` is
+    False when another compared occurrence matches as far back but was
+    followed by a different token: the text does not say which to copy.
+    """
+
+    length: int
+    position: int
+    unanimous: bool
 
 
 class NgramIndex:
@@ -109,18 +123,34 @@ class NgramIndex:
         if len(seq) > len(self.tokens):
             self.extend(seq[len(self.tokens):])
 
-    def find(self) -> Optional[tuple[int, int]]:
-        """The longest n-gram suffix of the indexed tokens that occurred
-        earlier, as ``(n, i)``: ``i`` is the position that followed its most
-        recent earlier occurrence.  ``None`` when no suffix of length
-        ``min_ngram`` or more occurred before."""
+    def find(self, candidates: int = 1, max_match: int = 0) -> Optional[Match]:
+        """The best earlier occurrence of a suffix of the indexed tokens.
+
+        The longest suffix n-gram (``max_ngram`` down to ``min_ngram``) with
+        an earlier occurrence is the key.  Among its ``candidates`` most
+        recent occurrences, the one whose match extends furthest back (up to
+        ``max_match`` tokens; 0: no extension) wins, the most recent on a
+        tie: a longer shared context predicts the continuation better.
+        ``None`` when no suffix of length ``min_ngram`` or more occurred before.
+        """
         toks = self.tokens
         size = len(toks)
         pos = self._pos
         for n in range(min(self.max_ngram, size - 1), self.min_ngram - 1, -1):
             stack = pos.get(tuple(toks[size - n:]))
-            if stack:
-                return n, stack[-1]
+            if not stack:
+                continue
+            best_len, best_i, unanimous = -1, -1, True
+            for i in stack[:-1 - max(candidates, 1):-1]:  # most recent first
+                length = n
+                limit = min(max_match, i)
+                while length < limit and toks[i - 1 - length] == toks[size - 1 - length]:
+                    length += 1
+                if length > best_len:
+                    best_len, best_i, unanimous = length, i, True
+                elif length == best_len and toks[i] != toks[best_i]:
+                    unanimous = False
+            return Match(best_len, best_i, unanimous)
         return None
 
     def positions(self, key: Sequence[int]) -> list[int]:
@@ -129,60 +159,69 @@ class NgramIndex:
 
 
 class NgramDrafter:
-    """Drafts by prompt lookup: the tokens that followed the most recent
-    earlier occurrence of the longest matching suffix n-gram.
+    """Drafts by prompt lookup: the tokens that followed an earlier occurrence
+    of the current suffix.
 
     Args:
-        max_ngram: longest suffix tried (tried first).
+        max_ngram: longest suffix n-gram tried as a key (tried first).
         min_ngram: shortest suffix accepted as a match.
         max_draft: most tokens proposed in one step (besides ``gamma``).
+        candidates: recent occurrences of the key compared; the one sharing
+            the longest context with the suffix wins (see
+            :meth:`NgramIndex.find`).
+        max_match: how far back a match is followed (>= ``max_ngram``).
 
-    A proposal is ``tokens[i : i + min(gamma, max_draft)]`` of the sequence,
-    cut at its end, where ``i`` follows the match: possibly fewer than
-    ``gamma`` tokens, and none at all when nothing matches (the decoder then
-    takes a plain step).  The index is updated incrementally with the tokens
-    appended since the last call; the decoder keeps it a prefix of the
-    sequence through ``begin`` and ``rollback``.
+    The :class:`Match` tells the γ controller how far to trust the proposal:
+    a suffix that repeats 40 earlier tokens is being copied, one that
+    repeats a single token may be a coincidence, and one whose occurrences
+    were followed by different tokens is a guess.
+
+    A proposal is ``min(gamma, max_draft)`` tokens: what followed the match.
+    Where the continuation reaches the end of the sequence (the match lies
+    ``d`` tokens back and the text repeats with period ``d``) it continues
+    the period, as copying the continuation into itself would.  No match, no
+    proposal (the decoder then takes a plain step).  The index is updated
+    incrementally with the tokens appended since the last call; the decoder
+    keeps it a prefix of the sequence through ``begin`` and ``rollback``.
     """
 
     name = "ngram"
 
-    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, max_draft: int = 16) -> None:
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, max_draft: int = 24,
+                 candidates: int = 8, max_match: int = 64) -> None:
         _check_orders(max_ngram, min_ngram)
-        if isinstance(max_draft, bool) or not isinstance(max_draft, int) or max_draft < 1:
-            raise ValueError(f"max_draft must be an int >= 1, got {max_draft!r}")
+        for arg, v, lo in (("max_draft", max_draft, 1), ("candidates", candidates, 1),
+                           ("max_match", max_match, max_ngram)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise ValueError(f"{arg} must be an int >= {lo}, got {v!r}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.max_draft = max_draft
+        self.candidates = candidates
+        self.max_match = max_match
         self.index = NgramIndex(max_ngram, min_ngram)
-        self._found: Optional[tuple[int, Optional[tuple[int, int]]]] = None  # (length, find())
+        self._found: Optional[tuple[int, Optional[Match]]] = None  # (len(seq), find())
 
     def begin(self, seq: Sequence[int]) -> None:
         """Index ``seq``, reusing what is already indexed of it."""
         self._found = None
         self.index.align(seq)
 
-    def match(self, seq: Sequence[int]) -> Optional[tuple[int, int]]:
-        """``(n, i)`` of the longest suffix match of ``seq`` (see
-        :meth:`NgramIndex.find`), or ``None``."""
+    def match(self, seq: Sequence[int]) -> Optional[Match]:
+        """The match after ``seq`` (see :meth:`NgramIndex.find`), or ``None``."""
         self._sync(seq)
         found = self._found
         if found is None or found[0] != len(seq):
-            found = (len(seq), self.index.find())
+            found = (len(seq), self.index.find(self.candidates, self.max_match))
             self._found = found
         return found[1]
-
-    def available(self, seq: Sequence[int]) -> int:
-        """How many tokens a proposal after ``seq`` could hold (0: no match)."""
-        m = self.match(seq)
-        return 0 if m is None else min(len(seq) - m[1], self.max_draft)
 
     def routes(self, seq: Sequence[int]) -> tuple[str, ...]:
         """The proposals available after ``seq``: ``("ngram",)`` or none."""
         return (self.name,) if self.match(seq) is not None else ()
 
     def propose(self, seq: Sequence[int], gamma: int, params: SamplingParams, rng: Rng) -> Draft:
-        """Up to ``min(gamma, max_draft)`` tokens after ``seq`` (maybe none).
+        """``min(gamma, max_draft)`` tokens after ``seq``, none without a match.
 
         ``params`` and ``rng`` are unused: the proposal is deterministic.
         """
@@ -191,9 +230,10 @@ class NgramDrafter:
         if m is None or gamma <= 0:
             tokens = np.zeros(0, dtype=np.int32)
         else:
-            i = m[1]
+            i = m.position
+            period = np.asarray(self.index.tokens[i:i + self.max_draft], dtype=np.int32)
             want = min(int(gamma), self.max_draft)
-            tokens = np.asarray(self.index.tokens[i:i + want], dtype=np.int32)
+            tokens = period[np.arange(want) % period.shape[0]]
         return Draft(tokens, None, time.perf_counter() - start, self.name)
 
     def rollback(self, n_valid: int) -> None:

@@ -1,0 +1,138 @@
+"""γ for prompt-lookup drafts, from acceptance measured per match length.
+
+How likely a copied continuation is to be accepted depends on how much of
+the text is being copied: after the suffix has repeated 40 earlier tokens the
+next copied token is almost surely right (code being edited, a document
+quoted), after a single repeated token it is a coincidence.  One moving
+average of α over both regimes would draft too little inside a copy and too
+much outside one.  So this controller keeps α per match length L — the
+probability that the next copied token is accepted when the suffix matches
+the source for L tokens — and a draft's row j, verified only after rows
+0..j−1 were accepted (the match then being L + j long), counts with α(L + j).
+A match whose equally long occurrences were followed by different tokens is
+a guess between them, and has its own α per length (on the bench prompts:
+0.12 against 0.39 at L = 1); once its first token is accepted the copy has
+picked its source, so its later rows count as unanimous ones.
+
+Acceptance is learnt from every step that had a match, not only drafted ones:
+a drafted row gives its exact α = p(x); a plain step (or a step another route
+drafted) gives the indicator that the emitted token equals the one the match
+predicted, whose mean is p(x) as well.  So the estimates keep up with the
+content without probes.  Step costs, the T̂(1) refresh and the γ choice
+itself are :class:`GammaController`'s.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .controller import GammaController
+from .costmodel import CostModel
+
+__all__ = ["MatchLengthController"]
+
+# Upper bounds of the match-length buckets (the last bucket is everything
+# longer): one per length where α changes fastest, then wider.
+_BUCKET_TOPS = (1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)
+
+
+_N_LENGTHS = len(_BUCKET_TOPS) + 1
+
+
+def _bucket(length: int, unanimous: bool = True) -> int:
+    """Index of the (match length, unanimous) bucket."""
+    return bisect_left(_BUCKET_TOPS, max(int(length), 1)) + (0 if unanimous else _N_LENGTHS)
+
+
+class MatchLengthController(GammaController):
+    """Chooses γ for an n-gram draft from the current match length.
+
+    Args:
+        cost_model: as for :class:`GammaController`; its draft cost and α are
+            ignored (a lookup costs ~nothing, and α here is per length).
+        memory: weight an observation keeps after each later one of its
+            bucket (0.97: about the last 30 observations count).
+        prior_weight: observations' worth of the prior in each bucket, so a
+            bucket's first few observations already move it: α(L) = L / (L + 2),
+            half that where the occurrences disagree.
+        **kwargs: the other :class:`GammaController` arguments (``gamma_max``,
+            ``time_ema``, ``min_speedup``, ``refresh_every``, ...).
+    """
+
+    def __init__(self, cost_model: Optional[CostModel] = None, *, memory: float = 0.97,
+                 prior_weight: float = 2.0, **kwargs) -> None:
+        if not 0.0 < memory <= 1.0:
+            raise ValueError(f"memory must be in (0, 1], got {memory}")
+        if prior_weight <= 0:
+            raise ValueError(f"prior_weight must be > 0, got {prior_weight}")
+        self.memory, self.prior_weight = memory, prior_weight
+        mids = np.array([1, 2, 3, 4, 5, 6, 7, 8, 10.5, 14.5, 20.5, 28.5, 40.5, 56.5, 96.0])
+        self._prior = np.concatenate([mids / (mids + 2.0), 0.5 * mids / (mids + 2.0)])
+        self._sum = np.zeros(2 * _N_LENGTHS)  # decayed Σ α per bucket
+        self._n = np.zeros(2 * _N_LENGTHS)  # decayed count per bucket
+        # (L, predicted token, unanimous) of the step being taken
+        self._pending: Optional[tuple[int, Optional[int], bool]] = None
+        self._length, self._unanimous = 0, True  # the last match asked about
+        kwargs.setdefault("cost_prior", 0.0)
+        super().__init__(cost_model, **kwargs)
+        self._d = 0.0  # the lookup's cost is noise next to a target pass: c = 0
+
+    # ------------------------------------------------------------ per step
+    def next_gamma(self, match_length: int = 0, first_token: Optional[int] = None,
+                   unanimous: bool = True) -> int:
+        """The draft length for the next step, given the current match
+        (its length, 0 for none; the token it predicts next; whether its
+        occurrences agree on that token)."""
+        self._pending = (match_length, first_token, unanimous) if match_length > 0 else None
+        self._length, self._unanimous = match_length, unanimous
+        if match_length <= 0 or self.gamma_max == 0 or self._warmup > 0:
+            return 0
+        best = self._best_gamma(self._row_alphas(match_length, unanimous))
+        return 0 if best > 0 and self._refresh_due() else best
+
+    def emitted(self, first_token: int) -> None:
+        """Learn from a step that had a match but did not draft it: was the
+        predicted token the one emitted?"""
+        if self._pending is not None and self._pending[1] is not None:
+            length, predicted, unanimous = self._pending
+            self._record(_bucket(length, unanimous), 1.0 if int(first_token) == int(predicted) else 0.0)
+        self._pending = None
+
+    # ------------------------------------------------------------ estimates
+    def alpha_at(self, match_length: int, unanimous: bool = True) -> float:
+        """α̂: the estimated probability of accepting the next copied token."""
+        b = _bucket(match_length, unanimous)
+        w = self.prior_weight
+        return float((self._sum[b] + w * self._prior[b]) / (self._n[b] + w))
+
+    def estimates(self) -> dict:
+        est = super().estimates()
+        tops = [str(t) for t in _BUCKET_TOPS] + [f">{_BUCKET_TOPS[-1]}"]
+        lengths = list(_BUCKET_TOPS) + [_BUCKET_TOPS[-1] + 1]
+        est["alpha_by_match_length"] = {t: self.alpha_at(n) for t, n in zip(tops, lengths)}
+        est["alpha_by_match_length_split"] = {t: self.alpha_at(n, False) for t, n in zip(tops, lengths)}
+        return est
+
+    # ------------------------------------------------------------ internals
+    def _row_alphas(self, length: int, unanimous: bool) -> list[float]:
+        return [self.alpha_at(length, unanimous)] + [self.alpha_at(length + j) for j in range(1, self.gamma_max)]
+
+    def _choose(self, alpha: Optional[float] = None) -> int:
+        if alpha is not None:
+            return super()._choose(alpha)
+        return self._best_gamma(self._row_alphas(max(self._length, 1), self._unanimous))
+
+    def _observe_alpha(self, rows: list[float]) -> None:
+        super()._observe_alpha(rows)  # the overall α̂, for statistics
+        if rows and self._pending is not None:
+            length, _, unanimous = self._pending
+            for j, a in enumerate(rows):
+                self._record(_bucket(length + j, unanimous or j > 0), min(max(a, 0.0), 1.0))
+            self._pending = None  # the drafted rows said more than the first token will
+
+    def _record(self, b: int, a: float) -> None:
+        self._sum[b] = self.memory * self._sum[b] + a
+        self._n[b] = self.memory * self._n[b] + 1.0
