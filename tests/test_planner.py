@@ -520,3 +520,26 @@ def test_correlated_acceptance_earns_longer_drafts() -> None:
     correlated = run(lambda g: [0.5] + [0.98] * (g - 1) if g else [])
     iid = run(lambda g: [0.62] * g)
     assert correlated > iid >= 1
+
+
+def test_a_new_generation_starts_the_probe_back_off_over() -> None:
+    """Failed probes space out (up to probe_max) within a generation; the
+    next generation may hold other content, so its first probe comes after
+    probe_every plain steps again."""
+    ctl = GammaController(cost_model(F32, 0.2, alpha=0.05), gamma_max=12, probe_every=4, probe_max=64)
+
+    def steps(n):
+        drafted = []
+        for _ in range(n):
+            g = ctl.next_gamma()
+            if g:
+                drafted.append(g)
+                ctl.observe(g, [0.0] * g, 0, g * 0.2 * F32[0] / 1000, F32[g] / 1000)
+            else:
+                plain_step(ctl, F32[0])
+        return drafted
+
+    steps(600)
+    assert ctl._probe_interval == 64 and not steps(40)  # backed off
+    ctl.new_sequence()
+    assert steps(6)  # probes again within probe_every + 1 steps

@@ -137,10 +137,11 @@ class GammaController:
             self._plain_run = 0
             return 0 if self._refresh_due() else self._best
         self._plain_run += 1
-        if self._plain_run > self._probe_interval and self._could_pay():
+        if self._plain_run > self._probe_interval:
             self._plain_run = 0
-            self._probing = True
-            return self.probe_gamma
+            if self._could_pay():
+                self._probing = True
+                return self.probe_gamma
         return 0
 
     def observe(self, gamma: int, alphas: Sequence[float], n_accepted: int,
@@ -189,7 +190,8 @@ class GammaController:
             if math.isfinite(before):
                 self._follow_drift(k, self._t[k] / before)
 
-        self._best = self._choose()
+        if self._needs_recheck(gamma):
+            self._best = self._choose()
         if self._probing and gamma > 0:
             self._probing = False
             self._after_probe(rows)
@@ -203,9 +205,17 @@ class GammaController:
     def new_sequence(self) -> None:
         """Tell the controller a new generation starts.
 
-        The first draft of a generation includes the draft model's prompt
-        processing, which must not be mistaken for the cost of drafting.
+        Its content may differ from the last one's, so a probe back-off
+        earned on the last one starts over (the first probe comes after
+        ``probe_every`` plain steps, not after up to ``probe_max``); and its
+        first draft includes the draft model's prompt processing.
         """
+        self._probe_interval = self.probe_every
+        self.draft_fell_behind()
+
+    def draft_fell_behind(self) -> None:
+        """The drafter has tokens to catch up on (a new prompt, or steps of
+        another route): its next draft time is not the cost of drafting."""
         self._skip_draft_time = True
 
     # ------------------------------------------------------------ estimates
@@ -281,6 +291,17 @@ class GammaController:
         else:  # nothing changed: back off, so a stable plain stretch stays cheap
             self._probe_interval = min(2 * self._probe_interval, self.probe_max)
 
+    def _needs_recheck(self, gamma: int) -> bool:
+        """Whether :meth:`observe` re-chooses γ after a step of length ``gamma``.
+
+        A drafted step changes α̂ and T̂(k > 1): re-choose at once.  A plain
+        step only moves T̂(1) (and the stale T̂(k) alike), so while plain
+        decoding is chosen every 16th step is enough; this keeps the
+        controller's cost per plain step to a few microseconds, which matters
+        where γ = 0 is the answer and the target pass is short.
+        """
+        return gamma > 0 or self._best > 0 or self.steps % 16 == 0
+
     def _follow_drift(self, k: int, factor: float) -> None:
         """Scale the pass times not observed lately by the change just seen at k.
 
@@ -290,10 +311,13 @@ class GammaController:
         drafting look cheaper than it is.  Recently observed k keep their own
         estimates, so the shape of v(k) is still learned where it is seen.
         """
-        stale = (self.steps - self._seen) > self.stale_steps
-        stale[k] = False
-        stale &= np.isfinite(self._t)
-        self._t[stale] *= factor
+        # A plain loop over a dozen entries: it runs every step, and numpy's
+        # masked updates cost more than the whole rest of the controller.
+        horizon = self.steps - self.stale_steps
+        t, seen = self._t, self._seen
+        for j in range(1, t.shape[0]):
+            if j != k and seen[j] < horizon and math.isfinite(t[j]):
+                t[j] *= factor
 
     def _blend(self, old: Optional[float], new: float, weight: Optional[float] = None) -> float:
         if old is None or not math.isfinite(old):

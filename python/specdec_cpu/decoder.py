@@ -607,7 +607,7 @@ class _Run:
             elif name == route:
                 ctrl.observe(gamma, alphas, n_acc, draft_s, target_s)
             else:
-                ctrl.new_sequence()  # its drafter fell behind: its next draft time includes catching up
+                ctrl.draft_fell_behind()
             ctrl.emitted(first_token)
 
 

@@ -25,7 +25,7 @@ itself are :class:`GammaController`'s.
 from __future__ import annotations
 
 from bisect import bisect_left
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -110,6 +110,7 @@ class MatchLengthController(GammaController):
 
     def estimates(self) -> dict:
         est = super().estimates()
+        est["best_gamma"] = self._choose()  # at the last match asked about
         tops = [str(t) for t in _BUCKET_TOPS] + [f">{_BUCKET_TOPS[-1]}"]
         lengths = list(_BUCKET_TOPS) + [_BUCKET_TOPS[-1] + 1]
         est["alpha_by_match_length"] = {t: self.alpha_at(n) for t, n in zip(tops, lengths)}
@@ -124,6 +125,9 @@ class MatchLengthController(GammaController):
         if alpha is not None:
             return super()._choose(alpha)
         return self._best_gamma(self._row_alphas(max(self._length, 1), self._unanimous))
+
+    def _needs_recheck(self, gamma: int) -> bool:
+        return False  # γ depends on the match: it is chosen in next_gamma
 
     def _observe_alpha(self, rows: list[float]) -> None:
         super()._observe_alpha(rows)  # the overall α̂, for statistics
