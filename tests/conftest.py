@@ -1,4 +1,5 @@
-"""Session fixtures: tiny GGUF models written once per test session.
+"""Shared fixtures: the kernel ISA, and tiny GGUF models written once per
+test session.
 
 Every model fixture yields the path (a str) of a file under a session temp
 directory.  Models with the same ``seed`` share the tensors they have in
@@ -9,9 +10,20 @@ from __future__ import annotations
 
 import pytest
 
+from specdec_cpu import sampling
+
 TARGET_VOCAB = 384
 LARGE_VOCAB = 50_000
 PADDED_VOCAB = TARGET_VOCAB + 128
+
+
+@pytest.fixture(params=sampling.supported_isas())
+def isa(request):
+    """Runs a test once per kernel ISA this CPU supports (scalar first)."""
+    before = sampling.active_isa()
+    sampling.set_isa(request.param)
+    yield request.param
+    sampling.set_isa(before)
 
 
 @pytest.fixture(scope="session")

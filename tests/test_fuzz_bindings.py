@@ -26,9 +26,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from specdec_cpu import _core, sampling
+from specdec_cpu import _core
 
-ISAS = sampling.supported_isas()
 
 FUZZ = settings(
     max_examples=int(os.environ.get("SPECDEC_FUZZ_EXAMPLES", "100")),
@@ -37,14 +36,6 @@ FUZZ = settings(
                            HealthCheck.data_too_large],
 )
 CLEAN = (TypeError, ValueError)
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    before = sampling.active_isa()
-    sampling.set_isa(request.param)
-    yield request.param
-    sampling.set_isa(before)
 
 
 # ---------------------------------------------------------------------------

@@ -31,7 +31,6 @@ from specdec_cpu.sampling import DRAFT_STREAM, VERIFY_STREAM, Rng
 
 from stats_helpers import expected_distribution, ranked_ids
 
-ISAS = sampling.supported_isas()
 
 # SPECDEC_PROPERTY_EXAMPLES=5000 for a long bug hunt; the default keeps the file fast.
 PROPS = settings(
@@ -39,14 +38,6 @@ PROPS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-
-
-@pytest.fixture(params=ISAS)
-def isa(request):
-    before = sampling.active_isa()
-    sampling.set_isa(request.param)
-    yield request.param
-    sampling.set_isa(before)
 
 
 # --------------------------------------------------------------------------

@@ -21,14 +21,6 @@ MIN_PS = (0.0, 0.05, 0.3)
 LARGE_SIZES = (151_936, 262_144)
 
 
-@pytest.fixture(params=ISAS)
-def isa(request):
-    before = _core.active_isa()
-    _core.set_isa(request.param)
-    yield request.param
-    _core.set_isa(before)
-
-
 def misaligned(values: np.ndarray, offset: int) -> np.ndarray:
     """A C-contiguous float32 view of `values` starting `offset` floats into a
     fresh buffer, i.e. not aligned to a vector boundary."""
