@@ -17,6 +17,9 @@ decoding that the policy would reach with free drafting and no overhead.
 
 Policies:
   ours      NgramDrafter + MatchLengthController, as `--ngram` runs them
+            (looking up the prompt's unwrapped paragraphs too)
+  ours, sequence only
+            the same without the unwrapped paragraphs (unwrap_lines=False)
   theirs    llama-cpp-python's LlamaPromptLookupDecoding as documented
             (max_ngram_size=2, num_pred_tokens=10): the first occurrence of
             the longest suffix n-gram in the text, its next 10 tokens
@@ -42,6 +45,7 @@ import numpy as np
 from specdec_cpu import SamplingParams, SpeculativeDecoder
 from specdec_cpu.calibration import time_passes
 from specdec_cpu.drafters import NgramDrafter
+from specdec_cpu.drafters.unwrap import unwrapped_reference
 from specdec_cpu.models import ensure_model
 from specdec_cpu.planner import CostModel, MatchLengthController
 
@@ -77,10 +81,12 @@ def theirs(seq: Sequence[int], max_ngram: int = 2, num_pred: int = 10) -> List[i
 
 def replay(prompt: Sequence[int], out: Sequence[int], v: Sequence[float],
            choose: Callable[[NgramDrafter, List[int], int], List[int]],
-           learn: Callable[[int, int, int], None] = lambda gamma, n_acc, first: None) -> float:
+           learn: Callable[[int, int, int], None] = lambda gamma, n_acc, first: None,
+           reference: Sequence[Sequence[int]] = ()) -> float:
     """Tokens per target pass of one policy over one recorded output."""
     seq = list(prompt)
     drafter = NgramDrafter(max_draft=GAMMA_MAX)
+    drafter.set_reference(reference)
     drafter.begin(seq)
     pos, passes = 0, 0.0
     while pos < len(out):
@@ -100,7 +106,7 @@ def ours_policy(v: Sequence[float], t1_ms: float):
 
     def choose(drafter, seq, pos):
         m = drafter.match(seq)
-        g = ctrl.next_gamma(m.length, seq[m.position], m.unanimous) if m else 0
+        g = ctrl.next_gamma(m.length, m.token, m.unanimous) if m else 0
         return drafter.propose(seq, g, GREEDY, None).tokens.tolist() if g else []
 
     def learn(gamma, n_acc, first):
@@ -138,13 +144,14 @@ def main(argv=None) -> int:
     for prompt in PROMPTS:
         text = dec.chat_prompt(prompt.messages())
         ids = dec.tokenizer.tokenize(text, add_special=True, parse_special=True)
+        unwrapped = unwrapped_reference(ids, dec.tokenizer)
         for label, params in runs:
             out = dec.generate(text, max_tokens=args.tokens, params=params).tokens
-            choose, learn = ours_policy(v, t[0])
             score = {
-                "ours": replay(ids, out, v, choose, learn),
+                "ours": replay(ids, out, v, *ours_policy(v, t[0]), unwrapped),
+                "seq": replay(ids, out, v, *ours_policy(v, t[0])),
                 "theirs": replay(ids, out, v, lambda d, s, p: theirs(s)),
-                "oracle": replay(ids, out, v, oracle_policy(out)),
+                "oracle": replay(ids, out, v, oracle_policy(out), reference=unwrapped),
             }
             rows.append((prompt.name, prompt.kind, label, len(out), score))
             print(prompt.name, label, {k: round(float(x), 2) for k, x in score.items()}, flush=True)
@@ -159,22 +166,25 @@ def main(argv=None) -> int:
         "free drafting and no overhead, from the target's v(k) measured in the same run "
         f"({', '.join(f'v({k}) = {x / t[0]:.2f}' for k, x in zip(KS[1:], t[1:]))}). "
         "*theirs* is llama-cpp-python's prompt lookup rule (10 tokens from the first occurrence of "
-        "the last 2 tokens); *oracle* is our drafter told how many of its tokens will be accepted.",
+        "the last 2 tokens); *oracle* is our drafter told how many of its tokens will be accepted; "
+        "*sequence only* is ours without looking up the prompt's unwrapped paragraphs.",
         "",
-        "| prompt | kind | run | tokens | ours | theirs | oracle | ours / theirs | ours / oracle |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| prompt | kind | run | tokens | ours | ours, sequence only | theirs | oracle | ours / theirs "
+        "| ours / oracle |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, kind, label, n, s in rows:
-        lines.append(f"| {name} | {kind} | {label} | {n} | {s['ours']:.2f}× | {s['theirs']:.2f}× | "
-                     f"{s['oracle']:.2f}× | {s['ours'] / s['theirs']:.2f} | {s['ours'] / s['oracle']:.2f} |")
+        lines.append(f"| {name} | {kind} | {label} | {n} | {s['ours']:.2f}× | {s['seq']:.2f}× | "
+                     f"{s['theirs']:.2f}× | {s['oracle']:.2f}× | {s['ours'] / s['theirs']:.2f} | "
+                     f"{s['ours'] / s['oracle']:.2f} |")
     for kinds, what in ((("grounded",), "grounded"), (("grounded", "summary"), "grounded and summary"),
                         (("open",), "open")):
         sel = [s for _, kind, _, _, s in rows if kind in kinds]
-        geo = math.exp(statistics.fmean(math.log(s["ours"] / s["theirs"]) for s in sel))
-        ceil = math.exp(statistics.fmean(math.log(s["oracle"] / s["theirs"]) for s in sel))
+        def geo(policy):
+            return math.exp(statistics.fmean(math.log(s[policy] / s["theirs"]) for s in sel))
         lines.append("")
-        lines.append(f"- {what} prompts: ours / theirs {geo:.2f} (geometric mean over runs); "
-                     f"the oracle's {ceil:.2f}.")
+        lines.append(f"- {what} prompts: ours / theirs {geo('ours'):.2f} (geometric mean over runs; "
+                     f"sequence only {geo('seq'):.2f}); the oracle's {geo('oracle'):.2f}.")
     section = "\n".join(lines)
     print(section)
     if not args.no_write:

@@ -28,39 +28,55 @@ from synthetic import ByteTokenizer, MarkovLM
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def brute_match(seq, max_ngram, min_ngram, candidates=8, max_match=64):
+def brute_match(seq, max_ngram, min_ngram, candidates=8, max_match=64, prefer_before=0):
     """The specification of a match: the longest suffix n-gram (max_ngram
     down to min_ngram) with an earlier occurrence is the key; of its
     `candidates` most recent occurrences, the one whose match extends
-    furthest back (at most max_match tokens) wins, the most recent on a tie;
-    unanimous unless an equally long one was followed by another token."""
+    furthest back (at most max_match tokens) wins; on a tie one before
+    `prefer_before` if any, the most recent otherwise; unanimous unless an
+    equally long one was followed by another token.  Negative tokens
+    separate texts: no match reaches over one or proposes one."""
     size = len(seq)
 
     def extent(i, n):
         length = n
-        while length < min(max_match, i) and seq[i - 1 - length] == seq[size - 1 - length]:
+        while length < min(max_match, i) and seq[i - 1 - length] == seq[size - 1 - length] >= 0:
             length += 1
         return length
 
     for n in range(max_ngram, min_ngram - 1, -1):
         suffix = seq[size - n:]
-        found = [i for i in range(size - 1, n - 1, -1) if seq[i - n:i] == suffix][:candidates]
+        if len(suffix) < n or min(suffix) < 0:
+            continue  # nothing reaching over a separator (-1) is looked up
+        found = [i for i in range(size - 1, n - 1, -1)
+                 if seq[i - n:i] == suffix and seq[i] >= 0][:candidates]
         if found:
-            best = max(found, key=lambda i: (extent(i, n), i))
+            best = max(found, key=lambda i: (extent(i, n), i < prefer_before, i))
             length = extent(best, n)
             unanimous = all(seq[i] == seq[best] for i in found if extent(i, n) == length)
-            return (length, best, unanimous)
+            return (length, best, unanimous, seq[best])
     return None
 
 
-def brute_force(seq, gamma, max_ngram, min_ngram, max_draft, candidates=8, max_match=64):
-    """The specification of a proposal: what followed the match, repeating
-    with the period of the match where it reaches the end of the sequence."""
-    m = brute_match(seq, max_ngram, min_ngram, candidates, max_match)
+def brute_force(seq, gamma, max_ngram, min_ngram, max_draft, candidates=8, max_match=64,
+                reference=(), prefer_reference=False):
+    """The specification of a proposal: the match in the reference texts
+    (each closed by -1) followed by `seq`; what followed it, up to the end
+    of its reference text, or in `seq` repeating with the period of the
+    match where it reaches the end of the sequence."""
+    text = [t for ref in reference for t in list(ref) + [-1]]
+    base = len(text)
+    text += list(seq)
+    m = brute_match(text, max_ngram, min_ngram, candidates, max_match, base if prefer_reference else 0)
     if m is None:
         return []
-    period = len(seq) - m[1]
-    return [seq[m[1] + j % period] for j in range(min(gamma, max_draft))]
+    want = min(gamma, max_draft)
+    if m[1] < base:
+        following = text[m[1]:m[1] + want]
+        return following[:following.index(-1)] if -1 in following else following
+    period = len(text) - m[1]
+    return [text[m[1] + j % period] for j in range(want)]
+
 
 def propose(drafter, seq, gamma):
     return drafter.propose(seq, gamma, GREEDY, None).tokens.tolist()
@@ -94,21 +110,21 @@ def test_longest_match_wins():
     assert propose(NgramDrafter(max_ngram=2, candidates=1), seq, 3) == [5, 1, 2]
     # With more candidates, the older (2, 3) wins: it shares (1, 2, 3) with the suffix.
     d = NgramDrafter(max_ngram=2)
-    assert propose(d, seq, 3) == [4, 2, 3] and d.match(seq) == (3, 4, True)
-    assert NgramDrafter(max_ngram=2, max_match=2).match(seq) == (2, 7, False)  # most recent; 4 or 5?
+    assert propose(d, seq, 3) == [4, 2, 3] and d.match(seq) == (3, 4, True, 4)
+    assert NgramDrafter(max_ngram=2, max_match=2).match(seq) == (2, 7, False, 5)  # most recent; 4 or 5?
 
 
 def test_most_recent_occurrence_period_and_length_limits():
     seq = [1, 2, 5, 1, 2, 6, 1, 2]
     d = NgramDrafter(max_ngram=2)
-    assert d.match(seq) == (2, 5, False)  # both share 2 tokens: the most recent wins, but 5 or 6?
+    assert d.match(seq) == (2, 5, False, 6)  # both share 2 tokens: the most recent wins, but 5 or 6?
     assert propose(d, seq, 8) == [6, 1, 2, 6, 1, 2, 6, 1]  # continues the period 3
     assert propose(d, seq, 2) == [6, 1]  # cut at gamma
     assert propose(NgramDrafter(max_ngram=2, max_draft=1), seq, 8) == [6]  # cut at max_draft
     assert propose(NgramDrafter(), [4, 4, 4], 5) == [4, 4, 4, 4, 4]
     # A match long enough to span the period is followed all the way back.
-    assert NgramDrafter(max_ngram=2).match([3, 1, 2, 1, 2, 1, 2]) == (4, 5, True)
-    assert NgramDrafter(max_ngram=2, max_match=2).match([3, 1, 2, 1, 2, 1, 2]) == (2, 5, True)  # both say 1
+    assert NgramDrafter(max_ngram=2).match([3, 1, 2, 1, 2, 1, 2]) == (4, 5, True, 1)
+    assert NgramDrafter(max_ngram=2, max_match=2).match([3, 1, 2, 1, 2, 1, 2]) == (2, 5, True, 1)  # both say 1
 
 
 def test_no_match_gives_an_empty_one_hot_draft():
@@ -166,32 +182,91 @@ OPS = st.one_of(
     extra_match=st.integers(0, 6),
     alphabet=st.integers(2, 4),
     start=st.lists(st.integers(0, 3), max_size=12),
+    reference=st.lists(st.lists(st.integers(0, 3), max_size=8), max_size=3),
     ops=st.lists(OPS, max_size=40),
 )
-def test_index_matches_brute_force(orders, max_draft, candidates, extra_match, alphabet, start, ops):
+def test_index_matches_brute_force(orders, max_draft, candidates, extra_match, alphabet, start,
+                                   reference, ops):
     min_n, max_n = orders
     limits = dict(candidates=candidates, max_match=max_n + extra_match)
     d = NgramDrafter(max_ngram=max_n, min_ngram=min_n, max_draft=max_draft, **limits)
+    reference = [[t % alphabet for t in ref] for ref in reference]
+    text = [t for ref in reference for t in ref + [-1]]
+    d.set_reference(reference)
+    assert d.reference == reference
     seq = [t % alphabet for t in start]
     d.begin(seq)
+
+    def spec(gamma):
+        # Which text wins a tie is learnt from the tokens (tested below): read it.
+        return brute_force(seq, gamma, max_n, min_n, max_draft, **limits, reference=reference,
+                           prefer_reference=d._prefer_reference)
+
     for op in ops:
         if op[0] == "append":  # tokens the decoder accepted
             seq = seq + [t % alphabet for t in op[1]]
         elif op[0] == "propose":
-            assert propose(d, seq, op[1]) == brute_force(seq, op[1], max_n, min_n, max_draft, **limits), seq
-            assert d.match(seq) == brute_match(seq, max_n, min_n, **limits)
-            assert d.index.tokens == seq
-            assert d.index._pos == fresh_index(seq, max_n, min_n)._pos
+            assert propose(d, seq, op[1]) == spec(op[1]), seq
+            prefer = len(text) if d._prefer_reference else 0
+            assert d.match(seq) == brute_match(text + seq, max_n, min_n, **limits, prefer_before=prefer)
+            assert d.index.tokens == text + seq
+            assert d.index._pos == fresh_index(text + seq, max_n, min_n)._pos
         elif op[0] == "rollback":  # keep the first n (may be beyond what is indexed)
             d.rollback(op[1])
             seq = seq[:op[1]]
         else:  # a new prompt sharing some prefix with the old sequence
             seq = seq[:op[1]] + [t % alphabet for t in op[2]]
             d.begin(seq)
-            assert d.index.tokens == seq
+            assert d.index.tokens == text + seq and not d._prefer_reference
     for gamma in (1, 3, 16):
-        assert propose(d, seq, gamma) == brute_force(seq, gamma, max_n, min_n, max_draft, **limits)
-    assert d.index._pos == fresh_index(seq, max_n, min_n)._pos
+        assert propose(d, seq, gamma) == spec(gamma)
+    assert d.index._pos == fresh_index(text + seq, max_n, min_n)._pos
+
+
+def test_reference_ties_go_to_the_text_last_followed():
+    # The reference holds a line the sequence holds wrapped: 9 is the line break.
+    d = NgramDrafter(max_ngram=2)
+    d.set_reference([[1, 2, 3, 4, 5]])
+    base = 6  # the reference and its separator come first
+    seq = [7, 1, 2, 9, 3, 4, 5, 8, 1, 2]
+    d.begin(seq)
+    # [1, 2] occurs in both, as far back: the sequence wins at first, and
+    # the occurrences disagree on what comes next.
+    assert d.match(seq) == (2, base + 3, False, 9)
+    assert propose(d, seq, 4) == [9, 3, 4, 5]
+    seq += [3]  # the generation joined the lines: it followed the reference
+    assert propose(d, seq, 2) == [4, 5] and d.match(seq).position == 3  # (1, 2, 3) occurs only there
+    seq += [4, 5, 6, 1, 2]
+    assert d.match(seq) == (2, 2, False, 3)  # a tie again: now the reference wins it
+    # The reference says 3, 4, 5 and ends; the latest [1, 2] of the sequence
+    # says 3, 4, 5, 6.  The generation goes on with 6: it followed the sequence.
+    seq += [3, 4, 5, 6]
+    seq += [0, 1, 2]
+    assert d.match(seq).position == base + 16  # so the sequence wins the next tie
+    d.begin(seq)
+    assert not d._prefer_reference  # each generation starts from the sequence
+
+
+def test_reference_changes_and_bad_reference():
+    d = NgramDrafter(max_ngram=2)
+    seq = [1, 2, 3, 1, 2]
+    d.set_reference([[5, 6]])
+    d.begin(seq)
+    assert d.index.tokens == [5, 6, -1] + seq
+    d.set_reference([[5, 6]])  # unchanged: the index is kept
+    assert d.index.tokens == [5, 6, -1] + seq
+    d.set_reference([[5, 7, 1, 2, 4]])
+    assert propose(d, seq, 3) == [3, 1, 2]  # realigned; the sequence's own match still wins
+    assert d.index.tokens == [5, 7, 1, 2, 4, -1] + seq
+    d.rollback(3)
+    assert d.index.tokens == [5, 7, 1, 2, 4, -1, 1, 2, 3]
+    d.set_reference([])
+    assert propose(d, [1, 2, 6, 1, 2], 3) == [6, 1, 2] and d.index.tokens == [1, 2, 6, 1, 2]
+    with pytest.raises(ValueError, match="reference"):
+        d.set_reference([[1, -3]])
+    d.set_reference([[4, 4]])
+    d.reset()
+    assert d.reference == [] and d.index.tokens == []
 
 
 @settings(max_examples=100, deadline=None)

@@ -1,4 +1,6 @@
-"""Greedy speculative decoding equals greedy plain decoding on the real model.
+"""Greedy speculative decoding equals greedy plain decoding on the real model,
+with the draft model and with prompt lookup (whose reference holds the
+joined lines of the wrapped document in the last prompt).
 
 llama.cpp evaluates a position slightly differently in a batch of several
 rows than alone (measured: under 0.01 in a logit on F32, up to 0.46 on the
@@ -21,6 +23,10 @@ PROMPTS = [
     "Write a Python function that checks whether a number is prime.",
     "Explain in two sentences what a hash map is.",
     "def quicksort(xs):",
+    "Quote the sentence about cleaning from this note, then say how often to do it.\n\n"
+    "Unplug the grinder before cleaning. Brush both burrs with the supplied\n"
+    "brush; do not wash the burrs in water. Clean the burrs every two weeks\n"
+    "with daily use, or after about 2 kg of beans.",
 ]
 NOISE = 0.05  # logit units; F32 batched-vs-single differences are < 0.01
 N_TOKENS = 64
@@ -31,7 +37,8 @@ def pair():
     target, draft = default_pair()
     plain = SpeculativeDecoder.from_gguf(target, None, gamma=0, n_ctx=512)
     spec = SpeculativeDecoder.from_gguf(target, draft, gamma=5, n_ctx=512)
-    return plain, spec
+    lookup = SpeculativeDecoder.from_gguf(target, None, ngram=True, gamma=8, n_ctx=512)
+    return plain, {"draft": spec, "ngram": lookup}
 
 
 def greedy_with_gaps(dec: SpeculativeDecoder, prompt: list[int]) -> tuple[list[int], list[float]]:
@@ -54,12 +61,17 @@ def greedy_with_gaps(dec: SpeculativeDecoder, prompt: list[int]) -> tuple[list[i
     return tokens, gaps
 
 
+@pytest.mark.parametrize("drafter", ["draft", "ngram"])
 @pytest.mark.parametrize("text", PROMPTS)
-def test_greedy_speculative_matches_plain(pair, text: str) -> None:
-    plain, spec = pair
+def test_greedy_speculative_matches_plain(pair, text: str, drafter: str) -> None:
+    plain, decoders = pair
+    spec = decoders[drafter]
     prompt = plain.tokenizer.tokenize(plain.chat_prompt([{"role": "user", "content": text}]))
     expected, gaps = greedy_with_gaps(plain, prompt)
-    got = spec.generate(prompt, max_tokens=N_TOKENS, params=SamplingParams(temperature=0.0)).tokens
+    gen = spec.generate(prompt, max_tokens=N_TOKENS, params=SamplingParams(temperature=0.0))
+    got = gen.tokens
+    if drafter == "ngram" and "\n" in text:
+        assert spec.drafter.reference and gen.stats.drafted > 0  # the note's lines, joined
     expected_emitted = [t for t in expected if not plain.tokenizer.is_eog(t)]
     if got == expected_emitted:
         return

@@ -16,6 +16,7 @@ from . import sampling
 from .cache import CachedSequence
 from .controller import GammaController
 from .drafters import CombinedDrafter, Draft, Drafter, ModelDrafter, NgramDrafter
+from .drafters.unwrap import unwrapped_reference
 from .errors import ContextOverflowError, GenerationCancelled, InvalidLogitsError, InvalidPromptError
 from .match_controller import MatchLengthController
 from .model import CausalLM, Tokenizer
@@ -496,6 +497,9 @@ class _Run:
                 return
             target.eval(seq[len(target):min(len(target) + chunk, len(seq) - 1)], 1)
         if dec.drafter is not None:
+            for part in _parts(dec.drafter):
+                if isinstance(part, NgramDrafter):
+                    part.set_reference(unwrapped_reference(seq, dec.tokenizer) if part.unwrap_lines else [])
             dec.drafter.begin(seq)
         stats.prompt_seconds = time.perf_counter() - start
 
@@ -589,7 +593,7 @@ class _Run:
                 ctrl = dec._gamma_controller(route)
                 if isinstance(ctrl, MatchLengthController):
                     m = _parts(dec.drafter, route=route).match(seq)
-                    g = ctrl.next_gamma(m.length, seq[m.position], m.unanimous) if m else 0
+                    g = ctrl.next_gamma(m.length, m.token, m.unanimous) if m else 0
                 else:
                     g = ctrl.next_gamma()
             if g > 0:
