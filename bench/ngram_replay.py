@@ -17,9 +17,9 @@ decoding that the policy would reach with free drafting and no overhead.
 
 Policies:
   ours      NgramDrafter + MatchLengthController, as `--ngram` runs them
-            (looking up the prompt's unwrapped paragraphs too)
+            (looking up the prompt's wrapped lines joined, too)
   ours, sequence only
-            the same without the unwrapped paragraphs (unwrap_lines=False)
+            the same without them (unwrap_lines=False)
   theirs    llama-cpp-python's LlamaPromptLookupDecoding as documented
             (max_ngram_size=2, num_pred_tokens=10): the first occurrence of
             the longest suffix n-gram in the text, its next 10 tokens
@@ -167,7 +167,7 @@ def main(argv=None) -> int:
         f"({', '.join(f'v({k}) = {x / t[0]:.2f}' for k, x in zip(KS[1:], t[1:]))}). "
         "*theirs* is llama-cpp-python's prompt lookup rule (10 tokens from the first occurrence of "
         "the last 2 tokens); *oracle* is our drafter told how many of its tokens will be accepted; "
-        "*sequence only* is ours without looking up the prompt's unwrapped paragraphs.",
+        "*sequence only* is ours without looking up the prompt's wrapped lines joined.",
         "",
         "| prompt | kind | run | tokens | ours | ours, sequence only | theirs | oracle | ours / theirs "
         "| ours / oracle |",
