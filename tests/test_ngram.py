@@ -243,6 +243,12 @@ def test_reference_ties_go_to_the_text_last_followed():
     seq += [3, 4, 5, 6]
     seq += [0, 1, 2]
     assert d.match(seq).position == base + 16  # so the sequence wins the next tie
+    # A new reference (a changed prompt) drops a pending tie: nothing stale is
+    # compared against the new texts.
+    d.match(seq[:-1])
+    assert d._contest is not None  # [1] occurs in both texts, followed by 2 in both
+    d.set_reference([[0]])
+    assert d._contest is None and propose(d, seq, 2) == [3, 4]
     d.begin(seq)
     assert not d._prefer_reference  # each generation starts from the sequence
 

@@ -276,7 +276,7 @@ class NgramDrafter:
             # is indexed again behind it at the next call.
             self.index.truncate(self.index.common_prefix(reference))
             self._reference = reference
-            self._found = None
+            self._found, self._contest = None, None
 
     def begin(self, seq: Sequence[int]) -> None:
         """Index the reference and ``seq``, reusing what is already indexed."""
@@ -363,7 +363,7 @@ class NgramDrafter:
 
     def reset(self) -> None:
         """Forget the sequence and the reference."""
-        self._found = None
+        self._found, self._contest, self._prefer_reference = None, None, False
         self._reference = []
         self.index.clear()
 
