@@ -22,15 +22,6 @@ from stats_helpers import assert_binomial, assert_matches_distribution, expected
 N = 40_000  # draws per check: ~0.3 s of verify calls at these vocabulary sizes
 
 
-@pytest.fixture(params=sampling.supported_isas())
-def isa(request):
-    """Run a test once per kernel path this CPU supports."""
-    before = sampling.active_isa()
-    sampling.set_isa(request.param)
-    yield request.param
-    sampling.set_isa(before)
-
-
 def logits_row(v: int, seed: int, scale: float = 2.0) -> np.ndarray:
     return (np.random.default_rng(seed).normal(size=v) * scale).astype(np.float32)
 
