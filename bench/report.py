@@ -381,7 +381,7 @@ def render(results, plots: Dict[str, str]) -> str:
         "`Llama(draft_model=LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=N))` with its "
         "default N = 10 and N = 2 (its documentation's advice for CPU-only machines).",
         "- **Theory.** Each pair is calibrated in the same run at each setting "
-        "(`specdec_cpu.calibration.calibrate`, fresh measurement, γ_max = 8): T_target(k) for k = 1..9 gives "
+        "(`specdec_cpu.planning.calibrate`, fresh measurement, γ_max = 8): T_target(k) for k = 1..9 gives "
         "v(k), T_draft(1) / T_target(1) gives c. The predicted speed-up of a run uses the mean α measured in "
         "that run: `theory.speedup(α, γ, c, v)` for fixed γ; for γ = auto and n-gram runs, whose γ varies "
         "per step (0 included), Σ E[tokens](α, γ_i) / Σ (γ_i·c + v(γ_i + 1)) over the steps. n-gram "
@@ -498,7 +498,7 @@ def in_run_costs(results, pair: str, setting: str) -> Optional[Dict[str, Any]]:
         return None
     if ds:
         out["c"] = statistics.median(ds) / t1
-        from specdec_cpu import theory
+        from specdec_cpu.planning import theory
         for k, v in out["v"].items():
             alpha = summarize(runs_of(results, pair, setting, f"gamma{k - 1}"))["mean_alpha"]
             if alpha is not None:

@@ -176,7 +176,7 @@ def estimate_calibration(target: str, quick: bool) -> float:
 
 def machine_info(threads: int) -> Dict[str, Any]:
     from specdec_cpu import sampling
-    from specdec_cpu.costmodel import cpu_model
+    from specdec_cpu.planning.costmodel import cpu_model
 
     info: Dict[str, Any] = {
         "cpu": cpu_model(),
@@ -490,7 +490,7 @@ def predicted_speedup(engine: Engine, stats, cost_model) -> Optional[float]:
     v(γ_i + 1)) over the steps.  An n-gram lookup costs ~nothing (c = 0); with
     both drafters, c is the model's c weighted by the share of tokens it drafted.
     """
-    from specdec_cpu import theory
+    from specdec_cpu.planning import theory
 
     if cost_model is None or engine.gamma == 0 or not stats.steps:
         return None
@@ -657,7 +657,7 @@ def calibrate_group(group: Group, setting: Setting, args: argparse.Namespace,
                     progress: Progress) -> List[Dict[str, Any]]:
     """Calibrate every decoder with a drafter at this setting; attach the cost
     models so that γ=auto starts from this run's measurement."""
-    from specdec_cpu.calibration import calibrate
+    from specdec_cpu.planning.calibration import calibrate
 
     out = []
     params = setting.params(args.seed)

@@ -15,7 +15,7 @@ import pytest
 
 from specdec_cpu.cli import main
 from specdec_cpu.cli._common import emit
-from specdec_cpu.costmodel import CostModel
+from specdec_cpu.planning.costmodel import CostModel
 
 
 def run(capsys, *argv):

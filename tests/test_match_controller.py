@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec_cpu.planner import CostModel, MatchLengthController
+from specdec_cpu.planning import CostModel, MatchLengthController
 
 FLAT = [50.0 * (1 + 0.08 * (k - 1)) for k in range(1, 26)]  # a memory-bound target, ms
 

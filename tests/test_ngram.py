@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from specdec_cpu import SamplingParams, SpeculativeDecoder
 from specdec_cpu.drafters import CombinedDrafter, Draft, ModelDrafter, NgramDrafter, NgramIndex
-from specdec_cpu.planner import MatchLengthController
+from specdec_cpu.planning import MatchLengthController
 from stats_helpers import assert_matches_distribution, expected_distribution
 from synthetic import ByteTokenizer, MarkovLM
 

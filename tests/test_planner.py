@@ -10,9 +10,9 @@ from typing import Optional, Sequence
 import numpy as np
 import pytest
 
-from specdec_cpu import theory
+from specdec_cpu.planning import theory
 from specdec_cpu.params import SamplingParams
-from specdec_cpu.planner import (
+from specdec_cpu.planning import (
     CostModel,
     GammaController,
     ModelIdentity,
@@ -469,7 +469,7 @@ def test_controller_choice_agrees_with_theory(alpha, c, slope):
 def test_pass_times_follow_the_machine_load() -> None:
     """T̂(1) measured on a busy machine must not stay inflated while the
     controller speculates (it would make drafting look cheaper than it is)."""
-    from specdec_cpu.controller import GammaController
+    from specdec_cpu.planning.controller import GammaController
 
     def t_pass(k: int, load: float) -> float:  # seconds; memory-bound shape
         return load * 0.030 * (1.0 + 0.08 * (k - 1))
@@ -488,7 +488,7 @@ def test_pass_times_follow_the_machine_load() -> None:
 def test_no_probes_where_even_perfect_acceptance_cannot_pay() -> None:
     """Compute-bound target with a costly draft (DESIGN §2's Q4_K_M curve, c = 0.68):
     a probe would only cost the draft's catch-up, so none are made."""
-    from specdec_cpu.controller import GammaController
+    from specdec_cpu.planning.controller import GammaController
 
     steep = [1.0, 1.0, 1.76, 2.23, 2.41, 3.34, 3.60, 3.84, 3.92, 4.88]  # index k
     ctrl = GammaController(None, gamma_max=8, warmup=0, probe_every=4)
@@ -506,7 +506,7 @@ def test_correlated_acceptance_earns_longer_drafts() -> None:
     """A drafter whose later tokens are accepted whenever the first one is
     (an n-gram continuation of copied text) gets longer drafts than an i.i.d.
     drafter that is accepted more often on its first token."""
-    from specdec_cpu.controller import GammaController
+    from specdec_cpu.planning.controller import GammaController
 
     def run(rows_of) -> int:
         ctrl = GammaController(None, gamma_max=12, warmup=0, cost_prior=0.0)

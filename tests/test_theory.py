@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec_cpu import theory
-from specdec_cpu.theory import (
+from specdec_cpu.planning import theory
+from specdec_cpu.planning.theory import (
     ceiling,
     expected_tokens,
     max_useful_cost,

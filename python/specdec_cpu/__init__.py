@@ -28,7 +28,7 @@ _LAZY = {
     "SpeculativeDecoder": "decoder",
     "Generation": "decoder",
     "GenerationStats": "stats",
-    "DecoderPool": "pool",
+    "DecoderPool": "serving.pool",
 }
 
 

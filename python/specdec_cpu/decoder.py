@@ -14,11 +14,10 @@ import numpy as np
 
 from . import sampling
 from .cache import CachedSequence
-from .controller import GammaController
+from .planning import GammaController, MatchLengthController
 from .drafters import CombinedDrafter, Draft, Drafter, ModelDrafter, NgramDrafter
 from .drafters.unwrap import unwrapped_reference
 from .errors import ContextOverflowError, GenerationCancelled, InvalidLogitsError, InvalidPromptError
-from .match_controller import MatchLengthController
 from .model import CausalLM, Tokenizer
 from .params import SamplingParams
 from .stats import GenerationStats
@@ -627,14 +626,14 @@ def _parts(drafter: Optional[Drafter], *, names: bool = False, route: Optional[s
 
 
 def _check_calibration(calibration: object) -> None:
-    from .costmodel import CostModel
+    from .planning import CostModel
 
     if not (calibration is None or isinstance(calibration, CostModel) or calibration in ("cached", "measure")):
         raise ValueError(f"calibration must be 'cached', 'measure', a CostModel or None, got {calibration!r}")
 
 
 def _initial_cost_model(dec: SpeculativeDecoder, calibration: object) -> object:
-    from .calibration import cached_calibration, calibrate
+    from .planning.calibration import cached_calibration, calibrate
 
     if calibration == "cached":
         return cached_calibration(dec.target_path, dec.draft_path, dec.n_threads)

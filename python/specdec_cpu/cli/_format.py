@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..theory import PlanRow
+from ..planning.theory import PlanRow
 
 
 def plan_lines(rows: Sequence[PlanRow], star: int) -> list[str]:

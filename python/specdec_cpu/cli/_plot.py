@@ -7,8 +7,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .. import theory
-from ..theory import PlanRow
+from ..planning import theory
+from ..planning.theory import PlanRow
 
 
 def plot_plan(path: Path, alpha: float, cost: float, rows: Sequence[PlanRow], star: int,

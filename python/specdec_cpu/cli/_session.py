@@ -284,7 +284,7 @@ def estimated_speedup(decoder, stats: GenerationStats, gamma: GammaSetting) -> O
         cost_model = getattr(decoder, "cost_model", None)
         if cost_model is not None and hasattr(cost_model, "verify_cost"):
             return _aggregate(alpha, float(cost_model.cost), cost_model.verify_cost, stats.gammas)
-        from ..controller import GammaController
+        from ..planning import GammaController
 
         prior = GammaController(None, gamma_max=top, alpha_prior=alpha)
         v = prior.verify_curve()
@@ -295,7 +295,7 @@ def estimated_speedup(decoder, stats: GenerationStats, gamma: GammaSetting) -> O
 
 def _aggregate(alpha: float, cost: float, verify, gammas: Sequence[int]) -> float:
     """Σ E[tokens](α, γ_i) / Σ (γ_i·c + v(γ_i + 1)) over the steps' γ_i (v ≥ 1)."""
-    from .. import theory
+    from ..planning import theory
 
     tokens = spent = 0.0
     counts: dict[int, int] = {}

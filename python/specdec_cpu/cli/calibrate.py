@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from .. import theory
-from ..costmodel import CostModel, ModelIdentity, calibration_path
+from ..planning import theory
+from ..planning.costmodel import CostModel, ModelIdentity, calibration_path
 from ..params import SamplingParams
 from ._common import UsageError, emit, int_in, nonneg_float, probability
 from ._format import plan_lines, verify_lines
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Heavy imports (llama.cpp, the C++ extension) only now, so `plan` needs neither.
     from ..decoder import SpeculativeDecoder
-    from ..planner import calibrate
+    from ..planning import calibrate
 
     decoder = SpeculativeDecoder.from_gguf(args.target, args.draft, n_threads=args.threads,
                                            n_ctx=args.n_ctx)

@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Optional
 
-from .. import theory
-from ..costmodel import CostModel
+from ..planning import theory
+from ..planning.costmodel import CostModel
 from ._common import UsageError, emit, int_in, nonneg_float, positive_float, probability
 from ._format import plan_lines
 

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import numpy as np
 
 from . import theory
-from .paths import atomic_path, cache_dir
+from ..paths import atomic_path, cache_dir
 
 __all__ = [
     "CostModel",

@@ -9,7 +9,7 @@ import time
 from contextlib import contextmanager
 from typing import Iterator, Optional, Sequence, Union
 
-from .decoder import (
+from ..decoder import (
     _LOCK_POLL,
     Generation,
     Prompt,
@@ -17,8 +17,8 @@ from .decoder import (
     _check_calibration,
     _check_gamma,
 )
-from .errors import GenerationCancelled
-from .stats import GenerationStats
+from ..errors import GenerationCancelled
+from ..stats import GenerationStats
 
 __all__ = ["DecoderPool"]
 
@@ -63,7 +63,7 @@ class DecoderPool:
                  draft: Optional[Union[str, "os.PathLike[str]"]] = None, **from_gguf_kwargs) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"size must be an int >= 1 (the number of decoders), got {size!r}")
-        from . import engine
+        from .. import engine
 
         kwargs = dict(from_gguf_kwargs)
         unknown = set(kwargs) - _FROM_GGUF_KWARGS
@@ -221,7 +221,7 @@ class DecoderPool:
         defaults = {"max_tokens": 256, "params": None, "stop": (), "gamma": None}
         args = {**defaults, **kwargs}
         if args["params"] is None:
-            from .params import SamplingParams
+            from ..params import SamplingParams
 
             args["params"] = SamplingParams()
         tokens, _, _ = dec._prepare(prompt, args["max_tokens"], args["params"], args["stop"],

@@ -14,8 +14,8 @@ import time
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 from .costmodel import CostModel, ModelIdentity, calibration_key, calibration_path, cpu_model
-from .model import CausalLM
-from .params import SamplingParams
+from ..model import CausalLM
+from ..params import SamplingParams
 
 __all__ = ["SAMPLE_PROMPTS", "cached_calibration", "calibrate", "measure_alpha", "time_passes"]
 
