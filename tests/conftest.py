@@ -146,3 +146,10 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "soak: long-run resource test (short unless --soak)")
+
+
+@pytest.fixture(scope="session")
+def tiny_nan_target(tiny_dir):
+    """The target's weights, but token 300 has a NaN embedding: every position
+    after it gets NaN logits."""
+    return _write(tiny_dir, "nan_target.gguf", n_vocab=TARGET_VOCAB, seed=0, n_layer=2, nan_token=300)

@@ -195,13 +195,15 @@ def write_tiny_model(
     chat_template: Optional[str] = CHATML_TEMPLATE,
     add_bos: Optional[bool] = None,
     architecture: str = "llama",
+    nan_token: Optional[int] = None,
 ) -> Path:
     """Write a tiny llama-architecture GGUF model and return its path.
 
     ``output_scale`` is the standard deviation of the output projection (and
     embeddings): larger values give more peaked next-token distributions.
     ``architecture`` other than ``"llama"`` writes a file llama.cpp refuses
-    (for load-error tests).
+    (for load-error tests).  ``nan_token`` gives that token a NaN embedding:
+    every position after it gets NaN logits (for bad-logits tests).
     """
     path = Path(path)
     if n_embd % n_head:
@@ -253,7 +255,10 @@ def write_tiny_model(
     def ones(name: str, n: int) -> None:
         writer.add_tensor(name, np.ones(n, dtype=np.float32))
 
-    t("token_embd.weight", (n_vocab, n_embd), output_scale)
+    embd = _tensor(seed, "token_embd.weight", (n_vocab, n_embd), output_scale, noise, noise_seed)
+    if nan_token is not None:
+        embd[nan_token] = np.nan
+    writer.add_tensor("token_embd.weight", embd)
     ones("output_norm.weight", n_embd)
     if not tie_embeddings:
         t("output.weight", (n_vocab, n_embd), output_scale)

@@ -15,6 +15,7 @@ from .errors import (
     InvalidLogitsError,
     InvalidPromptError,
     ModelLoadError,
+    QueueFullError,
     SpecDecError,
     VocabMismatchError,
 )
@@ -29,6 +30,8 @@ _LAZY = {
     "Generation": "decoder",
     "GenerationStats": "stats",
     "DecoderPool": "serving.pool",
+    "BatchedDecoder": "serving.batched",
+    "DecoderClosedError": "serving.scheduler",
 }
 
 
@@ -44,6 +47,7 @@ __all__ = [
     "Generation",
     "GenerationStats",
     "DecoderPool",
+    "BatchedDecoder",
     "SpecDecError",
     "ModelLoadError",
     "VocabMismatchError",
@@ -51,4 +55,6 @@ __all__ = [
     "InvalidLogitsError",
     "InvalidPromptError",
     "GenerationCancelled",
+    "QueueFullError",
+    "DecoderClosedError",
 ]

@@ -59,3 +59,18 @@ class GenerationCancelled(SpecDecError):
 
 class UnsupportedModelError(ModelLoadError):
     """The model loads but cannot be used here (e.g. its cache cannot be truncated)."""
+
+
+class QueueFullError(SpecDecError):
+    """A batched decoder's waiting queue is full: the request was not queued.
+
+    Attributes:
+        waiting: requests waiting when this one arrived (= ``max_queue``).
+    """
+
+    def __init__(self, message: str, waiting: int = 0) -> None:
+        super().__init__(message)
+        self.waiting = waiting
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.waiting))

@@ -10,6 +10,8 @@ from typing import Any, Optional
 class GenerationStats:
     """Counters and timings of one ``generate``/``stream`` call.
 
+    ``queue_seconds`` is the time a request of a batched decoder waited for
+    a free sequence (not part of ``total_seconds``).
     ``acceptance`` is accepted/drafted (what the drafts achieved);
     ``mean_alpha`` is the mean of the exact Σ min(p, q) over every verified
     row (what they could be expected to achieve: the quantity the planner uses).
@@ -23,6 +25,7 @@ class GenerationStats:
     accepted: int = 0
     alpha_sum: float = 0.0
     alpha_rows: int = 0
+    queue_seconds: float = 0.0
     prompt_seconds: float = 0.0
     draft_seconds: float = 0.0
     target_seconds: float = 0.0

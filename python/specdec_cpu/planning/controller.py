@@ -25,6 +25,7 @@ import numpy as np
 
 from . import theory
 from .costmodel import CostModel
+from .pass_times import PassTimes
 
 __all__ = ["GammaController"]
 
@@ -102,8 +103,8 @@ class GammaController:
         self.cost_prior, self.slope_prior = cost_prior, slope_prior
 
         k_top = gamma_max + 1
-        self._t = np.full(k_top + 1, np.nan)  # T̂(k) in ms, index k (0 unused)
-        self._seen = np.zeros(k_top + 1, dtype=np.int64)  # step at which each T̂(k) was last observed
+        seed = None if cost_model is None else [cost_model.target_time(k) for k in range(1, k_top + 1)]
+        self._times = PassTimes(k_top, seed, prior_slope=slope_prior, ema=time_ema, stale_after=stale_steps)
         self.stale_steps = stale_steps
         self.refresh_every = refresh_every
         self._refresh_interval = min(16, refresh_every)
@@ -111,7 +112,6 @@ class GammaController:
         self.alpha = alpha_prior
         self._warmup = warmup
         if cost_model is not None:
-            self._t[1:] = [cost_model.target_time(k) for k in range(1, k_top + 1)]
             self._d = cost_model.draft_ms
             if cost_model.alpha is not None:
                 self.alpha = cost_model.alpha
@@ -180,15 +180,7 @@ class GammaController:
                 self._d = self._blend(self._d, 1000.0 * draft_seconds / gamma)
         if gamma == 0:
             self._skip_draft_time = True
-        k = gamma + 1
-        if _positive(target_seconds) and k < self._t.shape[0]:
-            before = self._t[k]
-            stale = self.steps - self._seen[k] > self.stale_steps
-            self._t[k] = self._blend(before, 1000.0 * target_seconds,
-                                     weight=max(self.time_ema, 0.6) if stale else None)
-            self._seen[k] = self.steps
-            if math.isfinite(before):
-                self._follow_drift(k, self._t[k] / before)
+        self._times.observe(gamma + 1, 1000.0 * target_seconds if _positive(target_seconds) else math.nan)
 
         if self._needs_recheck(gamma):
             self._best = self._choose()
@@ -302,31 +294,11 @@ class GammaController:
         """
         return gamma > 0 or self._best > 0 or self.steps % 16 == 0
 
-    def _follow_drift(self, k: int, factor: float) -> None:
-        """Scale the pass times not observed lately by the change just seen at k.
-
-        The load on a shared machine moves every pass time together; without
-        this, T̂(1) measured during a busy minute would stay inflated for as
-        long as speculation runs (no plain steps re-measure it) and make
-        drafting look cheaper than it is.  Recently observed k keep their own
-        estimates, so the shape of v(k) is still learned where it is seen.
-        """
-        # A plain loop over a dozen entries: it runs every step, and numpy's
-        # masked updates cost more than the whole rest of the controller.
-        horizon = self.steps - self.stale_steps
-        t, seen = self._t, self._seen
-        for j in range(1, t.shape[0]):
-            if j != k and seen[j] < horizon and math.isfinite(t[j]):
-                t[j] *= factor
-
-    def _blend(self, old: Optional[float], new: float, weight: Optional[float] = None) -> float:
+    def _blend(self, old: Optional[float], new: float) -> float:
+        """Moving average of d̂; one wild reading moves it by at most ~3× the weight."""
         if old is None or not math.isfinite(old):
             return new
-        # A single wild reading (a page fault, another process) moves the
-        # estimate by at most a factor ~3 times the EMA weight.  A reading of
-        # an estimate not refreshed for a while counts for more: it is old.
-        new = min(new, 3.0 * old)
-        return old + (self.time_ema if weight is None else weight) * (new - old)
+        return old + self.time_ema * (min(new, 3.0 * old) - old)
 
     def _cost(self, t: np.ndarray) -> float:
         if self._d is None or not self._measured():
@@ -334,32 +306,11 @@ class GammaController:
         return float(self._d / t[1])
 
     def _measured(self) -> bool:
-        return bool(np.any(np.isfinite(self._t[1:])))
+        return self._times.measured
 
     def _curve(self) -> np.ndarray:
-        """T̂(k) for k = 0..gamma_max+1 (ms, or prior units before any timing).
-
-        Unmeasured k are interpolated between measured ones and continued
-        linearly beyond them; with a single measured point the prior shape
-        is scaled through it.
-        """
-        k = np.arange(self._t.shape[0], dtype=float)
-        prior = 1.0 + self.slope_prior * (k - 1.0)
-        known = np.isfinite(self._t)
-        known[0] = False
-        if not known.any():
-            return prior
-        kk, tt = k[known], self._t[known]
-        if kk.size == 1:
-            return tt[0] * prior / prior[int(kk[0])]
-        t = np.interp(k, kk, tt)
-        dk = kk - kk.mean()
-        slope = max(float(dk @ (tt - tt.mean()) / (dk @ dk)), 0.0)  # least squares
-        right = k > kk[-1]
-        t[right] = tt[-1] + slope * (k[right] - kk[-1])
-        left = k < kk[0]
-        t[left] = np.maximum(tt[0] - slope * (kk[0] - k[left]), 0.05 * tt[0])
-        return t
+        """T̂(k) for k = 0..gamma_max+1 (ms, or prior units before any timing)."""
+        return self._times.curve()
 
     def _could_pay(self) -> bool:
         """Whether any α at all would make speculation pay at the current costs.
@@ -404,7 +355,7 @@ class GammaController:
 
         Only the choice between γ = 0 and γ > 0 depends on T̂(1), and while
         speculating nothing else re-measures it."""
-        if self.steps - self._seen[1] > self._refresh_interval:
+        if self.steps - self._times.last_seen(1) > self._refresh_interval:
             self._refresh_interval = min(2 * self._refresh_interval, self.refresh_every)
             return True
         return False

@@ -57,6 +57,8 @@ class CostModel:
     Attributes:
         target_ms: T_target(k) in milliseconds for k = 1..K rows (index k − 1).
         draft_ms: T_draft(1) in milliseconds (0 for a free drafter).
+        draft_batch_ms: T_draft(b) for b = 1..B rows (index b − 1), the draft
+            pass of a batch drafting for b requests at once; None if not measured.
         alpha: measured mean acceptance Σ min(p, q), or None if unknown.
         n_threads: threads the models ran with.
         cpu: the CPU model string.
@@ -68,6 +70,7 @@ class CostModel:
     target_ms: list[float]
     draft_ms: float
     alpha: Optional[float] = None
+    draft_batch_ms: Optional[list[float]] = None
     n_threads: int = 0
     cpu: str = ""
     target: Optional[ModelIdentity] = None
@@ -87,6 +90,11 @@ class CostModel:
             raise ValueError(f"alpha must be in [0, 1] or None, got {self.alpha}")
         self.target_ms = [float(x) for x in t]
         self.draft_ms = float(self.draft_ms)
+        if self.draft_batch_ms is not None:
+            d = np.asarray(self.draft_batch_ms, dtype=float)
+            if d.ndim != 1 or d.size == 0 or not np.all(np.isfinite(d)) or np.any(d <= 0):
+                raise ValueError(f"draft_batch_ms must be a non-empty list of positive times, got {d.tolist()}")
+            self.draft_batch_ms = [float(x) for x in d]
 
     # ------------------------------------------------------------ derived costs
     @property
@@ -181,6 +189,7 @@ class CostModel:
                 target_ms=list(data["target_ms"]),
                 draft_ms=float(data["draft_ms"]),
                 alpha=None if data.get("alpha") is None else float(data["alpha"]),
+                draft_batch_ms=None if data.get("draft_batch_ms") is None else list(data["draft_batch_ms"]),
                 n_threads=int(data.get("n_threads", 0)),
                 cpu=str(data.get("cpu", "")),
                 target=_identity(data.get("target")),

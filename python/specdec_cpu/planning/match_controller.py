@@ -32,7 +32,7 @@ import numpy as np
 from .controller import GammaController
 from .costmodel import CostModel
 
-__all__ = ["MatchLengthController"]
+__all__ = ["MatchAlphas", "MatchLengthController"]
 
 # Upper bounds of the match-length buckets (the last bucket is everything
 # longer): one per length where α changes fastest, then wider.
@@ -47,23 +47,24 @@ def _bucket(length: int, unanimous: bool = True) -> int:
     return bisect_left(_BUCKET_TOPS, max(int(length), 1)) + (0 if unanimous else _N_LENGTHS)
 
 
-class MatchLengthController(GammaController):
-    """Chooses γ for an n-gram draft from the current match length.
+class MatchAlphas:
+    """α per (match length, unanimous) bucket: the probability that the next
+    copied token is accepted, learnt with exponential forgetting.
+
+    Shared by whatever drafts by lookup: one :class:`MatchLengthController`
+    (one conversation), or the batch scheduler's requests together (the
+    acceptance of copied text depends on the model and the kind of text,
+    not on which request copies it).
 
     Args:
-        cost_model: as for :class:`GammaController`; its draft cost and α are
-            ignored (a lookup costs ~nothing, and α here is per length).
         memory: weight an observation keeps after each later one of its
             bucket (0.97: about the last 30 observations count).
         prior_weight: observations' worth of the prior in each bucket, so a
             bucket's first few observations already move it: α(L) = L / (L + 2),
             half that where the occurrences disagree.
-        **kwargs: the other :class:`GammaController` arguments (``gamma_max``,
-            ``time_ema``, ``min_speedup``, ``refresh_every``, ...).
     """
 
-    def __init__(self, cost_model: Optional[CostModel] = None, *, memory: float = 0.97,
-                 prior_weight: float = 2.0, **kwargs) -> None:
+    def __init__(self, *, memory: float = 0.97, prior_weight: float = 2.0) -> None:
         if not 0.0 < memory <= 1.0:
             raise ValueError(f"memory must be in (0, 1], got {memory}")
         if prior_weight <= 0:
@@ -73,6 +74,48 @@ class MatchLengthController(GammaController):
         self._prior = np.concatenate([mids / (mids + 2.0), 0.5 * mids / (mids + 2.0)])
         self._sum = np.zeros(2 * _N_LENGTHS)  # decayed Σ α per bucket
         self._n = np.zeros(2 * _N_LENGTHS)  # decayed count per bucket
+
+    def alpha_at(self, match_length: int, unanimous: bool = True) -> float:
+        """α̂: the estimated probability of accepting the next copied token."""
+        b = _bucket(match_length, unanimous)
+        w = self.prior_weight
+        return float((self._sum[b] + w * self._prior[b]) / (self._n[b] + w))
+
+    def row_alphas(self, length: int, unanimous: bool, n_rows: int) -> list[float]:
+        """α̂ of rows 0..n_rows−1 of a draft copied from a match of ``length``:
+        row j is verified after rows 0..j−1 were accepted, the match then
+        being length + j long (and unanimous once its first token is in)."""
+        return [self.alpha_at(length, unanimous)] + [self.alpha_at(length + j) for j in range(1, n_rows)]
+
+    def record_rows(self, length: int, unanimous: bool, rows: list[float]) -> None:
+        """Learn from the exact α of a drafted copy's verified rows."""
+        for j, a in enumerate(rows):
+            self._record(_bucket(length + j, unanimous or j > 0), min(max(a, 0.0), 1.0))
+
+    def record_prediction(self, length: int, unanimous: bool, hit: bool) -> None:
+        """Learn from a step that had a match but did not draft it: was the
+        token the match predicted the one emitted?  (Its mean is p(x) too.)"""
+        self._record(_bucket(length, unanimous), 1.0 if hit else 0.0)
+
+    def _record(self, b: int, a: float) -> None:
+        self._sum[b] = self.memory * self._sum[b] + a
+        self._n[b] = self.memory * self._n[b] + 1.0
+
+
+class MatchLengthController(GammaController):
+    """Chooses γ for an n-gram draft from the current match length.
+
+    Args:
+        cost_model: as for :class:`GammaController`; its draft cost and α are
+            ignored (a lookup costs ~nothing, and α here is per length).
+        memory, prior_weight: those of :class:`MatchAlphas`.
+        **kwargs: the other :class:`GammaController` arguments (``gamma_max``,
+            ``time_ema``, ``min_speedup``, ``refresh_every``, ...).
+    """
+
+    def __init__(self, cost_model: Optional[CostModel] = None, *, memory: float = 0.97,
+                 prior_weight: float = 2.0, **kwargs) -> None:
+        self.alphas = MatchAlphas(memory=memory, prior_weight=prior_weight)
         # (L, predicted token, unanimous) of the step being taken
         self._pending: Optional[tuple[int, Optional[int], bool]] = None
         self._length, self._unanimous = 0, True  # the last match asked about
@@ -98,15 +141,13 @@ class MatchLengthController(GammaController):
         predicted token the one emitted?"""
         if self._pending is not None and self._pending[1] is not None:
             length, predicted, unanimous = self._pending
-            self._record(_bucket(length, unanimous), 1.0 if int(first_token) == int(predicted) else 0.0)
+            self.alphas.record_prediction(length, unanimous, int(first_token) == int(predicted))
         self._pending = None
 
     # ------------------------------------------------------------ estimates
     def alpha_at(self, match_length: int, unanimous: bool = True) -> float:
         """α̂: the estimated probability of accepting the next copied token."""
-        b = _bucket(match_length, unanimous)
-        w = self.prior_weight
-        return float((self._sum[b] + w * self._prior[b]) / (self._n[b] + w))
+        return self.alphas.alpha_at(match_length, unanimous)
 
     def estimates(self) -> dict:
         est = super().estimates()
@@ -119,7 +160,7 @@ class MatchLengthController(GammaController):
 
     # ------------------------------------------------------------ internals
     def _row_alphas(self, length: int, unanimous: bool) -> list[float]:
-        return [self.alpha_at(length, unanimous)] + [self.alpha_at(length + j) for j in range(1, self.gamma_max)]
+        return self.alphas.row_alphas(length, unanimous, self.gamma_max)
 
     def _choose(self, alpha: Optional[float] = None) -> int:
         if alpha is not None:
@@ -133,10 +174,5 @@ class MatchLengthController(GammaController):
         super()._observe_alpha(rows)  # the overall α̂, for statistics
         if rows and self._pending is not None:
             length, _, unanimous = self._pending
-            for j, a in enumerate(rows):
-                self._record(_bucket(length + j, unanimous or j > 0), min(max(a, 0.0), 1.0))
+            self.alphas.record_rows(length, unanimous, rows)
             self._pending = None  # the drafted rows said more than the first token will
-
-    def _record(self, b: int, a: float) -> None:
-        self._sum[b] = self.memory * self._sum[b] + a
-        self._n[b] = self.memory * self._n[b] + 1.0

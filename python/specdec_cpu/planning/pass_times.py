@@ -1,0 +1,135 @@
+"""A model's pass time as a function of the rows in the pass, learnt online.
+
+Both planners need T(k), the time of one llama.cpp pass over k rows: the
+single-request controller for the target's verify curve v(k) = T(k) / T(1),
+the batch planner for the target over all requests' rows and for the draft
+over the requests drafting at one depth.  :class:`PassTimes` keeps one
+moving average per row count, seeded by a calibration when there is one,
+and answers for any k by interpolating between the counts it has seen.
+
+Two things make the estimates track a shared, noisy machine:
+
+- one wild reading (a page fault, another process) moves an estimate by at
+  most a bounded step;
+- a change of machine load moves every pass time together: when a count is
+  observed, the counts *not* observed lately are scaled by the same factor
+  (``follow drift``), so T(1) measured in a busy minute does not stay
+  inflated while only k > 1 passes run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+
+__all__ = ["PassTimes"]
+
+
+class PassTimes:
+    """T(k) in milliseconds for k = 1..``k_max``, learnt from observed passes.
+
+    Args:
+        k_max: the largest row count tracked; larger k are extrapolated.
+        seed_ms: T(k) for k = 1..len(seed_ms) from a calibration (or None).
+        prior_slope: before anything is measured, T(k) ∝ 1 + prior_slope·(k − 1)
+            (a cautious slope between memory-bound and compute-bound curves);
+            with one measured point the prior shape is scaled through it.
+        ema: weight of one observation in a count's moving average.
+        stale_after: observations of other counts after which a count is
+            "not observed lately" (its next reading weighs more, and it
+            follows the drift of the others).
+    """
+
+    def __init__(self, k_max: int, seed_ms: Optional[Sequence[float]] = None, *,
+                 prior_slope: float = 0.3, ema: float = 0.2, stale_after: int = 8) -> None:
+        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
+            raise ValueError(f"k_max must be an int >= 1, got {k_max!r}")
+        if not 0.0 < ema <= 1.0:
+            raise ValueError(f"ema must be in (0, 1], got {ema}")
+        if prior_slope < 0:
+            raise ValueError(f"prior_slope must be >= 0, got {prior_slope}")
+        self.k_max, self.ema, self.prior_slope, self.stale_after = k_max, ema, prior_slope, stale_after
+        self._t = np.full(k_max + 1, np.nan)  # index k (0 unused)
+        self._seen = np.zeros(k_max + 1, dtype=np.int64)  # observation number of each count's last reading
+        self.observations = 0
+        if seed_ms is not None:
+            seed = [float(x) for x in seed_ms][:k_max]
+            self._t[1:len(seed) + 1] = seed
+
+    @property
+    def measured(self) -> bool:
+        """Whether any count has a time (measured or seeded)."""
+        return bool(np.any(np.isfinite(self._t[1:])))
+
+    def last_seen(self, k: int) -> int:
+        """Observation number of the last reading of count ``k`` (0: never)."""
+        return int(self._seen[k])
+
+    def observe(self, k: int, ms: float) -> None:
+        """Record one pass over ``k`` rows that took ``ms`` milliseconds."""
+        self.observations += 1
+        if not (math.isfinite(ms) and ms > 0) or k < 1:
+            return
+        if k > self.k_max:
+            return  # beyond the tracked range: extrapolated, not stored
+        before = self._t[k]
+        stale = self.observations - self._seen[k] > self.stale_after
+        self._t[k] = self._blend(before, ms, max(self.ema, 0.6) if stale else self.ema)
+        self._seen[k] = self.observations
+        if math.isfinite(before):
+            self._follow_drift(k, self._t[k] / before)
+
+    def curve(self) -> np.ndarray:
+        """T(k) for k = 0..k_max (index 0 unused; prior units before any time).
+
+        Unmeasured counts are interpolated between measured ones and
+        continued linearly beyond them (least-squares slope, never negative).
+        """
+        k = np.arange(self.k_max + 1, dtype=float)
+        prior = 1.0 + self.prior_slope * (k - 1.0)
+        known = np.isfinite(self._t)
+        known[0] = False
+        if not known.any():
+            return prior
+        kk, tt = k[known], self._t[known]
+        if kk.size == 1:
+            return tt[0] * prior / prior[int(kk[0])]
+        t = np.interp(k, kk, tt)
+        dk = kk - kk.mean()
+        slope = max(float(dk @ (tt - tt.mean()) / (dk @ dk)), 0.0)
+        right = k > kk[-1]
+        t[right] = tt[-1] + slope * (k[right] - kk[-1])
+        left = k < kk[0]
+        t[left] = np.maximum(tt[0] - slope * (kk[0] - k[left]), 0.05 * tt[0])
+        return t
+
+    def time(self, k: int) -> float:
+        """T(k) for any k >= 1 (linear beyond ``k_max``)."""
+        c = self.curve()
+        if k <= self.k_max:
+            return float(c[k])
+        slope = max(float(c[-1] - c[-2]), 0.0) if self.k_max >= 2 else 0.0
+        return float(c[-1] + slope * (k - self.k_max))
+
+    # ------------------------------------------------------------ internals
+    def _blend(self, old: float, new: float, weight: float) -> float:
+        if not math.isfinite(old):
+            return new
+        # A single wild reading moves the estimate by at most ~3× the weight.
+        new = min(new, 3.0 * old)
+        return old + weight * (new - old)
+
+    def _follow_drift(self, k: int, factor: float) -> None:
+        """Scale the counts not observed lately by the change just seen at k.
+
+        A plain loop over the entries: it runs every step, and numpy's masked
+        updates cost more than the rest of a controller's step for a dozen
+        entries.
+        """
+        horizon = self.observations - self.stale_after
+        t, seen = self._t, self._seen
+        for j in range(1, t.shape[0]):
+            if j != k and seen[j] < horizon and math.isfinite(t[j]):
+                t[j] *= factor

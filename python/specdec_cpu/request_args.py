@@ -1,0 +1,109 @@
+"""Checks of one generation request's arguments, shared by every decoder.
+
+Each check names the argument and the expected value, and runs in the
+caller's thread before anything is queued or decoded, so a bad request never
+reaches a model (and never disturbs other requests of a batch).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence, Union
+
+import numpy as np
+
+from .errors import ContextOverflowError, InvalidPromptError
+from .model import Tokenizer
+from .params import SamplingParams
+
+__all__ = ["GAMMA_LIMIT", "Prompt", "check_gamma", "check_request", "prompt_tokens"]
+
+GAMMA_LIMIT = 64
+Prompt = Union[str, bytes, Sequence[int]]
+
+
+def check_gamma(gamma: object) -> None:
+    """``"auto"`` or an int in [0, GAMMA_LIMIT]."""
+    if gamma == "auto":
+        return
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or not 0 <= gamma <= GAMMA_LIMIT:
+        raise ValueError(f"gamma must be 'auto' or an int in [0, {GAMMA_LIMIT}], got {gamma!r}")
+
+
+def check_request(*, max_tokens: object, params: object, gamma: object, has_drafter: bool,
+                  cancel: object, timeout: object) -> None:
+    """Raise ``TypeError``/``ValueError`` naming the first bad argument."""
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+    check_gamma(gamma)
+    if not has_drafter and gamma not in (0, "auto"):
+        raise ValueError(f"gamma={gamma} needs a drafter: this decoder has none")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
+        if not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if cancel is not None and not callable(getattr(cancel, "is_set", None)):
+        raise TypeError(f"cancel must be a threading.Event (anything with is_set()) or None, got {cancel!r}")
+
+
+def prompt_tokens(prompt: Any, tokenizer: Tokenizer, n_vocab: int, limit: int) -> list[int]:
+    """The prompt as token ids: text and UTF-8 bytes are tokenized (with BOS
+    when the model wants it, special tokens parsed), ids are checked.
+
+    Raises ``InvalidPromptError`` (empty, not UTF-8 / Unicode, an id outside
+    the vocabulary), ``TypeError`` (not a prompt at all) or
+    ``ContextOverflowError`` (longer than ``limit`` tokens).
+    """
+    if isinstance(prompt, (bytes, bytearray, memoryview)):
+        prompt = _utf8_text(bytes(prompt))
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidPromptError("prompt is empty")
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidPromptError(
+                f"prompt is not valid Unicode: {exc.reason} at index {exc.start} "
+                f"({prompt[exc.start:exc.end]!r}); lone surrogates cannot be encoded as UTF-8") from None
+        tokens = tokenizer.tokenize(prompt, add_special=True, parse_special=True)
+    else:
+        tokens = _token_ids(prompt, n_vocab)
+    if not tokens:
+        raise InvalidPromptError("prompt is empty")
+    if len(tokens) > limit:
+        raise ContextOverflowError(
+            f"prompt is {len(tokens)} tokens but the context holds {limit}; "
+            "shorten the prompt or raise n_ctx")
+    return tokens
+
+
+def _utf8_text(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidPromptError(
+            f"prompt is not valid UTF-8: {exc.reason} at byte {exc.start} "
+            f"({data[exc.start:exc.end]!r})") from None
+
+
+def _token_ids(prompt: object, n_vocab: int) -> list[int]:
+    """A prompt of token ids as a list of ints, each checked."""
+    if isinstance(prompt, np.ndarray) and prompt.ndim == 1 and prompt.dtype.kind in "iu":
+        tokens = prompt.tolist()
+    else:
+        try:
+            tokens = list(prompt)  # type: ignore[call-overload]
+        except TypeError:
+            raise TypeError("prompt must be a str, UTF-8 bytes or a sequence of int token ids, "
+                            f"got {type(prompt).__name__}") from None
+        for i, t in enumerate(tokens):
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+                raise TypeError(f"prompt[{i}] must be an int token id, got {t!r}")
+        tokens = [int(t) for t in tokens]
+    for i, t in enumerate(tokens):
+        if not 0 <= t < n_vocab:
+            raise InvalidPromptError(f"prompt token id {t} (prompt[{i}]) is outside the vocabulary [0, {n_vocab})")
+    return tokens
+

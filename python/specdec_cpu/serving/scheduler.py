@@ -1,0 +1,538 @@
+"""The batched decoder's scheduler: one thread running steps over all requests.
+
+One step (docs/serving.md §3):
+
+1. end requests that were cancelled, timed out or closed; admit waiting
+   requests into free slots (prompt-prefix reuse, see slots.py);
+2. choose every decoding request's draft route and γ (planning/batch_planner.py);
+3. draft: one draft-model pass per depth for all requests drafting that deep
+   (prompt chunks of new requests ride in the first); n-gram drafts are free;
+4. ONE target pass: every decoding request's last token and γ drafts, and
+   prompt chunks of requests still being prefilled, within the per-step
+   prompt budget so a long prompt never stalls the others for long;
+5. per request: the exact verify with its own parameters and random
+   streams, its own KV roll-back, its text delivered as it comes.
+
+One request's failure (NaN logits, a cancel) ends that request only.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from .. import sampling
+from ..drafters import NgramDrafter
+from ..drafters.unwrap import unwrapped_reference
+from ..engine.multi_context import LlamaMultiContext, Rows
+from ..errors import InvalidLogitsError, QueueFullError, SpecDecError
+from ..model import Tokenizer
+from ..planning.batch_planner import AlphaTracker, BatchPlanner, DraftOption, PlanRequest
+from ..planning.match_controller import MatchAlphas
+from .metrics import ServingMetrics
+from .request import Request
+from .slots import SlotTable
+
+__all__ = ["DecoderClosedError", "Scheduler"]
+
+log = logging.getLogger("specdec_cpu.serving")
+
+#: A draft cache lagging further than this catches up in prompt-sized chunks
+#: (without drafting) before the request may draft with the model again.
+CATCH_UP_LIMIT = 64
+MODEL, NGRAM = "model", "ngram"
+
+
+class DecoderClosedError(SpecDecError):
+    """The decoder was closed while the request was queued or running.
+
+    ``partial`` is the Generation produced before the close (possibly empty).
+    """
+
+    def __init__(self, message: str, partial: Optional[object] = None) -> None:
+        super().__init__(message)
+        self.partial = partial
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.partial))
+
+
+@dataclass
+class _Work:
+    """What one decoding request does in the current step."""
+
+    req: Request
+    route: Optional[str] = None
+    gamma: int = 0
+    tokens: Optional[np.ndarray] = None  # the draft
+    probs: Optional[np.ndarray] = None  # its q rows (model route)
+    match: Optional[object] = None  # the n-gram match offered this step
+    probe: bool = False
+    draft_seconds: float = 0.0
+
+
+class Scheduler:
+    """Runs the steps of a :class:`~specdec_cpu.serving.BatchedDecoder`.
+
+    Requests enter with :meth:`submit` (any thread); the scheduler thread
+    owns the contexts, the slots and every request's state from then on.
+    """
+
+    def __init__(self, *, target: LlamaMultiContext, draft: Optional[LlamaMultiContext], tokenizer: Tokenizer,
+                 planner: BatchPlanner, metrics: ServingMetrics, max_queue: int, prefill_chunk: int,
+                 gamma_max: int, ngram_kwargs: Optional[dict], alpha_prior: float = 0.7,
+                 probe_every: int = 32, probe_max: int = 256) -> None:
+        self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        self.planner, self.metrics = planner, metrics
+        self.max_queue, self.prefill_chunk, self.gamma_max = max_queue, prefill_chunk, gamma_max
+        self.ngram_kwargs = ngram_kwargs
+        self.match_alphas = MatchAlphas() if ngram_kwargs is not None else None
+        self.pair_alpha = AlphaTracker(first=alpha_prior, rest=alpha_prior, ema=0.05)
+        self.probe_every, self.probe_max = probe_every, probe_max
+        self.slots = SlotTable(target, draft)
+        self.shared_vocab = min(draft.n_vocab, target.n_vocab) if draft is not None else 0
+        self._cond = threading.Condition()
+        self._waiting: "collections.deque[Request]" = collections.deque()
+        self._active: list[Request] = []
+        self._closed = False  # no more submissions
+        self._abort = False  # end everything in flight now
+        self._thread = threading.Thread(target=self._loop, name="specdec-scheduler", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ any thread
+    def submit(self, req: Request) -> None:
+        """Queue a request (FIFO); ``QueueFullError`` when ``max_queue`` wait already."""
+        with self._cond:
+            if self._closed:
+                raise ValueError("BatchedDecoder is closed")
+            if len(self._waiting) - self.slots.n_free >= self.max_queue:
+                self.metrics.count_request("rejected")
+                raise QueueFullError(
+                    f"{len(self._waiting)} requests are already waiting (max_queue={self.max_queue}); "
+                    "retry later", waiting=len(self._waiting))
+            self._waiting.append(req)
+            self.metrics.queue_depth = len(self._waiting)
+            self._cond.notify()
+
+    def close(self, *, drain: bool, timeout: Optional[float]) -> None:
+        """Stop taking requests; with ``drain`` let those in flight finish
+        (up to ``timeout`` seconds), then end whatever is left and stop."""
+        with self._cond:
+            self._closed = True
+            if not drain:
+                self._abort = True
+            self._cond.notify()
+        if drain:
+            self._thread.join(timeout)
+            with self._cond:
+                self._abort = True
+                self._cond.notify()
+        self._thread.join()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # ------------------------------------------------------------ the loop
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if self._abort:
+                        break
+                    if not self._active and not self._waiting:
+                        if self._closed:
+                            break
+                        self._cond.wait()
+                        continue
+                self._step()
+        except BaseException as exc:  # a bug or a dead model: nobody may hang on us
+            log.exception("batched decoder scheduler failed")
+            self._fail_all(SpecDecError(f"the batched decoder's scheduler failed: {exc!r}"))
+            with self._cond:
+                self._closed = True
+            return
+        self._fail_all(None)
+
+    def _fail_all(self, error: Optional[BaseException]) -> None:
+        with self._cond:
+            pending = list(self._waiting) + list(self._active)
+            self._waiting.clear()
+        for req in pending:
+            err = error or DecoderClosedError(
+                f"the decoder was closed while request {req.id} was "
+                f"{'running' if req.slot is not None else 'waiting'}", partial=None)
+            self._end(req, "cancelled", err)
+            if isinstance(err, DecoderClosedError):
+                err.partial = req.result
+        self._active.clear()
+        self._publish_gauges()
+
+    # ------------------------------------------------------------ one step
+    def _step(self) -> None:
+        t_step = time.perf_counter()
+        self._stop_requests(t_step)
+        self._admit()
+        if not self._active:
+            return
+        decoding = [r for r in self._active if r.prefilled]
+        target_parts, draft_parts = self._prefill_parts(has_decoders=bool(decoding))
+        work = self._plan(decoding, target_parts, draft_parts)
+        self._draft(work, draft_parts)
+        emitted = self._target_and_verify(work, target_parts)
+        self._finish_step(t_step, emitted)
+
+    def _stop_requests(self, now: float) -> None:
+        for req in list(self._active):
+            reason = req.stop_reason(now)
+            if reason is not None:
+                self._end(req, reason)
+        with self._cond:
+            for req in list(self._waiting):
+                reason = req.stop_reason(now)
+                if reason is not None:
+                    self._waiting.remove(req)
+                    self._end(req, reason)
+
+    def _admit(self) -> None:
+        while self.slots.n_free:
+            with self._cond:
+                if not self._waiting:
+                    break
+                req = self._waiting.popleft()
+            claim = self.slots.claim(req.prompt)
+            req.slot = claim.slot
+            req.admitted = time.perf_counter()
+            req.stats.queue_seconds = req.admitted - req.submitted
+            req.stats.prompt_cached = claim.target_cached
+            with self.metrics.lock():
+                self.metrics.prompt_tokens += len(req.prompt)
+                self.metrics.prompt_tokens_cached += claim.target_cached
+                self.metrics.prefix_cache_hits += claim.target_cached > 0
+            req.alpha = AlphaTracker(first=self.pair_alpha.first, rest=self.pair_alpha.rest)
+            req.probe_interval = self.probe_every
+            if self.ngram_kwargs is not None and req.gamma != 0:
+                req.ngram = NgramDrafter(**self.ngram_kwargs)
+            self._active.append(req)
+            self._check_prefilled(req)
+        self._publish_gauges()
+
+    def _uses_draft_model(self, req: Request) -> bool:
+        return self.draft is not None and req.gamma != 0
+
+    def _prefill_parts(self, has_decoders: bool) -> tuple[list[Rows], list[Rows]]:
+        """Prompt chunks of the requests still being prefilled, and draft
+        catch-up chunks, within this step's prompt budget (small while other
+        requests are decoding, so their next tokens are not held up)."""
+        budget = self.prefill_chunk if has_decoders else self.target.n_batch
+        budget = min(budget, self.target.n_batch - len(self._active))
+        d_budget = min(budget, self.draft.n_batch - len(self._active)) if self.draft is not None else 0
+        target_parts: list[Rows] = []
+        draft_parts: list[Rows] = []
+        for req in self._active:
+            end = len(req.seq) - 1  # what the caches must hold before the request decodes
+            if not req.prefilled and budget > 0:
+                have = self.target.n_past(req.slot)
+                n = min(end - have, budget)
+                if n > 0:
+                    target_parts.append(Rows(req.slot, req.seq[have:have + n]))
+                    budget -= n
+            if self._uses_draft_model(req) and d_budget > 0:
+                have = self.draft.n_past(req.slot)
+                lag = end - have
+                if lag > 0 and (not req.prefilled or lag > CATCH_UP_LIMIT):
+                    n = min(lag, d_budget)
+                    draft_parts.append(Rows(req.slot, req.seq[have:have + n]))
+                    d_budget -= n
+        return target_parts, draft_parts
+
+    # ------------------------------------------------------------ planning
+    def _plan(self, decoding: list[Request], target_parts: list[Rows], draft_parts: list[Rows]) -> list[_Work]:
+        work = [_Work(r) for r in decoding]
+        plans = []
+        caught_up = {p.seq for p in draft_parts}
+        for w in work:
+            plans.append(self._options(w, caught_up))
+        fixed_rows = sum(len(p.tokens) for p in target_parts)
+        fixed_draft = sum(len(p.tokens) for p in draft_parts)
+        for w, (route, g) in zip(work, self.planner.plan(plans, fixed_rows, fixed_draft)):
+            w.route, w.gamma = route, g
+        return work
+
+    def _options(self, w: _Work, catching_up: set) -> PlanRequest:
+        req = w.req
+        room = self.target.n_ctx - len(req.seq)
+        cap = max(0, min(req.max_tokens - req.stats.tokens - 1, room))
+        if req.gamma == 0 or cap == 0:
+            return PlanRequest()
+        options = []
+        if req.ngram is not None:
+            m = req.ngram.match(req.seq)
+            if m is not None:
+                w.match = m
+                n = min(cap, req.ngram.max_draft)
+                options.append(DraftOption(NGRAM, self.match_alphas.row_alphas(m.length, m.unanimous, n),
+                                           costly=False, catch_up=0))
+        if self.draft is not None and req.slot not in catching_up:
+            lag = len(req.seq) - self.draft.n_past(req.slot)
+            if lag <= CATCH_UP_LIMIT:
+                n = min(cap, self.gamma_max)
+                options.append(DraftOption(MODEL, req.alpha.row_alphas(n), costly=True, catch_up=lag))
+        if not options:
+            return PlanRequest()
+        if isinstance(req.gamma, int):
+            return PlanRequest(options=options, fixed=req.gamma)
+        model = [o for o in options if o.route == MODEL]
+        if model and req.plain_run >= req.probe_interval:
+            w.probe = True  # α̂ may be stale after a plain stretch: measure it again
+            return PlanRequest(options=model, fixed=min(2, len(model[0].row_alphas)))
+        return PlanRequest(options=options)
+
+    # ------------------------------------------------------------ drafting
+    def _draft(self, work: list[_Work], prefill: list[Rows]) -> None:
+        """Draft for every request of ``work`` (n-gram lookups, then one
+        draft-model pass per depth) and run the draft's prompt chunks."""
+        for w in work:
+            if w.route == NGRAM and w.gamma > 0:
+                d = w.req.ngram.propose(w.req.seq, w.gamma, w.req.params, w.req.rng_draft)
+                w.gamma = min(w.gamma, len(d))
+                w.tokens, w.probs = d.tokens[:w.gamma], None
+                if w.gamma == 0:
+                    w.route = None
+        drafting = [w for w in work if w.route == MODEL and w.gamma > 0]
+        if self.draft is None or (not drafting and not prefill):
+            return
+        for w in drafting:
+            w.tokens = np.zeros(w.gamma, dtype=np.int32)
+            w.probs = w.req.q_rows(w.gamma)
+        depth = 0
+        while True:
+            live = [w for w in drafting if w.gamma > depth and not w.req.finished]
+            parts = list(prefill) if depth == 0 else []
+            for w in live:
+                seq = w.req.seq
+                toks = seq[self.draft.n_past(w.req.slot):] if depth == 0 else [int(w.tokens[depth - 1])]
+                parts.append(Rows(w.req.slot, toks, 1))
+            if not parts:
+                break
+            t0 = time.perf_counter()
+            try:
+                rows = self.draft.decode(parts)
+            except SpecDecError as exc:  # the draft failed: these requests take a plain step
+                log.warning("draft pass failed (%s); %d requests step without a draft", exc, len(live))
+                for w in live:
+                    w.route, w.gamma, w.tokens, w.probs = None, 0, None, None
+                break
+            dt = time.perf_counter() - t0
+            self.planner.observe_draft(sum(len(p.tokens) for p in parts), dt)
+            with self.metrics.lock():
+                self.metrics.draft_passes += 1
+                self.metrics.draft_rows += sum(len(p.tokens) for p in parts)
+                self.metrics.draft_seconds += dt
+            for w, r in zip(live, rows[len(parts) - len(live):]):
+                w.draft_seconds += dt
+                req = w.req
+                try:
+                    logits = r.view()[0, :self.shared_vocab]
+                    w.tokens[depth] = sampling.sample_into(logits, req.params, req.rng_draft, w.probs[depth])
+                except InvalidLogitsError as exc:
+                    self._end(req, None, InvalidLogitsError(
+                        f"the draft model produced invalid logits for request {req.id} drafting from "
+                        f"position {len(req.seq)}: {exc}"))
+                except Exception as exc:  # a fault of this request's draft: it alone fails
+                    log.exception("drafting for request %d failed", req.id)
+                    self._end(req, None, SpecDecError(f"request {req.id} failed while drafting: {exc}"))
+            depth += 1
+            if not live:
+                break
+        for w in drafting:
+            if w.req.finished:
+                w.route, w.gamma = None, 0
+
+    # ------------------------------------------------------------ the target pass
+    def _target_and_verify(self, work: list[_Work], prefill: list[Rows]) -> int:
+        """One target pass over every request's rows, then each request's
+        verify, roll-back and delivery.  Returns the tokens emitted."""
+        work = [w for w in work if not w.req.finished]
+        parts = list(prefill)
+        for w in work:
+            toks = [w.req.seq[-1]] + (w.tokens[:w.gamma].tolist() if w.gamma else [])
+            parts.append(Rows(w.req.slot, toks, w.gamma + 1))
+        if not parts:
+            return 0
+        n_rows = sum(len(p.tokens) for p in parts)
+        t0 = time.perf_counter()
+        try:
+            rows = self.target.decode(parts)
+        except SpecDecError as exc:  # nothing changed in the caches; these requests fail
+            log.error("target pass over %d rows failed: %s", n_rows, exc)
+            for p in parts:
+                req = self._request_in(p.seq)
+                if req is not None:
+                    self._end(req, None, exc)
+            return 0
+        dt = time.perf_counter() - t0
+        self.planner.observe_target(n_rows, dt)
+        with self.metrics.lock():
+            self.metrics.target_passes += 1
+            self.metrics.target_rows += n_rows
+            self.metrics.target_seconds += dt
+        for req in self._active:
+            if not req.prefilled:
+                self._check_prefilled(req)
+        emitted = 0
+        for w, r in zip(work, rows[len(prefill):]):
+            emitted += self._verify(w, r, dt)
+        return emitted
+
+    def _verify(self, w: _Work, rows, target_seconds: float) -> int:
+        req = w.req
+        stats = req.stats
+        n_old = len(req.seq)
+        t0 = time.perf_counter()
+        try:
+            if w.gamma == 0:
+                new = [sampling.sample(rows.view()[0], req.params, req.rng_verify)]
+                n_acc, alphas = 0, ()
+            else:
+                res = sampling.verify_pointer(rows.address, w.gamma + 1, rows.n_vocab, w.tokens[:w.gamma],
+                                              None if w.probs is None else w.probs[:w.gamma],
+                                              req.params, req.rng_verify)
+                n_acc, alphas = res.n_accepted, res.alphas
+                new = w.tokens[:n_acc].tolist() + [res.token]
+        except InvalidLogitsError as exc:
+            self._end(req, None, InvalidLogitsError(
+                f"the target model produced invalid logits for request {req.id} at positions {n_old - 1} on "
+                f"(row r predicts position {n_old} + r): {exc}"))
+            return 0
+        except Exception as exc:  # a fault of this request's step: it alone fails
+            log.exception("verify of request %d failed", req.id)
+            self._end(req, None, SpecDecError(f"request {req.id} failed in its verify step: {exc}"))
+            return 0
+        t_sample = time.perf_counter() - t0
+        # Every cache keeps only a prefix of the sequence: rejected drafts go,
+        # and so do draft tokens of a step whose draft was abandoned.
+        self.target.truncate(req.slot, n_old + n_acc)
+        if self.draft is not None:
+            self.draft.truncate(req.slot, min(self.draft.n_past(req.slot), n_old + n_acc))
+        if req.ngram is not None:
+            req.ngram.rollback(n_old + n_acc)
+        self._learn(w, alphas, n_acc, new[0])
+        stats.steps += 1
+        stats.gammas.append(w.gamma)
+        stats.target_seconds += target_seconds
+        stats.draft_seconds += w.draft_seconds
+        stats.sampling_seconds += t_sample
+        if w.gamma:
+            stats.drafted += w.gamma
+            stats.accepted += n_acc
+            stats.alpha_sum += float(sum(alphas))
+            stats.alpha_rows += len(alphas)
+            stats.record_drafter(w.route, w.gamma, n_acc)
+        with self.metrics.lock():
+            self.metrics.sampling_seconds += t_sample
+            if w.gamma:
+                self.metrics.drafted += w.gamma
+                self.metrics.accepted += n_acc
+                self.metrics.alpha_sum += float(sum(alphas))
+                self.metrics.alpha_rows += len(alphas)
+        return self._emit(req, new)
+
+    def _learn(self, w: _Work, alphas, n_acc: int, first: int) -> None:
+        """Feed the step's outcome to the acceptance estimates."""
+        req = w.req
+        rows = [float(a) for a in alphas]
+        if w.route == MODEL:
+            if w.probe:  # did the probe find the draft better than α̂ said?
+                paid = bool(rows) and float(np.mean(rows)) >= req.alpha.first - 0.05
+                req.probe_interval = self.probe_every if paid else min(2 * req.probe_interval, self.probe_max)
+            req.alpha.observe(rows)
+            self.pair_alpha.observe(rows)
+            req.plain_run = 0
+        elif self.draft is not None and req.gamma != 0:
+            req.plain_run += 1  # the model's α̂ of this request ages
+            req.alpha.stale += 1
+        if w.route == NGRAM:
+            m = w.match
+            self.match_alphas.record_rows(m.length, m.unanimous, rows)
+        elif w.match is not None:
+            m = w.match  # the lookup predicted a token it did not draft: was it right?
+            self.match_alphas.record_prediction(m.length, m.unanimous, int(first) == int(m.token))
+
+    def _emit(self, req: Request, new: list[int]) -> int:
+        stats = req.stats
+        n = 0
+        for tok in new:
+            if self.tokenizer.is_eog(tok):
+                stats.finish_reason = "stop"
+                break
+            req.seq.append(tok)
+            req.out.append(tok)
+            stats.tokens += 1
+            n += 1
+            req.deliver(req.text.feed(self.tokenizer.token_bytes(tok)))
+            if req.text.stopped:
+                stats.finish_reason = "stop"
+                break
+            if stats.tokens >= req.max_tokens:
+                stats.finish_reason = "length"
+                break
+        if stats.finish_reason is None and len(req.seq) > self.target.n_ctx:
+            stats.finish_reason = "context"
+        if stats.finish_reason is not None:
+            self._end(req, stats.finish_reason)
+        return n
+
+    # ------------------------------------------------------------ bookkeeping
+    def _check_prefilled(self, req: Request) -> None:
+        """Start decoding once the target holds all of the prompt but its last token."""
+        if req.prefilled or self.target.n_past(req.slot) < len(req.seq) - 1:
+            return
+        req.prefilled = True
+        req.stats.prompt_seconds = time.perf_counter() - req.admitted
+        if req.ngram is not None:
+            if req.ngram.unwrap_lines:
+                req.ngram.set_reference(unwrapped_reference(req.seq, self.tokenizer))
+            req.ngram.begin(req.seq)
+
+    def _request_in(self, slot: int) -> Optional[Request]:
+        for req in self._active:
+            if req.slot == slot:
+                return req
+        return None
+
+    def _end(self, req: Request, reason: Optional[str], error: Optional[BaseException] = None) -> None:
+        """End a request: free its slot at once, count it, wake its caller."""
+        if req.finished:
+            return
+        if req in self._active:
+            self._active.remove(req)
+        if req.slot is not None:
+            if isinstance(error, InvalidLogitsError):  # its cells may hold NaN: reuse none of them
+                self.target.clear(req.slot)
+                if self.draft is not None:
+                    self.draft.clear(req.slot)
+            self.slots.release(req.slot)
+        req.finish(reason, error)
+        self.metrics.count_request("error" if error is not None and not isinstance(error, DecoderClosedError)
+                                   else req.stats.finish_reason or "cancelled")
+
+    def _finish_step(self, t_step: float, emitted: int) -> None:
+        dt = time.perf_counter() - t_step
+        with self.metrics.lock():
+            self.metrics.steps += 1
+            self.metrics.step_seconds += dt
+            self.metrics.tokens_generated += emitted
+            self.metrics.record_rate(emitted, dt)
+        self._publish_gauges()
+
+    def _publish_gauges(self) -> None:
+        with self.metrics.lock():
+            self.metrics.queue_depth = len(self._waiting)
+            self.metrics.active_sequences = len(self._active)

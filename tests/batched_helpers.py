@@ -1,0 +1,39 @@
+"""Helpers shared by the BatchedDecoder tests."""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from specdec_cpu import BatchedDecoder
+from specdec_cpu.engine import LlamaContext
+
+
+def wait_idle(dec: BatchedDecoder, timeout: float = 30.0) -> None:
+    """Wait until no request is active or queued (a slot is freed at the end
+    of the step that ended its request, which may be after the caller woke)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        m = dec.metrics()
+        if m.active_sequences == 0 and m.queue_depth == 0:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"decoder not idle after {timeout} s: {dec.metrics()}")
+
+
+def assert_greedy_equal(got: Sequence[int], want: Sequence[int], prompt: Sequence[int], ctx: LlamaContext,
+                        *, gap: float = 5e-3, what: str = "") -> None:
+    """``got == want``, except that they may part at a near-tie: batched
+    logits differ from one-sequence logits by ~1e-3, which can flip an
+    argmax whose top two logits are closer than that (checked on ``ctx``,
+    a one-sequence context of the target)."""
+    got, want = list(got), list(want)
+    if got == want:
+        return
+    i = next(i for i, (a, b) in enumerate(zip(got + [-1], want + [-1])) if a != b)
+    ctx.truncate(0)
+    row = np.sort(np.asarray(ctx.eval(list(prompt) + want[:i], 1)[0], dtype=np.float64))
+    ctx.truncate(0)
+    assert row[-1] - row[-2] < gap, f"{what} diverged at token {i} with a top-2 logit gap of {row[-1] - row[-2]}"

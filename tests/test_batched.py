@@ -1,0 +1,252 @@
+"""BatchedDecoder: many requests in one llama.cpp pass per step (tiny GGUF models).
+
+Exactness under batching is in test_batched_exactness.py, churn and
+resource use in test_batched_churn.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from specdec_cpu import (
+    BatchedDecoder,
+    ContextOverflowError,
+    DecoderClosedError,
+    GenerationCancelled,
+    InvalidLogitsError,
+    InvalidPromptError,
+    QueueFullError,
+    SamplingParams,
+    SpeculativeDecoder,
+)
+from batched_helpers import assert_greedy_equal, wait_idle
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPTS = ["the quick brown fox", "hello world", "def return print", "and the", "it is of",
+           "with that for", "in the world", "hello and"]
+
+
+@pytest.fixture(scope="module")
+def batched(tiny_target, tiny_draft):
+    with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=4, n_ctx=256, n_threads=1,
+                                  seed=5, max_queue=64) as dec:
+        yield dec
+
+
+def test_greedy_requests_in_flight_equal_single_stream_runs(batched, tiny_target, tiny_draft) -> None:
+    single = SpeculativeDecoder.from_gguf(tiny_target, tiny_draft, gamma=3, n_ctx=256, n_threads=1)
+    want = {p: single.generate(p, max_tokens=40, params=GREEDY).tokens for p in PROMPTS}
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        got = dict(zip(PROMPTS, pool.map(
+            lambda p: batched.generate(p, max_tokens=40, params=GREEDY).tokens, PROMPTS)))
+    for p in PROMPTS:
+        assert_greedy_equal(got[p], want[p], single.tokenizer.tokenize(p), single.target, what=repr(p))
+    m = batched.metrics()
+    assert m.target_passes < m.tokens_generated, "requests did not share target passes"
+
+
+def test_api_mirrors_the_single_stream_decoder(batched) -> None:
+    seeded = SamplingParams(temperature=0.9, seed=11)
+    gen = batched.generate("hello world", max_tokens=12, params=seeded, gamma=2)
+    assert gen.finish_reason in ("length", "stop") and len(gen.tokens) <= 12
+    assert gen.stats.tokens == len(gen.tokens) and gen.stats.steps >= 1
+    assert gen.stats.total_seconds > 0 and gen.stats.queue_seconds >= 0
+    # A request's own seed reproduces it at a fixed γ (alone, same cached prefix).
+    again = batched.generate("hello world", max_tokens=12, params=seeded, gamma=2)
+    assert again.tokens == gen.tokens
+
+    stream = batched.stream("hello world", max_tokens=12, params=seeded, gamma=2)
+    pieces = list(stream)
+    assert "".join(pieces) == stream.result.text == gen.text
+
+    reply = batched.chat([{"role": "user", "content": "hi"}], max_tokens=5, params=GREEDY)
+    assert len(reply.tokens) <= 5
+    pieces = list(batched.chat_stream([{"role": "user", "content": "hi"}], max_tokens=5, params=GREEDY))
+    assert "".join(pieces) == reply.text
+
+
+def test_stop_strings_and_max_tokens(batched) -> None:
+    gen = batched.generate("hello world", max_tokens=60, params=GREEDY)
+    assert gen.finish_reason == "length" and len(gen.tokens) == 60 or gen.finish_reason == "stop"
+    text = gen.text
+    if len(text) > 4:
+        stop = text[2:4]
+        cut = batched.generate("hello world", max_tokens=60, params=GREEDY, stop=[stop])
+        assert cut.finish_reason == "stop" and cut.text == text[:text.index(stop)]
+
+
+def test_bad_requests_are_refused_before_they_run(batched) -> None:
+    before = batched.metrics()
+    with pytest.raises(InvalidPromptError, match="empty"):
+        batched.generate("", max_tokens=4)
+    with pytest.raises(InvalidPromptError, match="outside the vocabulary"):
+        batched.generate([1, 2, 10**6], max_tokens=4)
+    with pytest.raises(ContextOverflowError, match="context holds 256"):
+        batched.generate([5] * 300, max_tokens=4)
+    with pytest.raises(ValueError, match="max_tokens"):
+        batched.generate("hi", max_tokens=0)
+    with pytest.raises(TypeError, match="params"):
+        batched.generate("hi", params={"temperature": 1})
+    with pytest.raises(ValueError, match="gamma"):
+        batched.generate("hi", gamma=-1)
+    with pytest.raises(ValueError, match="timeout"):
+        batched.generate("hi", timeout=0)
+    after = batched.metrics()
+    assert after.requests == before.requests and after.active_sequences == 0
+    assert batched.generate("hi", max_tokens=3, params=GREEDY).tokens  # still serving
+
+
+def test_one_requests_nan_logits_do_not_disturb_the_others(tiny_target, tiny_nan_target, tiny_draft) -> None:
+    clean = SpeculativeDecoder.from_gguf(tiny_target, tiny_draft, gamma=0, n_ctx=256, n_threads=1)
+    prompts = [p for p in PROMPTS if 300 not in clean.generate(p, max_tokens=24, params=GREEDY).tokens][:4]
+    want = {p: clean.generate(p, max_tokens=24, params=GREEDY).tokens for p in prompts}
+    poisoned = clean.tokenizer.tokenize("hello") + [300, 5]
+    with BatchedDecoder.from_gguf(tiny_nan_target, tiny_draft, max_sequences=4, n_ctx=256, n_threads=1,
+                                  gamma=2) as dec:
+        with ThreadPoolExecutor(6) as pool:
+            bad = [pool.submit(dec.generate, poisoned, max_tokens=24, params=GREEDY) for _ in range(2)]
+            good = {p: pool.submit(dec.generate, p, max_tokens=24, params=GREEDY) for p in prompts}
+            for f in bad:
+                with pytest.raises(InvalidLogitsError, match="target model produced invalid logits"):
+                    f.result(timeout=60)
+            for p, f in good.items():
+                got = f.result(timeout=60).tokens
+                assert got[:len(want[p]) // 2] == want[p][:len(want[p]) // 2], p
+        wait_idle(dec)
+        m = dec.metrics()
+        assert m.requests["error"] == 2 and m.active_sequences == 0
+
+
+def test_queue_full_timeout_and_cancel_while_waiting(tiny_target, tiny_draft) -> None:
+    with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=1, n_ctx=8192, n_threads=1,
+                                  max_queue=2) as dec:
+        hold = threading.Event()
+        # Thousands of steps: it holds the one slot until `hold` is set.
+        busy = dec.stream("hello", max_tokens=8000, params=SamplingParams(temperature=1.0), cancel=hold,
+                          gamma=0)
+        next(busy)
+        cancel = threading.Event()
+        waiting = dec.stream("hi", max_tokens=5, cancel=cancel)
+        t0 = time.perf_counter()
+        with pytest.raises(GenerationCancelled) as info:
+            dec.generate("hi", max_tokens=5, timeout=0.3)
+        assert info.value.reason == "timeout" and info.value.partial.tokens == []
+        assert time.perf_counter() - t0 < 5.0
+        third = dec.stream("hi", max_tokens=5)
+        with pytest.raises(QueueFullError, match="max_queue=2"):
+            dec.generate("hi", max_tokens=5)
+        assert dec.metrics().requests["rejected"] == 1
+        assert busy.result is None, "the slot was not held throughout: the test proved nothing"
+        cancel.set()
+        assert list(waiting) == [] and waiting.result.finish_reason == "cancelled"
+        hold.set()
+        list(busy)
+        assert busy.result.finish_reason == "cancelled"
+        assert third.result is None or third.result.finish_reason in ("length", "stop")
+        list(third)
+        assert third.result.finish_reason in ("length", "stop")
+        wait_idle(dec)
+
+
+def test_closing_a_stream_frees_its_sequence(tiny_target, tiny_draft) -> None:
+    with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=2, n_ctx=256, n_threads=1) as dec:
+        s = dec.stream("hello", max_tokens=200, params=SamplingParams(temperature=1.0))
+        next(s)
+        assert dec.metrics().active_sequences == 1
+        s.close()
+        assert s.result.finish_reason == "cancelled"
+        wait_idle(dec)
+        # Dropping the last reference does the same.
+        s = dec.stream("hello", max_tokens=200, params=SamplingParams(temperature=1.0))
+        next(s)
+        del s
+        wait_idle(dec)
+        assert dec.metrics().requests["cancelled"] == 2
+
+
+def test_cancel_and_timeout_while_running(batched) -> None:
+    cancel = threading.Event()
+    timer = threading.Timer(0.05, cancel.set)
+    timer.start()
+    with pytest.raises(GenerationCancelled) as info:
+        batched.generate("hello", max_tokens=100_000, params=SamplingParams(temperature=1.0), cancel=cancel,
+                         gamma=0)
+    timer.join()
+    assert info.value.reason == "cancelled"
+    with pytest.raises(GenerationCancelled) as info:
+        batched.generate("hello", max_tokens=100_000, params=SamplingParams(temperature=1.0), timeout=0.1)
+    assert info.value.reason == "timeout" and info.value.partial.finish_reason == "timeout"
+    wait_idle(batched)
+
+
+def test_close_with_requests_in_flight_never_hangs(tiny_target, tiny_draft) -> None:
+    dec = BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=2, n_ctx=4096, n_threads=1)
+    prompt = next(p for p in PROMPTS if dec.generate(p, max_tokens=300, params=GREEDY).finish_reason == "length")
+    # Greedy from this prompt cycles without an end-of-generation token: 4000 tokens take
+    # thousands of steps, so every request below is still queued or running at close().
+    stream = dec.stream(prompt, max_tokens=4000, params=GREEDY)
+    next(stream)
+    with ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(dec.generate, prompt, max_tokens=4000, params=GREEDY) for _ in range(4)]
+        while dec.metrics().queue_depth + dec.metrics().active_sequences < 5:
+            time.sleep(0.005)
+        t0 = time.perf_counter()
+        dec.close()
+        assert time.perf_counter() - t0 < 10.0
+        for f in futures:
+            with pytest.raises(DecoderClosedError, match="closed while request"):
+                f.result(timeout=10)
+        with pytest.raises(DecoderClosedError) as info:
+            list(stream)
+        assert info.value.partial is not None and len(info.value.partial.tokens) >= 1
+    with pytest.raises(ValueError, match="closed"):
+        dec.generate("hi")
+    dec.close()  # idempotent
+
+
+def test_close_with_drain_lets_requests_finish(tiny_target, tiny_draft) -> None:
+    dec = BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=2, n_ctx=256, n_threads=1)
+    with ThreadPoolExecutor(3) as pool:
+        futures = [pool.submit(dec.generate, p, max_tokens=20, params=GREEDY) for p in PROMPTS[:3]]
+        time.sleep(0.05)
+        dec.close(drain=True, timeout=30)
+        assert all(f.result(timeout=10).finish_reason in ("length", "stop") for f in futures)
+
+
+def test_shared_prompt_prefixes_are_reused(tiny_target, tiny_draft) -> None:
+    system = "hello world and the world is " * 4
+    with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=3, n_ctx=512, n_threads=1) as dec:
+        first = dec.generate(system + "one", max_tokens=4, params=GREEDY)
+        assert first.stats.prompt_cached == 0
+        with ThreadPoolExecutor(3) as pool:
+            gens = list(pool.map(lambda s: dec.generate(system + s, max_tokens=4, params=GREEDY),
+                                 ["two", "three", "four"]))
+        shared = len(dec.tokenize(system)) - 2
+        assert all(g.stats.prompt_cached >= shared for g in gens), [g.stats.prompt_cached for g in gens]
+        assert dec.metrics().prefix_cache_hits >= 3
+        # Greedy output is that of a fresh decoder: the shared cells are the same keys and values.
+        fresh = SpeculativeDecoder.from_gguf(tiny_target, tiny_draft, gamma=0, n_ctx=512, n_threads=1)
+        want = fresh.generate(system + "two", max_tokens=4, params=GREEDY).tokens
+        assert gens[0].tokens[:2] == want[:2]
+
+
+def test_ngram_only_decoder(tiny_target) -> None:
+    text = "hello world and the world is hello world and the world is "
+    with BatchedDecoder.from_gguf(tiny_target, None, ngram=True, max_sequences=2, n_ctx=512,
+                                  n_threads=1, gamma=4) as dec:
+        gen = dec.generate(text * 3, max_tokens=30, params=SamplingParams(temperature=1.0, seed=3))
+        assert gen.stats.by_drafter.get("ngram", [0, 0])[0] > 0
+        assert set(gen.stats.gammas) - {0} <= {1, 2, 3, 4}
+
+
+def test_constructor_arguments_are_checked(tiny_target, tiny_draft) -> None:
+    with pytest.raises(ValueError, match="max_sequences"):
+        BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=0)
+    with pytest.raises(ValueError, match="gamma"):
+        BatchedDecoder.from_gguf(tiny_target, None, gamma=3)
+    with pytest.raises(ValueError, match="ngram_kwargs"):
+        BatchedDecoder.from_gguf(tiny_target, tiny_draft, ngram_kwargs={"max_draft": 4})
