@@ -37,3 +37,16 @@ def assert_greedy_equal(got: Sequence[int], want: Sequence[int], prompt: Sequenc
     row = np.sort(np.asarray(ctx.eval(list(prompt) + want[:i], 1)[0], dtype=np.float64))
     ctx.truncate(0)
     assert row[-1] - row[-2] < gap, f"{what} diverged at token {i} with a top-2 logit gap of {row[-1] - row[-2]}"
+
+
+def endless_prompt(dec: BatchedDecoder, candidates: Sequence[str]) -> str:
+    """A prompt from which greedy decoding runs 300 tokens without an
+    end-of-generation token: a tiny random model's greedy path then cycles,
+    so a long greedy request holds its slot until it is stopped."""
+    from specdec_cpu import SamplingParams
+
+    greedy = SamplingParams(temperature=0.0)
+    for p in candidates:
+        if dec.generate(p, max_tokens=300, params=greedy).finish_reason == "length":
+            return p
+    raise AssertionError("every candidate prompt reaches an end-of-generation token")

@@ -31,6 +31,22 @@ def tiny_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("tiny_gguf")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def calibration_dir(tmp_path_factory):
+    """Decoders store their first-use timings here, not in the user's cache
+    (the models' temporary paths would only leave stale entries behind)."""
+    import os
+
+    path = tmp_path_factory.mktemp("calibration")
+    before = os.environ.get("SPECDEC_CALIBRATION_DIR")
+    os.environ["SPECDEC_CALIBRATION_DIR"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("SPECDEC_CALIBRATION_DIR", None)
+    else:
+        os.environ["SPECDEC_CALIBRATION_DIR"] = before
+
+
 def _write(tiny_dir, name, **kwargs):
     pytest.importorskip("gguf")
     from tiny_gguf import write_tiny_model
@@ -102,6 +118,32 @@ def tiny_no_template(tiny_dir):
                   chat_template=None)
 
 
+@pytest.fixture(scope="session")
+def tiny_nan_target(tiny_dir):
+    """The target's weights, but token 300 has a NaN embedding: every position
+    after it gets NaN logits."""
+    return _write(tiny_dir, "nan_target.gguf", n_vocab=TARGET_VOCAB, seed=0, n_layer=2, nan_token=300)
+
+
+# -- a vocabulary large enough for the kernels' support-list paths ------------
+
+WIDE_VOCAB = 4096
+
+
+@pytest.fixture(scope="session")
+def tiny_wide_target(tiny_dir):
+    """4,096 ids: a truncated support (top-k / top-p) of up to V/8 = 512 ids
+    takes the kernels' sorted-support path, an untruncated row the full one."""
+    return _write(tiny_dir, "wide_target.gguf", n_vocab=WIDE_VOCAB, seed=21, n_layer=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_wide_draft(tiny_dir):
+    """tiny_wide_target's weights + 10% noise: α between ~0.4 and ~0.95."""
+    return _write(tiny_dir, "wide_draft.gguf", n_vocab=WIDE_VOCAB, seed=21, n_layer=2,
+                  noise=0.1, noise_seed=5)
+
+
 # -- files that must fail to load -------------------------------------------
 
 
@@ -147,9 +189,3 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "soak: long-run resource test (short unless --soak)")
 
-
-@pytest.fixture(scope="session")
-def tiny_nan_target(tiny_dir):
-    """The target's weights, but token 300 has a NaN embedding: every position
-    after it gets NaN logits."""
-    return _write(tiny_dir, "nan_target.gguf", n_vocab=TARGET_VOCAB, seed=0, n_layer=2, nan_token=300)

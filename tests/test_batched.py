@@ -23,7 +23,7 @@ from specdec_cpu import (
     SamplingParams,
     SpeculativeDecoder,
 )
-from batched_helpers import assert_greedy_equal, wait_idle
+from batched_helpers import assert_greedy_equal, endless_prompt, wait_idle
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ["the quick brown fox", "hello world", "def return print", "and the", "it is of",
@@ -125,9 +125,8 @@ def test_queue_full_timeout_and_cancel_while_waiting(tiny_target, tiny_draft) ->
     with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=1, n_ctx=8192, n_threads=1,
                                   max_queue=2) as dec:
         hold = threading.Event()
-        # Thousands of steps: it holds the one slot until `hold` is set.
-        busy = dec.stream("hello", max_tokens=8000, params=SamplingParams(temperature=1.0), cancel=hold,
-                          gamma=0)
+        # Thousands of greedy steps that never end by themselves: it holds the one slot until `hold` is set.
+        busy = dec.stream(endless_prompt(dec, PROMPTS), max_tokens=8000, params=GREEDY, cancel=hold)
         next(busy)
         cancel = threading.Event()
         waiting = dec.stream("hi", max_tokens=5, cancel=cancel)
@@ -185,7 +184,7 @@ def test_cancel_and_timeout_while_running(batched) -> None:
 
 def test_close_with_requests_in_flight_never_hangs(tiny_target, tiny_draft) -> None:
     dec = BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=2, n_ctx=4096, n_threads=1)
-    prompt = next(p for p in PROMPTS if dec.generate(p, max_tokens=300, params=GREEDY).finish_reason == "length")
+    prompt = endless_prompt(dec, PROMPTS)
     # Greedy from this prompt cycles without an end-of-generation token: 4000 tokens take
     # thousands of steps, so every request below is still queued or running at close().
     stream = dec.stream(prompt, max_tokens=4000, params=GREEDY)

@@ -213,6 +213,7 @@ def fake_decoder_module(monkeypatch, tmp_path):
     module.SpeculativeDecoder = SpeculativeDecoder
     monkeypatch.setitem(sys.modules, "specdec_cpu.decoder", module)
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPECDEC_CALIBRATION_DIR", raising=False)
     for name in ("t.gguf", "d.gguf"):
         (tmp_path / name).write_bytes(b"gguf")
     return loaded
@@ -228,13 +229,16 @@ def test_calibrate_prints_costs_alpha_and_plan(capsys, tmp_path, fake_decoder_mo
     assert "draft cost c = T_draft(1) / T_target(1)" in out
     assert "verify cost v(k)" in out and "acceptance α = 0.900" in out
     assert "cache:" in out and str(tmp_path / "cache") in out
+    assert "draft pass time by batch size b" in out  # --batch 8 by default: both curves
     assert len(table_rows(out)) == 4 and "←" in out
     # --json: machine-readable, and usable as `plan --calibration`.
     code, out, err = run(capsys, "calibrate", "--target", t, "--draft", d, "--gamma-max", "3",
                          "--temperature", "0.5", "--top-k", "20", "--json")
     assert code == 0, err
     data = json.loads(out)
-    assert data["alpha"] == pytest.approx(0.9) and len(data["target_ms"]) == 4
+    assert data["alpha"] == pytest.approx(0.9)
+    assert len(data["target_ms"]) == 64 and len(data["draft_batch_ms"]) == 8  # a batch's curves
+    assert data["draft_batch_ms"][7] > 4 * data["draft_batch_ms"][0]  # the fake draft costs per row
     assert data["derived"]["verify_cost"][0] == 1.0 and "gamma_star" in data["derived"]
     f = tmp_path / "cal.json"
     f.write_text(out)

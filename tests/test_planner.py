@@ -113,7 +113,10 @@ def test_cache_location(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "h"))
     assert cache_dir() == tmp_path / "h" / ".cache" / "specdec-cpu"
+    monkeypatch.delenv("SPECDEC_CALIBRATION_DIR", raising=False)
     assert calibration_path("abc") == tmp_path / "h" / ".cache" / "specdec-cpu" / "calibration" / "abc.json"
+    monkeypatch.setenv("SPECDEC_CALIBRATION_DIR", str(tmp_path / "c"))
+    assert calibration_path("abc") == tmp_path / "c" / "abc.json"
 
 
 def test_cache_key(tmp_path):

@@ -8,24 +8,22 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
-import numpy as np
 
 from . import sampling
 from .cache import CachedSequence
 from .planning import GammaController, MatchLengthController
 from .drafters import CombinedDrafter, Draft, Drafter, ModelDrafter, NgramDrafter
 from .drafters.unwrap import unwrapped_reference
-from .errors import ContextOverflowError, GenerationCancelled, InvalidLogitsError, InvalidPromptError
+from .errors import GenerationCancelled, InvalidLogitsError
 from .model import CausalLM, Tokenizer
 from .params import SamplingParams
+from .request_args import GAMMA_LIMIT, Prompt, check_gamma, check_request, prompt_tokens
 from .stats import GenerationStats
 from .text import TextAssembler
 
 GammaSetting = Union[int, str]
-Prompt = Union[str, bytes, Sequence[int]]
-GAMMA_LIMIT = 64
 _LOCK_POLL = 0.05  # seconds between cancel/timeout checks while waiting for the decoder
 
 
@@ -74,7 +72,7 @@ class SpeculativeDecoder:
         cost_model: object = None,
         drafter: Optional[Drafter] = None,
     ) -> None:
-        _check_gamma(gamma)
+        check_gamma(gamma)
         if not isinstance(gamma_max, int) or not 1 <= gamma_max <= GAMMA_LIMIT:
             raise ValueError(f"gamma_max must be an int in [1, {GAMMA_LIMIT}], got {gamma_max!r}")
         if isinstance(gamma, int) and gamma > gamma_max:
@@ -116,7 +114,8 @@ class SpeculativeDecoder:
         gamma_max: int = 12,
         ngram: bool = False,
         ngram_kwargs: Optional[dict] = None,
-        calibration: object = "cached",
+        calibration: object = "auto",
+        progress: Optional[Callable[[str], None]] = None,
     ) -> "SpeculativeDecoder":
         """Load a target (and optionally a draft) GGUF model through llama.cpp.
 
@@ -126,15 +125,18 @@ class SpeculativeDecoder:
         without a draft model, else preferred whenever the text offers a
         continuation, with the draft model for the other steps.
 
-        ``calibration`` seeds the γ planner: ``"cached"`` (default) uses the
-        stored calibration of this pair on this machine if there is one,
-        ``"measure"`` measures one now (a few seconds; stored for next time),
-        a ``CostModel`` is used as given, ``None`` starts from priors.  In
-        every case the planner keeps refining its estimates from real steps.
+        ``calibration`` seeds the γ planner: ``"auto"`` (default) uses the
+        stored calibration of this pair on this machine, measuring the pass
+        times first when there is none (a second or two; stored for next
+        time, ``progress`` gets a line before and after); ``"cached"`` uses
+        the stored one or none, never measuring; ``"measure"`` runs the full
+        calibration now (timings and α at default sampling); a ``CostModel``
+        is used as given; ``None`` starts from priors.  In every case the
+        planner keeps refining its estimates from real steps.
         """
         from . import engine  # the only place llama.cpp is touched
 
-        _check_gamma(gamma)
+        check_gamma(gamma)
         if ngram_kwargs is not None and not ngram:
             raise ValueError("ngram_kwargs needs ngram=True")
         _check_calibration(calibration)
@@ -146,7 +148,8 @@ class SpeculativeDecoder:
                 engine.check_vocab_compatible(target_w, draft_w)
             dec = cls._from_weights(target_w, draft_w, gamma=gamma, n_ctx=n_ctx, n_batch=n_batch,
                                     n_threads=n_threads, seed=seed, gamma_max=gamma_max,
-                                    ngram=ngram, ngram_kwargs=ngram_kwargs, calibration=calibration)
+                                    ngram=ngram, ngram_kwargs=ngram_kwargs, calibration=calibration,
+                                    progress=progress)
         except BaseException:
             target_w.close()
             if draft_w is not None:
@@ -159,7 +162,8 @@ class SpeculativeDecoder:
     def _from_weights(cls, target_w, draft_w, *, gamma: GammaSetting = "auto", n_ctx: int = 4096,
                       n_batch: int = 512, n_threads: Optional[int] = None, seed: Optional[int] = None,
                       gamma_max: int = 12, ngram: bool = False, ngram_kwargs: Optional[dict] = None,
-                      calibration: object = "cached") -> "SpeculativeDecoder":
+                      calibration: object = "auto",
+                      progress: Optional[Callable[[str], None]] = None) -> "SpeculativeDecoder":
         """A decoder with contexts of its own over loaded, vocabulary-checked
         ``LlamaWeights`` (which the caller keeps alive and closes)."""
         from . import engine
@@ -175,7 +179,7 @@ class SpeculativeDecoder:
         dec.target_path = target_w.path
         dec.draft_path = draft_w.path if draft_w is not None else None
         dec.n_threads = target_ctx.n_threads
-        dec.cost_model = _initial_cost_model(dec, calibration)
+        dec.cost_model = _initial_cost_model(dec, calibration, progress)
         return dec
 
     # ------------------------------------------------------------------ public API
@@ -272,48 +276,12 @@ class SpeculativeDecoder:
 
     def _prepare(self, prompt, max_tokens, params, stop, gamma, cancel, timeout):
         """Check a request's arguments: (prompt token ids, TextAssembler, γ)."""
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
         if gamma is None:
             gamma = self.gamma
-        _check_gamma(gamma)
-        if self.drafter is None and gamma not in (0, "auto"):
-            raise ValueError(f"gamma={gamma} needs a drafter: this decoder has none")
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-                raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
-            if not timeout > 0:
-                raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        if cancel is not None and not callable(getattr(cancel, "is_set", None)):
-            raise TypeError(f"cancel must be a threading.Event (anything with is_set()) or None, got {cancel!r}")
-        tokens = self._prompt_tokens(prompt)
+        check_request(max_tokens=max_tokens, params=params, gamma=gamma, has_drafter=self.drafter is not None,
+                      cancel=cancel, timeout=timeout)
+        tokens = prompt_tokens(prompt, self.tokenizer, self.target.n_vocab, self._context_limit())
         return tokens, TextAssembler(stop), gamma
-
-    def _prompt_tokens(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, (bytes, bytearray, memoryview)):
-            prompt = _utf8_text(bytes(prompt))
-        if isinstance(prompt, str):
-            if not prompt:
-                raise InvalidPromptError("prompt is empty")
-            try:
-                prompt.encode("utf-8")
-            except UnicodeEncodeError as exc:
-                raise InvalidPromptError(
-                    f"prompt is not valid Unicode: {exc.reason} at index {exc.start} "
-                    f"({prompt[exc.start:exc.end]!r}); lone surrogates cannot be encoded as UTF-8") from None
-            tokens = self.tokenizer.tokenize(prompt, add_special=True, parse_special=True)
-        else:
-            tokens = _token_ids(prompt, self.target.n_vocab)
-        if not tokens:
-            raise InvalidPromptError("prompt is empty")
-        limit = self._context_limit()
-        if len(tokens) > limit:
-            raise ContextOverflowError(
-                f"prompt is {len(tokens)} tokens but the context holds {limit}; "
-                "shorten the prompt or raise n_ctx")
-        return tokens
 
     def _context_limit(self) -> int:
         """Tokens a sequence may hold: the smaller of the two contexts."""
@@ -628,18 +596,33 @@ def _parts(drafter: Optional[Drafter], *, names: bool = False, route: Optional[s
 def _check_calibration(calibration: object) -> None:
     from .planning import CostModel
 
-    if not (calibration is None or isinstance(calibration, CostModel) or calibration in ("cached", "measure")):
-        raise ValueError(f"calibration must be 'cached', 'measure', a CostModel or None, got {calibration!r}")
+    if not (calibration is None or isinstance(calibration, CostModel)
+            or calibration in ("auto", "cached", "measure")):
+        raise ValueError("calibration must be 'auto', 'cached', 'measure', a CostModel or None, "
+                         f"got {calibration!r}")
 
 
-def _initial_cost_model(dec: SpeculativeDecoder, calibration: object) -> object:
-    from .planning.calibration import cached_calibration, calibrate
+def _initial_cost_model(dec: SpeculativeDecoder, calibration: object,
+                        progress: Optional[Callable[[str], None]] = None) -> object:
+    from .planning.calibration import calibrate, starting_costs
 
-    if calibration == "cached":
-        return cached_calibration(dec.target_path, dec.draft_path, dec.n_threads)
     if calibration == "measure":
         return calibrate(dec) if dec.draft is not None else None
-    return calibration
+    if dec.drafter is None:
+        return calibration if not isinstance(calibration, str) else None  # nothing to plan
+    return starting_costs(calibration, target=dec.target, draft=dec.draft, target_path=dec.target_path,
+                          draft_path=dec.draft_path, n_threads=dec.n_threads, k_max=_plan_rows(dec),
+                          progress=progress)
+
+
+def _plan_rows(dec: SpeculativeDecoder) -> int:
+    """The most rows a verify pass of this decoder may hold (γ_max + 1 over
+    its routes), which the timings must cover."""
+    longest = dec.gamma_max
+    for part in _parts(dec.drafter):
+        if isinstance(part, NgramDrafter):
+            longest = max(longest, part.max_draft)
+    return min(longest, GAMMA_LIMIT) + 1
 
 
 def _resync(cache: CachedSequence) -> None:
@@ -652,39 +635,3 @@ def _resync(cache: CachedSequence) -> None:
     if n < len(cache.tokens):
         del cache.tokens[n:]
     cache.resync()
-
-
-def _utf8_text(data: bytes) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidPromptError(
-            f"prompt is not valid UTF-8: {exc.reason} at byte {exc.start} "
-            f"({data[exc.start:exc.end]!r})") from None
-
-
-def _token_ids(prompt: object, n_vocab: int) -> list[int]:
-    """A prompt of token ids as a list of ints, each checked."""
-    if isinstance(prompt, np.ndarray) and prompt.ndim == 1 and prompt.dtype.kind in "iu":
-        tokens = prompt.tolist()
-    else:
-        try:
-            tokens = list(prompt)  # type: ignore[call-overload]
-        except TypeError:
-            raise TypeError("prompt must be a str, UTF-8 bytes or a sequence of int token ids, "
-                            f"got {type(prompt).__name__}") from None
-        for i, t in enumerate(tokens):
-            if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
-                raise TypeError(f"prompt[{i}] must be an int token id, got {t!r}")
-        tokens = [int(t) for t in tokens]
-    for i, t in enumerate(tokens):
-        if not 0 <= t < n_vocab:
-            raise InvalidPromptError(f"prompt token id {t} (prompt[{i}]) is outside the vocabulary [0, {n_vocab})")
-    return tokens
-
-
-def _check_gamma(gamma: object) -> None:
-    if gamma == "auto":
-        return
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or not 0 <= gamma <= GAMMA_LIMIT:
-        raise ValueError(f"gamma must be 'auto' or an int in [0, {GAMMA_LIMIT}], got {gamma!r}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 from ..planning.theory import PlanRow
 
@@ -18,9 +18,18 @@ def plan_lines(rows: Sequence[PlanRow], star: int) -> list[str]:
     return lines
 
 
-def verify_lines(target_ms: Sequence[float]) -> list[str]:
-    """T(k) and v(k) = T(k)/T(1) per row count k."""
+def verify_lines(target_ms: Sequence[float], ks: Optional[Sequence[int]] = None) -> list[str]:
+    """T(k) and v(k) = T(k)/T(1) per row count k (``ks``: which k, default all)."""
     lines = ["    k    T(k) ms     v(k)"]
-    for k, t in enumerate(target_ms, start=1):
+    for k in (range(1, len(target_ms) + 1) if ks is None else ks):
+        t = target_ms[k - 1]
         lines.append(f"  {k:3d}   {t:8.2f}   {t / target_ms[0]:6.2f}")
+    return lines
+
+
+def draft_lines(draft_ms: Sequence[float]) -> list[str]:
+    """T_draft(b) and its ratio to T_draft(1) per batch size b."""
+    lines = ["    b    T(b) ms   T(b)/T(1)"]
+    for b, t in enumerate(draft_ms, start=1):
+        lines.append(f"  {b:3d}   {t:8.2f}   {t / draft_ms[0]:6.2f}")
     return lines

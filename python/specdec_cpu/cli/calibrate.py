@@ -11,7 +11,7 @@ from ..planning import theory
 from ..planning.costmodel import CostModel, ModelIdentity, calibration_path
 from ..params import SamplingParams
 from ._common import UsageError, emit, int_in, nonneg_float, probability
-from ._format import plan_lines, verify_lines
+from ._format import draft_lines, plan_lines, verify_lines
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -36,6 +36,10 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    help="context size to load the models with (default 2048)")
     p.add_argument("--gamma-max", type=int_in(1, 64), default=8, metavar="N",
                    help="largest γ to plan for; T(k) is measured up to k = N+1 (default 8)")
+    p.add_argument("--batch", type=int_in(1, 256), default=8, metavar="N",
+                   help="most requests served at once (BatchedDecoder's max_sequences): the target is "
+                        "timed over up to 64 rows and the draft over batches of 1..N rows (default 8; "
+                        "1 times one conversation only)")
     p.add_argument("--n-tokens", type=int_in(1, 4096), default=32, metavar="N",
                    help="tokens generated per sample prompt to measure α (default 32)")
     p.add_argument("--recalibrate", action="store_true", help="measure again even if cached")
@@ -62,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
 
     decoder = SpeculativeDecoder.from_gguf(args.target, args.draft, n_threads=args.threads,
                                            n_ctx=args.n_ctx)
-    model = calibrate(decoder, params=params, gamma_max=args.gamma_max, n_tokens=args.n_tokens,
-                      cache=not args.no_cache, recalibrate=args.recalibrate)
+    model = calibrate(decoder, params=params, gamma_max=args.gamma_max, batch=args.batch,
+                      n_tokens=args.n_tokens, cache=not args.no_cache, recalibrate=args.recalibrate)
     cache_file = None if args.no_cache else calibration_path(model.key)
     if args.json:
         emit(json.dumps(_json(model, args.gamma_max, cache_file), indent=2))
@@ -84,9 +88,13 @@ def _text(model: CostModel, gamma_max: int, cache_file: Optional[Path]) -> list[
         "",
         f"draft cost c = T_draft(1) / T_target(1) = {model.draft_ms:.2f} ms / "
         f"{model.target_ms[0]:.2f} ms = {model.cost:.3f}",
-        "verify cost v(k) = T_target(k) / T_target(1):",
+        "verify cost v(k) = T_target(k) / T_target(1), k = rows in one pass (a batch's requests together):",
     ]
-    lines += verify_lines(model.target_ms)
+    shown = [k for k in range(1, model.k_max + 1) if k <= gamma_max + 1 or k in _BATCH_ROWS_SHOWN]
+    lines += verify_lines(model.target_ms, shown)
+    if model.draft_batch_ms is not None and len(model.draft_batch_ms) > 1:
+        lines += ["", "draft pass time by batch size b (one draft token for each of b requests):"]
+        lines += draft_lines(model.draft_batch_ms)
     sampling = ", ".join(f"{k} {v:g}" for k, v in model.sampling.items() if isinstance(v, (int, float)))
     if model.alpha is None:
         lines += ["", "acceptance α: not measured (no verified rows)"]
@@ -101,7 +109,7 @@ def _json(model: CostModel, gamma_max: int, cache_file: Optional[Path]) -> dict:
     data = model.to_dict()
     derived: dict = {
         "cost": model.cost,
-        "verify_cost": [model.verify_cost(k) for k in range(1, gamma_max + 2)],
+        "verify_cost": [model.verify_cost(k) for k in range(1, model.k_max + 1)],
         "cache_path": None if cache_file is None else str(cache_file),
     }
     if model.alpha is not None:
@@ -112,6 +120,9 @@ def _json(model: CostModel, gamma_max: int, cache_file: Optional[Path]) -> dict:
         derived["ceiling"] = theory.ceiling(model.alpha)
     data["derived"] = derived  # ignored when read back as a CostModel
     return data
+
+
+_BATCH_ROWS_SHOWN = (16, 24, 32, 48, 64, 96, 128)
 
 
 def _model_text(identity: Optional[ModelIdentity]) -> str:

@@ -31,7 +31,7 @@ from .context import _DECODE_ERRORS, _KV_TYPES, DecodeError, _check_int, _get_lo
 if TYPE_CHECKING:
     from .weights import LlamaWeights
 
-__all__ = ["LlamaMultiContext", "Rows", "LogitRows"]
+__all__ = ["LlamaMultiContext", "Rows", "LogitRows", "SequenceView"]
 
 
 @dataclass(frozen=True)
@@ -351,3 +351,31 @@ class LlamaMultiContext:
     def __repr__(self) -> str:
         state = "closed" if self._ctx is None else f"{self._n_seq} sequences of {self._n_ctx}"
         return f"LlamaMultiContext({self._weights.path!r}, {state})"
+
+
+class SequenceView:
+    """One sequence of a :class:`LlamaMultiContext` as a ``CausalLM``
+    (what calibration times passes with)."""
+
+    def __init__(self, ctx: LlamaMultiContext, seq: int) -> None:
+        self._ctx, self._seq = ctx, ctx._check_seq(seq)
+
+    @property
+    def n_vocab(self) -> int:
+        return self._ctx.n_vocab
+
+    @property
+    def n_ctx(self) -> int:
+        return self._ctx.n_ctx
+
+    @property
+    def n_past(self) -> int:
+        return self._ctx.n_past(self._seq)
+
+    def eval(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
+        """Append ``tokens`` to the sequence; the last ``n_logits`` rows' logits."""
+        rows = self._ctx.decode([Rows(self._seq, list(tokens), n_logits)])[0]
+        return rows.view() if rows is not None else np.empty((0, self.n_vocab), dtype=np.float32)
+
+    def truncate(self, n: int) -> None:
+        self._ctx.truncate(self._seq, n)

@@ -25,12 +25,13 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from ..request_args import GAMMA_LIMIT
 from .costmodel import CostModel
 from .pass_times import PassTimes
 
 __all__ = ["BatchPlanner", "DraftOption", "PlanRequest", "AlphaTracker"]
 
-_MAX_DEPTH = 64  # the longest draft any route may propose (decoder.GAMMA_LIMIT)
+_MAX_DEPTH = GAMMA_LIMIT  # the longest draft any route may propose
 
 
 @dataclass(frozen=True)
@@ -149,32 +150,43 @@ class BatchPlanner:
         n = len(requests)
         if n == 0:
             return []
-        t = self.target.curve()
-        d = self._draft_curve(t)
-        state = _State(n, t, d, fixed_target_rows, fixed_draft_rows, self.max_rows, self.max_draft_rows)
+        t = self.target.curve().tolist()
+        state = _State(n, t, self._draft_curve(t).tolist(), fixed_target_rows, fixed_draft_rows,
+                       self.max_rows, self.max_draft_rows)
+        options = [[_Option(o) for o in r.options] for r in requests]
         for i, req in enumerate(requests):
-            if req.fixed is not None and req.options:
-                opt = req.options[0]
-                g = min(req.fixed, len(opt.row_alphas), max(self.max_rows - state.rows, 0))
-                state.set(i, opt.route, g, costly=opt.costly, catch_up=opt.catch_up,
-                          e=_expected(opt.row_alphas, g))
-        free = [i for i, r in enumerate(requests) if r.fixed is None and r.options]
+            if req.fixed is not None and options[i]:
+                opt = options[i][0]
+                state.set(i, opt, min(req.fixed, opt.n, max(self.max_rows - state.rows, 0)))
+        free = [i for i, r in enumerate(requests) if r.fixed is None and options[i]]
         if not free:
             return state.choice()
         plain_rate = state.rate()
+        # Start from the best uniform γ: a draft pass is shared by every request
+        # drafting at its depth, so drafting may pay for the batch while it pays
+        # for no single request moving alone (a local optimum of coordinate moves).
+        best_rate, best_g = plain_rate, 0
+        for g in range(1, max(o.n for i in free for o in options[i]) + 1):
+            rate = state.uniform_rate(free, options, g)
+            if rate > best_rate:
+                best_rate, best_g = rate, g
+        if best_g:
+            for i in free:
+                opt = max(options[i], key=lambda o: o.cum_e[min(best_g, o.n)])
+                state.set(i, opt, min(best_g, opt.n, max(self.max_rows - state.rows, 0)))
         for _ in range(self.sweeps):
             changed = False
             for i in free:
-                if state.improve(i, requests[i].options):
+                if state.improve(i, options[i]):
                     changed = True
             if not changed:
                 break
         if state.rate() < self.min_speedup * plain_rate:
             for i in free:
-                state.set(i, None, 0, costly=False, catch_up=0, e=1.0)
+                state.set(i, None, 0)
         return state.choice()
 
-    def _draft_curve(self, t: np.ndarray) -> np.ndarray:
+    def _draft_curve(self, t: Sequence[float]) -> np.ndarray:
         if self.draft.measured:
             return self.draft.curve()
         # Not timed yet: the prior draft cost, shaped like a compute-bound pass.
@@ -185,113 +197,144 @@ class BatchPlanner:
              fixed_target_rows: int = 0, fixed_draft_rows: int = 0) -> float:
         """Expected tokens per millisecond of a given plan (for statistics and
         tests): one (row_alphas, γ, costly, catch_up) per request."""
-        t = self.target.curve()
-        state = _State(len(requests_gammas), t, self._draft_curve(t), fixed_target_rows, fixed_draft_rows,
-                       self.max_rows, self.max_draft_rows)
+        t = self.target.curve().tolist()
+        state = _State(len(requests_gammas), t, self._draft_curve(t).tolist(), fixed_target_rows,
+                       fixed_draft_rows, self.max_rows, self.max_draft_rows)
         for i, (alphas, g, costly, catch_up) in enumerate(requests_gammas):
-            state.set(i, "x" if g else None, g, costly=costly, catch_up=catch_up, e=_expected(alphas, g))
+            state.set(i, _Option(DraftOption("x", alphas, costly, catch_up)), g)
         return state.rate()
 
 
-def _expected(row_alphas: Sequence[float], gamma: int) -> float:
-    e, reach = 1.0, 1.0
-    for j in range(gamma):
-        reach *= row_alphas[j]
-        e += reach
-    return e
+class _Option:
+    """A DraftOption with E[tokens] precomputed for every γ."""
+
+    __slots__ = ("route", "costly", "catch_up", "n", "cum_e")
+
+    def __init__(self, opt: DraftOption) -> None:
+        self.route, self.costly, self.catch_up = opt.route, opt.costly, opt.catch_up
+        self.n = len(opt.row_alphas)
+        e, reach, cum = 1.0, 1.0, [1.0]
+        for a in opt.row_alphas:  # E(γ) = 1 + α0 + α0·α1 + ...
+            reach *= a
+            e += reach
+            cum.append(e)
+        self.cum_e = cum
 
 
 class _State:
-    """A plan being improved: per-request (route, γ, E) and the totals the
-    step cost depends on, kept incrementally."""
+    """A plan being improved: per-request (option, γ) and the totals the
+    step's cost depends on, all kept incrementally."""
 
-    def __init__(self, n: int, t: np.ndarray, d: np.ndarray, fixed_rows: int, fixed_draft_rows: int,
+    def __init__(self, n: int, t: list[float], d: list[float], fixed_rows: int, fixed_draft_rows: int,
                  max_rows: int, max_draft_rows: int) -> None:
-        self.t, self.d = t.tolist(), d.tolist()
+        self.t, self.d = t, d
         self.max_rows, self.max_draft_rows = max_rows, max_draft_rows
-        self.route: list[Optional[str]] = [None] * n
+        self.opt: list[Optional[_Option]] = [None] * n
         self.gamma = [0] * n
-        self.costly = [False] * n
-        self.catch_up = [0] * n
-        self.e = [1.0] * n
         self.rows = fixed_rows + n  # every request has at least its one row
-        self.fixed_draft_rows = fixed_draft_rows
-        self.depth_rows = [0] * (_MAX_DEPTH + 1)  # draft rows at depth d (catch-up rows included at depth 0)
-        self.depth_rows[0] = fixed_draft_rows
         self.total_e = float(n)
+        self.depth_rows = [0] * (_MAX_DEPTH + 1)  # draft rows at depth d (catch-up rows at depth 0)
+        self.depth_rows[0] = fixed_draft_rows
+        self.draft_cost = self._d(fixed_draft_rows)
+
+    def uniform_rate(self, free: Sequence[int], options: Sequence[Sequence[_Option]], g: int) -> float:
+        """The rate if every request of ``free`` (now plain) drafted γ = g
+        through its best option (fewer where an option or the pass is
+        shorter); 0 if a draft pass would not fit."""
+        total_e, rows = self.total_e, self.rows
+        depth = list(self.depth_rows[:g])
+        for i in free:
+            opt = max(options[i], key=lambda o: o.cum_e[min(g, o.n)])
+            gi = min(g, opt.n, max(self.max_rows - rows, 0))
+            total_e += opt.cum_e[gi] - 1.0
+            rows += gi
+            if opt.costly and gi:
+                depth[0] += opt.catch_up
+                for j in range(1, gi):
+                    depth[j] += 1
+        if max(depth) > self.max_draft_rows:
+            return 0.0
+        draft_cost = self.draft_cost + sum(self._d(r) - self._d(r0) for r, r0 in zip(depth, self.depth_rows))
+        return total_e / (self._t(rows) + draft_cost)
 
     def _t(self, rows: int) -> float:
-        if rows < len(self.t):
-            return self.t[rows]
-        slope = max(self.t[-1] - self.t[-2], 0.0)
-        return self.t[-1] + slope * (rows - len(self.t) + 1)
+        t = self.t
+        if rows < len(t):
+            return t[rows]
+        return t[-1] + max(t[-1] - t[-2], 0.0) * (rows - len(t) + 1)
 
     def _d(self, rows: int) -> float:
+        d = self.d
         if rows <= 0:
             return 0.0
-        if rows < len(self.d):
-            return self.d[rows]
-        slope = max(self.d[-1] - self.d[-2], 0.0)
-        return self.d[-1] + slope * (rows - len(self.d) + 1)
-
-    def _draft_cost(self) -> float:
-        return sum(self._d(r) for r in self.depth_rows if r)
+        if rows < len(d):
+            return d[rows]
+        return d[-1] + max(d[-1] - d[-2], 0.0) * (rows - len(d) + 1)
 
     def rate(self) -> float:
-        cost = self._t(self.rows) + self._draft_cost()
+        cost = self._t(self.rows) + self.draft_cost
         return self.total_e / cost if cost > 0 else math.inf
 
-    def set(self, i: int, route: Optional[str], g: int, *, costly: bool, catch_up: int, e: float) -> None:
+    def feasible(self) -> bool:
+        """Whether every draft pass fits its context's batch."""
+        return max(self.depth_rows) <= self.max_draft_rows
+
+    def _add_draft_rows(self, depth: int, k: int) -> None:
+        before = self.depth_rows[depth]
+        self.depth_rows[depth] = before + k
+        self.draft_cost += self._d(before + k) - self._d(before)
+
+    def set(self, i: int, opt: Optional[_Option], g: int) -> None:
         self._remove(i)
-        self.route[i], self.gamma[i], self.costly[i] = (route if g else None), g, costly and g > 0
-        self.catch_up[i] = catch_up if self.costly[i] else 0
-        self.e[i] = e
-        self.total_e += e
+        if opt is None or g <= 0:
+            return
+        self.opt[i], self.gamma[i] = opt, g
+        self.total_e += opt.cum_e[g] - 1.0  # _remove left the request counted as one plain token
         self.rows += g
-        if self.costly[i]:
-            self.depth_rows[0] += self.catch_up[i]
+        if opt.costly:
+            self._add_draft_rows(0, opt.catch_up)
             for j in range(1, g):
-                self.depth_rows[j] += 1
+                self._add_draft_rows(j, 1)
 
     def _remove(self, i: int) -> None:
-        self.total_e -= self.e[i]
-        self.rows -= self.gamma[i]
-        if self.costly[i]:
-            self.depth_rows[0] -= self.catch_up[i]
-            for j in range(1, self.gamma[i]):
-                self.depth_rows[j] -= 1
-        self.route[i], self.gamma[i], self.costly[i], self.catch_up[i], self.e[i] = None, 0, False, 0, 1.0
-        self.total_e += 1.0
+        opt, g = self.opt[i], self.gamma[i]
+        if opt is None:
+            return
+        self.total_e -= opt.cum_e[g] - 1.0
+        self.rows -= g
+        if opt.costly:
+            self._add_draft_rows(0, -opt.catch_up)
+            for j in range(1, g):
+                self._add_draft_rows(j, -1)
+        self.opt[i], self.gamma[i] = None, 0
 
-    def improve(self, i: int, options: Sequence[DraftOption]) -> bool:
-        """Give request i its best (route, γ) given the others; True if it changed."""
-        before = (self.route[i], self.gamma[i])
+    def improve(self, i: int, options: Sequence[_Option]) -> bool:
+        """Give request i its best (option, γ) given the others; True if it changed."""
+        before = (self.opt[i], self.gamma[i])
         self._remove(i)
         base_e = self.total_e - 1.0
         base_rows = self.rows  # includes request i's one row
-        draft_base = self._draft_cost()
-        best = (self.total_e / (self._t(base_rows) + draft_base), None, 0, False, 0, 1.0)
+        draft_base = self.draft_cost
+        best_rate, best_opt, best_g = self.total_e / (self._t(base_rows) + draft_base), None, 0
+        room = self.max_rows - base_rows
         for opt in options:
-            e, reach = 1.0, 1.0
             extra_draft = 0.0
-            cap = min(len(opt.row_alphas), self.max_rows - base_rows)
-            for g in range(1, cap + 1):
-                reach *= opt.row_alphas[g - 1]
-                e += reach
+            cum = opt.cum_e
+            for g in range(1, min(opt.n, room) + 1):
                 if opt.costly:
                     j = g - 1  # depth of the pass that drafts token g
-                    if j >= len(self.depth_rows):
+                    if j > _MAX_DEPTH:
                         break
+                    have = self.depth_rows[j]
                     add = opt.catch_up if j == 0 else 1
-                    if self.depth_rows[j] + add > self.max_draft_rows:
+                    if have + add > self.max_draft_rows:
                         break
-                    extra_draft += self._d(self.depth_rows[j] + add) - self._d(self.depth_rows[j])
-                rate = (base_e + e) / (self._t(base_rows + g) + draft_base + extra_draft)
-                if rate > best[0] * (1.0 + 1e-12):
-                    best = (rate, opt.route, g, opt.costly, opt.catch_up, e)
-        _, route, g, costly, catch_up, e = best
-        self.set(i, route, g, costly=costly, catch_up=catch_up, e=e)
-        return (self.route[i], self.gamma[i]) != before
+                    extra_draft += self._d(have + add) - self._d(have)
+                rate = (base_e + cum[g]) / (self._t(base_rows + g) + draft_base + extra_draft)
+                if rate > best_rate * (1.0 + 1e-12):
+                    best_rate, best_opt, best_g = rate, opt, g
+        self.set(i, best_opt, best_g)
+        return (self.opt[i], self.gamma[i]) != before
 
     def choice(self) -> list[tuple[Optional[str], int]]:
-        return list(zip(self.route, self.gamma))
+        return [(o.route if o is not None and g else None, g) for o, g in zip(self.opt, self.gamma)]

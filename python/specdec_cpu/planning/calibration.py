@@ -13,11 +13,14 @@ import statistics
 import time
 from typing import Any, Callable, Optional, Protocol, Sequence
 
+import numpy as np
+
 from .costmodel import CostModel, ModelIdentity, calibration_key, calibration_path, cpu_model
 from ..model import CausalLM
 from ..params import SamplingParams
 
-__all__ = ["SAMPLE_PROMPTS", "cached_calibration", "calibrate", "measure_alpha", "time_passes"]
+__all__ = ["SAMPLE_PROMPTS", "cached_calibration", "calibrate", "ensure_timings", "measure_alpha", "starting_costs",
+           "time_passes"]
 
 # Short prompts of different kinds (prose, code, a list, dialogue): acceptance
 # varies with content, and calibration wants a typical value, not a best case.
@@ -58,6 +61,7 @@ def calibrate(
     *,
     params: SamplingParams = SamplingParams(),
     gamma_max: int = 8,
+    batch: int = 1,
     prompts: Optional[Sequence[str]] = None,
     n_tokens: int = 32,
     repeats: int = 3,
@@ -65,7 +69,10 @@ def calibrate(
     recalibrate: bool = False,
     clock: Callable[[], float] = time.perf_counter,
 ) -> CostModel:
-    """Measure T_target(k) for k = 1..gamma_max+1, T_draft(1) and α.
+    """Measure T_target(k) for k = 1..gamma_max+1, T_draft(1) and α; with
+    ``batch`` > 1 also the curves a batched decoder of ``batch`` requests
+    plans with: T_target over up to 64 rows (all requests' rows in one pass)
+    and T_draft(b) for b = 1..batch (one draft pass for b requests).
 
     With ``cache`` a stored calibration for the same model files, thread
     count and CPU is returned without measuring (``recalibrate`` forces a new
@@ -77,6 +84,7 @@ def calibrate(
             ``.draft_path``, ``.n_threads``, ``.generate(...)``).
         params: sampling settings α is measured at.
         gamma_max: the largest γ to plan for (T is measured up to γ_max + 1 rows).
+        batch: the most requests drafted for at once (1: one conversation).
         prompts: prompts for measuring α (default: :data:`SAMPLE_PROMPTS`).
         n_tokens: tokens generated per prompt when measuring α.
         repeats: timings per k; the median is kept (robust to a busy machine).
@@ -99,18 +107,26 @@ def calibrate(
             cached = CostModel.load(path)
         except (OSError, ValueError):
             cached = None  # unreadable or stale format: measure again
-    if cached is not None and cached.k_max >= gamma_max + 1:
+    rows_max = gamma_max + 1 if batch <= 1 else max(gamma_max + 1, BATCH_ROWS)
+    covered = cached is not None and cached.k_max >= rows_max and (
+        batch <= 1 or decoder.draft is None or len(cached.draft_batch_ms or ()) >= batch)
+    if covered:
         if cached.sampling == sampling and cached.alpha is not None:
             return cached
         model = dataclasses.replace(cached, sampling=sampling,
                                     alpha=measure_alpha(decoder, params, prompts, n_tokens))
     else:
-        target_ms = time_passes(decoder.target, range(1, gamma_max + 2), repeats, clock)
-        draft_ms = (time_passes(decoder.draft, [1], repeats, clock)[0]
-                    if decoder.draft is not None else 0.0)
+        ks = sorted(set(range(1, gamma_max + 2)) | {k for k in QUICK_TARGET_ROWS if k <= rows_max} | {rows_max})
+        target_ms = _dense(ks, time_passes(decoder.target, ks, repeats, clock))
+        draft_ms, draft_batch = 0.0, None
+        if decoder.draft is not None:
+            bs = sorted({b for b in QUICK_DRAFT_ROWS if b <= batch} | {max(batch, 1)})
+            draft_batch = _dense(bs, time_passes(decoder.draft, bs, repeats, clock))
+            draft_ms = draft_batch[0]
         model = CostModel(
             target_ms=target_ms,
             draft_ms=draft_ms,
+            draft_batch_ms=draft_batch if batch > 1 else None,
             alpha=measure_alpha(decoder, params, prompts, n_tokens),
             n_threads=n_threads,
             cpu=cpu,
@@ -198,3 +214,87 @@ def _identity(path: Optional[str]) -> Optional[ModelIdentity]:
 def _sampling_dict(params: SamplingParams) -> dict[str, Any]:
     # The seed changes which tokens are drawn, not the acceptance rate.
     return {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.name != "seed"}
+
+
+# ---------------------------------------------------------------- first use
+#: Rows a batched decoder's target pass is timed up to (8 requests × 8 rows);
+#: the planner continues the curve linearly beyond.
+BATCH_ROWS = 64
+
+#: Row counts timed by the quick calibration (those up to the needed maximum);
+#: the curve between them is interpolated.  Dense where γ is chosen, sparse
+#: where only a batch's total rows reach.
+QUICK_TARGET_ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 13, 16, 24, 32, 48, 64)
+QUICK_DRAFT_ROWS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def ensure_timings(target: CausalLM, draft: Optional[CausalLM], *, target_path: Optional[str],
+                   draft_path: Optional[str], n_threads: Optional[int], k_max: int, b_max: int = 1,
+                   repeats: int = 2, progress: Optional[Callable[[str], None]] = None) -> CostModel:
+    """The pair's pass times on this machine: the cached calibration when it
+    covers T_target(k) up to ``k_max`` rows (and T_draft(b) up to ``b_max``),
+    else a quick timing-only measurement (a few seconds for a memory-bound
+    0.5B target), stored for next time with any α measured before.
+
+    ``progress`` receives one line before measuring and one after, so a
+    command line can say why its first start takes a few seconds.
+    """
+    key = calibration_key(_identity(target_path), _identity(draft_path), int(n_threads or 0), cpu_model())
+    path = calibration_path(key)
+    cached: Optional[CostModel] = None
+    if path.is_file():
+        try:
+            cached = CostModel.load(path)
+        except (OSError, ValueError):
+            cached = None
+    need_draft = draft is not None and b_max > 1
+    if cached is not None and cached.k_max >= k_max and (
+            not need_draft or (cached.draft_batch_ms is not None and len(cached.draft_batch_ms) >= b_max)):
+        return cached
+    if progress is not None:
+        progress("measuring the models' pass times on this machine (first use; cached for next time) ...")
+    t0 = time.perf_counter()
+    ks = sorted({k for k in QUICK_TARGET_ROWS if k <= k_max} | {k_max})
+    target_ms = _dense(ks, time_passes(target, ks, repeats))
+    draft_ms, draft_batch = 0.0, None
+    if draft is not None:
+        bs = sorted({b for b in QUICK_DRAFT_ROWS if b <= b_max} | {max(b_max, 1)})
+        draft_batch = _dense(bs, time_passes(draft, bs, repeats))
+        draft_ms = draft_batch[0]
+    model = CostModel(
+        target_ms=target_ms, draft_ms=draft_ms, draft_batch_ms=draft_batch if b_max > 1 else None,
+        alpha=cached.alpha if cached is not None else None, n_threads=int(n_threads or 0), cpu=cpu_model(),
+        target=_identity(target_path), draft=_identity(draft_path),
+        sampling=dict(cached.sampling) if cached is not None else {})
+    try:
+        model.save(path)
+    except OSError:  # a read-only cache costs the next start a few seconds, nothing more
+        pass
+    if progress is not None:
+        progress(f"measured in {time.perf_counter() - t0:.1f} s")
+    return model
+
+
+def _dense(ks: Sequence[int], ms: Sequence[float]) -> list[float]:
+    """T(k) for k = 1..max(ks), interpolated between the measured counts
+    (never decreasing: a pass over more rows does not take less time)."""
+    dense = np.interp(np.arange(1, max(ks) + 1), np.asarray(ks, float), np.asarray(ms, float))
+    return [float(x) for x in np.maximum.accumulate(dense)]
+
+
+def starting_costs(calibration: object, *, target: CausalLM, draft: Optional[CausalLM],
+                   target_path: Optional[str], draft_path: Optional[str], n_threads: Optional[int],
+                   k_max: int, b_max: int = 1,
+                   progress: Optional[Callable[[str], None]] = None) -> Optional[CostModel]:
+    """The cost model a decoder starts from, by its ``calibration`` argument:
+    ``"auto"`` (the cached calibration, measuring pass times first if there
+    is none: :func:`ensure_timings`), ``"cached"`` (the cached one or None,
+    never measuring), a ``CostModel`` as given, or None (priors)."""
+    if calibration == "auto":
+        return ensure_timings(target, draft, target_path=target_path, draft_path=draft_path,
+                              n_threads=n_threads, k_max=k_max, b_max=b_max, progress=progress)
+    if calibration == "cached":
+        return cached_calibration(target_path, draft_path, n_threads)
+    if calibration is None or isinstance(calibration, CostModel):
+        return calibration
+    raise ValueError(f"calibration must be 'auto', 'cached', a CostModel or None, got {calibration!r}")

@@ -240,8 +240,11 @@ def _identity(data: Any) -> Optional[ModelIdentity]:
 
 
 def calibration_path(key: str) -> Path:
-    """Where the calibration with cache key ``key`` lives."""
-    return cache_dir() / "calibration" / f"{key}.json"
+    """Where the calibration with cache key ``key`` lives:
+    ``$SPECDEC_CALIBRATION_DIR``, else ``calibration/`` in the cache directory."""
+    explicit = os.environ.get("SPECDEC_CALIBRATION_DIR")
+    folder = Path(explicit).expanduser() if explicit else cache_dir() / "calibration"
+    return folder / f"{key}.json"
 
 
 def calibration_key(target: Optional[ModelIdentity], draft: Optional[ModelIdentity],

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Optional, Sequence, Union
+from typing import Callable, Optional, Sequence, Union
 
 from .. import sampling
-from ..decoder import Generation, SpeculativeDecoder, _check_calibration, _initial_cost_model
-from ..engine.multi_context import LlamaMultiContext
+from ..decoder import Generation
+from ..engine.multi_context import LlamaMultiContext, SequenceView
 from ..errors import GenerationCancelled
 from ..model import Tokenizer
 from ..params import SamplingParams
 from ..planning.batch_planner import BatchPlanner
+from ..planning.calibration import BATCH_ROWS, starting_costs
 from ..planning.costmodel import CostModel
 from ..request_args import GAMMA_LIMIT, Prompt, check_gamma, check_request, prompt_tokens
 from ..text import TextAssembler
@@ -106,7 +107,8 @@ class BatchedDecoder:
         seed: Optional[int] = None,
         max_queue: int = 64,
         prefill_chunk: int = 128,
-        calibration: object = "cached",
+        calibration: object = "auto",
+        progress: Optional[Callable[[str], None]] = None,
     ) -> "BatchedDecoder":
         """Load a target (and optionally a draft) GGUF model for batched serving.
 
@@ -119,17 +121,19 @@ class BatchedDecoder:
             prefill_chunk: prompt tokens processed per step while other
                 requests are decoding (a long prompt is taken in chunks so
                 the others keep streaming; alone, a prompt goes in at once).
-            calibration: ``"cached"`` (the stored calibration of this pair
-                and machine, if any), a ``CostModel``, or None (priors).
+            calibration: ``"auto"`` (the stored calibration of this pair and
+                machine; on first use the pass times are measured first, a
+                few seconds, and stored), ``"cached"`` (stored or none, never
+                measuring), a ``CostModel``, or None (priors, learnt online).
+            progress: receives a line before and after a first-use
+                measurement (a command line prints them).
             The rest are those of ``SpeculativeDecoder.from_gguf``.
         """
         from .. import engine
 
         check_gamma(gamma)
-        _check_calibration(calibration)
-        if calibration == "measure":
-            raise ValueError("calibration='measure' is not supported here: run `specdec-cpu calibrate` "
-                             "or pass 'cached', a CostModel or None")
+        if not (calibration is None or isinstance(calibration, CostModel) or calibration in ("auto", "cached")):
+            raise ValueError(f"calibration must be 'auto', 'cached', a CostModel or None, got {calibration!r}")
         if isinstance(max_sequences, bool) or not isinstance(max_sequences, int) or not 1 <= max_sequences <= 256:
             raise ValueError(f"max_sequences must be an int in [1, 256], got {max_sequences!r}")
         if ngram_kwargs is not None and not ngram:
@@ -149,8 +153,12 @@ class BatchedDecoder:
                 draft_ctx = LlamaMultiContext(draft_w, n_seq=max_sequences, n_ctx=n_ctx, n_batch=n_batch,
                                               n_threads=n_threads)
                 contexts.append(draft_ctx)
-            probe = _CalibrationProbe(target_w.path, draft_w.path if draft_w else None, target_ctx.n_threads)
-            cost_model = _initial_cost_model(probe, calibration)  # type: ignore[arg-type]
+            cost_model = starting_costs(
+                calibration, target=SequenceView(target_ctx, 0),
+                draft=SequenceView(draft_ctx, 0) if draft_ctx is not None else None,
+                target_path=target_w.path, draft_path=draft_w.path if draft_w else None,
+                n_threads=target_ctx.n_threads, k_max=min(BATCH_ROWS, n_batch), b_max=max_sequences,
+                progress=progress)
             dec = cls(target_ctx, engine.LlamaTokenizer(target_w), draft_ctx, gamma=gamma, gamma_max=gamma_max,
                       ngram=ngram, ngram_kwargs=ngram_kwargs, seed=seed, max_queue=max_queue,
                       prefill_chunk=prefill_chunk, cost_model=cost_model)
@@ -302,11 +310,3 @@ class BatchedDecoder:
         z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
         return z ^ (z >> 31)
-
-
-class _CalibrationProbe:
-    """What the calibration lookup needs to know about a decoder."""
-
-    def __init__(self, target_path: str, draft_path: Optional[str], n_threads: int) -> None:
-        self.target_path, self.draft_path, self.n_threads = target_path, draft_path, n_threads
-        self.draft = draft_path

@@ -9,14 +9,8 @@ import time
 from contextlib import contextmanager
 from typing import Iterator, Optional, Sequence, Union
 
-from ..decoder import (
-    _LOCK_POLL,
-    Generation,
-    Prompt,
-    SpeculativeDecoder,
-    _check_calibration,
-    _check_gamma,
-)
+from ..decoder import _LOCK_POLL, Generation, SpeculativeDecoder, _check_calibration
+from ..request_args import Prompt, check_gamma
 from ..errors import GenerationCancelled
 from ..stats import GenerationStats
 
@@ -70,7 +64,7 @@ class DecoderPool:
         if unknown:
             raise TypeError(f"DecoderPool got unexpected keyword argument(s) {', '.join(sorted(unknown))}; "
                             f"it takes those of SpeculativeDecoder.from_gguf: {', '.join(sorted(_FROM_GGUF_KWARGS))}")
-        _check_gamma(kwargs.get("gamma", "auto"))
+        check_gamma(kwargs.get("gamma", "auto"))
         if kwargs.get("ngram_kwargs") is not None and not kwargs.get("ngram"):
             raise ValueError("ngram_kwargs needs ngram=True")
         _check_calibration(kwargs.get("calibration", "cached"))

@@ -13,7 +13,7 @@ import itertools
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 import numpy as np
 
@@ -108,8 +108,8 @@ class Request:
             stats.total_seconds = now - self.admitted
         self.result = Generation(self.text.text, self.out, stats)
         self.error = error
+        self.done.set()  # before the marker: a reader that saw the marker sees the result
         self.outbox.put(_END)
-        self.done.set()
 
 
 class RequestStream:
@@ -140,10 +140,6 @@ class RequestStream:
                 raise req.error
             raise StopIteration
         return item  # type: ignore[return-value]
-
-    def pieces(self) -> Iterator[str]:
-        """The pieces (the stream itself)."""
-        return self
 
     @property
     def id(self) -> int:

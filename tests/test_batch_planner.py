@@ -1,0 +1,117 @@
+"""The batch planner: γ for every request of a step (pure numbers, no model)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdec_cpu.planning import theory
+from specdec_cpu.planning.batch_planner import AlphaTracker, BatchPlanner, DraftOption, PlanRequest
+from specdec_cpu.planning.costmodel import CostModel
+from specdec_cpu.planning.pass_times import PassTimes
+
+# DESIGN-style measured curves (ms): an F32 target on 2 cores, T(k) for k = 1..64,
+# interpolated from T(1) = 100, v(2) 1.15, v(4) 1.36, v(8) 1.85, v(16) 2.87, v(32) 4.70;
+# a Q4_0 draft, T(1) = 27.5 ms, 4 rows 2.0×.
+_K = [1, 2, 4, 8, 16, 32, 64]
+_T = [100.0, 115.0, 136.0, 185.0, 287.0, 470.0, 900.0]
+F32 = [float(x) for x in np.interp(np.arange(1, 65), _K, _T)]
+DRAFT = [float(x) for x in np.interp(np.arange(1, 17), [1, 4, 8, 16], [27.5, 55.0, 95.0, 180.0])]
+
+
+def planner(target=F32, draft=DRAFT, **kw) -> BatchPlanner:
+    return BatchPlanner(CostModel(target_ms=target, draft_ms=draft[0], draft_batch_ms=draft), **kw)
+
+
+def model_option(alpha: float, n: int = 12) -> DraftOption:
+    return DraftOption("model", [alpha] * n, costly=True, catch_up=1)
+
+
+@pytest.mark.parametrize("alpha", [0.3, 0.6, 0.8, 0.9, 0.97])
+@pytest.mark.parametrize("curve", ["memory", "compute"])
+def test_one_request_gets_the_single_stream_optimum(alpha: float, curve: str) -> None:
+    target = F32 if curve == "memory" else [20.0 * (1 + 0.9 * (k - 1)) for k in range(1, 65)]
+    p = planner(target=target, min_speedup=1.0 + 1e-9)
+    [(route, g)] = p.plan([PlanRequest([model_option(alpha)])])
+    c = DRAFT[0] / target[0]
+    v = np.array([np.nan] + [t / target[0] for t in target])
+    want = theory.optimal_gamma(alpha, c, 12, v)
+    assert g == want and (route == "model") == (g > 0)
+
+
+def test_gamma_falls_towards_zero_as_the_batch_fills() -> None:
+    p = planner()
+    mean_gamma = {}
+    for b in (1, 2, 4, 8, 16):
+        plan = p.plan([PlanRequest([model_option(0.9)]) for _ in range(b)])
+        mean_gamma[b] = np.mean([g for _, g in plan])
+    assert mean_gamma[1] >= 3
+    assert mean_gamma[1] >= mean_gamma[2] >= mean_gamma[4] >= mean_gamma[8] >= mean_gamma[16]
+    assert mean_gamma[16] <= 1.0
+
+
+def test_the_plan_beats_the_alternatives_it_rejected() -> None:
+    """Coordinate ascent finds a plan no single change improves, at least as
+    good as every uniform γ."""
+    p = planner()
+    alphas = [0.95, 0.9, 0.5, 0.2]
+    reqs = [PlanRequest([model_option(a)]) for a in alphas]
+    plan = p.plan(reqs)
+    rate = p.rate([(o.options[0].row_alphas, g, True, 1) for o, (_, g) in zip(reqs, plan)])
+    for g in range(0, 13):
+        uniform = p.rate([(o.options[0].row_alphas, g, True, 1) for o in reqs])
+        assert rate >= uniform * (1 - 1e-9), f"uniform γ = {g} beats the plan"
+    for i in range(len(reqs)):
+        for g in range(13):
+            trial = [(o.options[0].row_alphas, (g if j == i else gj), True, 1)
+                     for j, (o, (_, gj)) in enumerate(zip(reqs, plan))]
+            assert rate >= p.rate(trial) * (1 - 1e-9)
+    gammas = [g for _, g in plan]
+    assert gammas[0] >= gammas[1] >= gammas[2] >= gammas[3]  # better drafts get more rows
+
+
+def test_free_lookup_drafts_and_a_plain_fallback() -> None:
+    p = planner()
+    copy = DraftOption("ngram", [0.99] * 24, costly=False, catch_up=0)
+    [(route, g)] = p.plan([PlanRequest([copy, model_option(0.6)])])
+    assert route == "ngram" and g >= 8
+    [(route, g)] = p.plan([PlanRequest([DraftOption("ngram", [0.05] * 24, costly=False, catch_up=0)])])
+    assert (route, g) == (None, 0)
+    assert p.plan([PlanRequest()]) == [(None, 0)]
+
+
+def test_rows_of_a_pass_are_bounded_and_fixed_requests_kept() -> None:
+    p = planner(max_rows=10)
+    copy = DraftOption("ngram", [0.999] * 24, costly=False, catch_up=0)
+    plan = p.plan([PlanRequest([copy]), PlanRequest([copy])], fixed_target_rows=4)
+    assert 4 + sum(g + 1 for _, g in plan) <= 10
+    plan = p.plan([PlanRequest([model_option(0.1)], fixed=3), PlanRequest([model_option(0.9)])])
+    assert plan[0] == ("model", 3)
+
+
+def test_plain_batching_wins_when_drafting_cannot_pay() -> None:
+    p = planner(target=[20.0 * k for k in range(1, 65)])  # compute-bound: every row costs a pass
+    assert all(g == 0 for _, g in p.plan([PlanRequest([model_option(0.97)]) for _ in range(3)]))
+
+
+def test_pass_times_learn_and_follow_drift() -> None:
+    t = PassTimes(16, [10.0, 11.0, 12.0])
+    assert t.time(2) == pytest.approx(11.0) and t.time(8) > 12.0
+    for _ in range(50):
+        t.observe(8, 20.0)
+    assert t.time(8) == pytest.approx(20.0, rel=0.01)
+    for _ in range(50):
+        t.observe(1, 20.0)  # the machine got twice as slow: stale counts follow
+    assert t.time(2) == pytest.approx(22.0, rel=0.1)
+    t.observe(3, 1e9)  # one wild reading moves an estimate by a bounded step
+    assert t.time(3) < 3 * 24.0
+
+
+def test_alpha_tracker_weighs_a_stale_estimate_less() -> None:
+    a = AlphaTracker(first=0.2, rest=0.2)
+    a.observe([0.9, 0.9])
+    fresh = a.first
+    b = AlphaTracker(first=0.2, rest=0.2)
+    b.stale = 40
+    b.observe([0.9, 0.9])
+    assert b.first > fresh and b.row_alphas(3) == [b.first, b.rest, b.rest]
