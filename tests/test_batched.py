@@ -249,3 +249,33 @@ def test_constructor_arguments_are_checked(tiny_target, tiny_draft) -> None:
         BatchedDecoder.from_gguf(tiny_target, None, gamma=3)
     with pytest.raises(ValueError, match="ngram_kwargs"):
         BatchedDecoder.from_gguf(tiny_target, tiny_draft, ngram_kwargs={"max_draft": 4})
+
+
+def test_async_streams_for_asyncio_servers(batched) -> None:
+    import asyncio
+
+    async def main():
+        seeded = SamplingParams(temperature=0.9, seed=21)
+        s = batched.astream("hello world", max_tokens=10, params=seeded, gamma=2)
+        pieces = [p async for p in s]
+        assert "".join(pieces) == s.result.text and s.result.finish_reason in ("length", "stop")
+        whole = batched.astream("hello world", max_tokens=10, params=seeded, gamma=2)
+        await whole.wait()
+        assert whole.result.tokens == s.result.tokens
+        # Many concurrent async readers and no thread blocked on any of them.
+        streams = [batched.astream(p, max_tokens=8, params=GREEDY) for p in PROMPTS]
+        texts = await asyncio.gather(*[_collect(x) for x in streams])
+        assert all(t == x.result.text for t, x in zip(texts, streams))
+        # aclose() stops a request without waiting for it.
+        long = batched.astream("hello", max_tokens=100_000, params=SamplingParams(temperature=1.0), gamma=0)
+        await long.__anext__()
+        await long.aclose()
+        while long.result is None:
+            await asyncio.sleep(0.01)
+        assert long.result.finish_reason == "cancelled"
+
+    async def _collect(s):
+        return "".join([p async for p in s])
+
+    asyncio.run(main())
+    wait_idle(batched)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from typing import Callable, Optional, Sequence, Union
@@ -18,7 +19,7 @@ from ..planning.costmodel import CostModel
 from ..request_args import GAMMA_LIMIT, Prompt, check_gamma, check_request, prompt_tokens
 from ..text import TextAssembler
 from .metrics import MetricsSnapshot, ServingMetrics
-from .request import Request, RequestStream
+from .request import AsyncRequestStream, Request, RequestStream
 from .scheduler import Scheduler
 
 __all__ = ["BatchedDecoder"]
@@ -209,6 +210,18 @@ class BatchedDecoder:
         step.  Argument errors and ``QueueFullError`` are raised here.
         """
         return RequestStream(self._submit(prompt, max_tokens, params, stop, gamma, cancel, timeout))
+
+    def astream(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
+                stop: Sequence[str] = (), gamma: Optional[GammaSetting] = None,
+                cancel: Optional[threading.Event] = None, timeout: Optional[float] = None) -> AsyncRequestStream:
+        """``stream`` for asyncio code: an async iterator of text pieces
+        (call it in a running event loop; no thread blocks on the request).
+
+        ``await s.wait()`` then ``s.result`` gives the whole Generation;
+        ``await s.aclose()`` stops the request without waiting.
+        """
+        loop = asyncio.get_running_loop()
+        return AsyncRequestStream(self._submit(prompt, max_tokens, params, stop, gamma, cancel, timeout), loop)
 
     def chat(self, messages: Sequence[dict], **kwargs) -> Generation:
         """``generate`` on the target's chat template applied to ``messages``."""

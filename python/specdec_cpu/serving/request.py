@@ -9,11 +9,12 @@ caller may set (``closed`` when a stream is dropped; the caller's own
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Optional, Union
+from typing import TYPE_CHECKING, Callable, Optional, Union
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from ..text import TextAssembler
 if TYPE_CHECKING:
     from ..drafters import NgramDrafter
 
-__all__ = ["Request", "RequestStream"]
+__all__ = ["AsyncRequestStream", "Request", "RequestStream"]
 
 _ids = itertools.count(1)
 _END = object()  # the scheduler's last item on a request's queue comes after this marker
@@ -69,6 +70,7 @@ class Request:
         self._q_rows = gamma_rows
         self._n_vocab = n_vocab
         self.outbox: "queue.SimpleQueue[object]" = queue.SimpleQueue()
+        self.wakeup: Optional[Callable[[], None]] = None  # an async reader's doorbell (thread-safe)
         self.done = threading.Event()
         self.result: Optional[Generation] = None
         self.error: Optional[BaseException] = None
@@ -92,6 +94,15 @@ class Request:
         """Hand a text piece to the caller."""
         if piece:
             self.outbox.put(piece)
+            self._ring()
+
+    def _ring(self) -> None:
+        wakeup = self.wakeup
+        if wakeup is not None:
+            try:
+                wakeup()
+            except RuntimeError:  # the reader's event loop is closed: nobody is listening
+                self.closed = True
 
     def finish(self, reason: Optional[str], error: Optional[BaseException] = None) -> None:
         """End the request: flush held-back text, record why, wake the caller."""
@@ -110,6 +121,7 @@ class Request:
         self.error = error
         self.done.set()  # before the marker: a reader that saw the marker sees the result
         self.outbox.put(_END)
+        self._ring()
 
 
 class RequestStream:
@@ -170,3 +182,86 @@ class RequestStream:
         req = getattr(self, "_request", None)
         if req is not None and not req.done.is_set():
             req.closed = True  # the scheduler ends it; nobody waits here
+
+
+class AsyncRequestStream:
+    """What ``BatchedDecoder.astream`` returns: an async iterator of text
+    pieces for asyncio servers, with ``result`` as for :class:`RequestStream`.
+
+    No thread waits on the request: the scheduler rings the event loop when
+    a piece is ready.  ``aclose()`` (or leaving ``async with``) ends the
+    request at the scheduler's next step without waiting for it, so a
+    server can drop a disconnected client at once.
+    """
+
+    def __init__(self, request: Request, loop: asyncio.AbstractEventLoop) -> None:
+        self._request = request
+        self._ended = False
+        self._ready = asyncio.Event()
+        request.wakeup = lambda: loop.call_soon_threadsafe(self._ready.set)
+        self._ready.set()  # pieces may have been delivered before the doorbell was hung
+
+    def __aiter__(self) -> "AsyncRequestStream":
+        return self
+
+    async def __anext__(self) -> str:
+        if self._ended:
+            raise StopAsyncIteration
+        req = self._request
+        while True:
+            try:
+                item = req.outbox.get_nowait()
+                break
+            except queue.Empty:
+                self._ready.clear()
+                if not req.outbox.empty():  # rung between the two calls
+                    continue
+                await self._ready.wait()
+        if item is _END:
+            self._ended = True
+            if req.error is not None:
+                raise req.error
+            raise StopAsyncIteration
+        return item  # type: ignore[return-value]
+
+    async def wait(self) -> None:
+        """Until the request has ended (pieces are kept for ``result``)."""
+        while not self._request.done.is_set():
+            self._ready.clear()
+            if self._request.done.is_set():
+                break
+            await self._ready.wait()
+
+    @property
+    def id(self) -> int:
+        return self._request.id
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self._request.prompt)
+
+    @property
+    def result(self) -> Optional[Generation]:
+        req = self._request
+        return req.result if req.done.is_set() else None
+
+    @property
+    def error(self) -> Optional[BaseException]:
+        return self._request.error
+
+    async def aclose(self) -> None:
+        """Stop the request (if still running); returns at once."""
+        if not self._request.done.is_set():
+            self._request.closed = True
+        self._ended = True
+
+    async def __aenter__(self) -> "AsyncRequestStream":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __del__(self) -> None:
+        req = getattr(self, "_request", None)
+        if req is not None and not req.done.is_set():
+            req.closed = True

@@ -1,0 +1,97 @@
+"""``specdec-cpu serve``: an OpenAI-compatible HTTP server over a BatchedDecoder."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Optional
+
+from ..errors import ModelLoadError
+from ._common import UsageError, emit, int_in, positive_float
+from ._session import gamma_value
+
+API_KEY_ENV = "SPECDEC_API_KEY"
+
+
+def register(sub: "argparse._SubParsersAction") -> None:
+    """Add the ``serve`` subcommand."""
+    p = sub.add_parser(
+        "serve",
+        help="serve the model over HTTP with OpenAI's API (/v1/completions, /v1/chat/completions)",
+        description="An OpenAI-compatible HTTP server: every request's rows share the model's passes "
+                    "(BatchedDecoder). Without TARGET the bundled demo pair is served. Needs the "
+                    "[server] extra (pip install 'specdec-cpu[server]').",
+    )
+    p.add_argument("target", nargs="?", metavar="TARGET", help="target model (GGUF); default: the demo pair")
+    p.add_argument("draft", nargs="?", metavar="DRAFT", help="draft model (GGUF) sharing the target's vocabulary")
+    p.add_argument("--ngram", action="store_true", help="also draft by prompt lookup")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int_in(0, 65535), default=8000, help="port (default 8000)")
+    p.add_argument("--max-sequences", type=int_in(1, 256), default=8, metavar="N",
+                   help="requests decoded at once (default 8)")
+    p.add_argument("--max-queue", type=int_in(0, 1 << 20), default=64, metavar="M",
+                   help="requests that may wait for a free sequence; more get 429 (default 64)")
+    p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), metavar="KEY",
+                   help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, else none)")
+    p.add_argument("--model-name", default=None, metavar="NAME",
+                   help="the model id clients use (default: the target file's name)")
+    p.add_argument("--n-ctx", type=int_in(64, 1 << 20), default=4096, metavar="N",
+                   help="most tokens one request may hold, prompt and completion (default 4096)")
+    p.add_argument("--threads", type=int_in(1, 1024), default=None, metavar="N",
+                   help="CPU threads for the models (default: all cores)")
+    p.add_argument("--gamma", type=gamma_value, default="auto", metavar="auto|N",
+                   help="default draft length; a request may set its own 'gamma' (default auto)")
+    p.add_argument("--prefill-chunk", type=int_in(1, 1 << 16), default=128, metavar="N",
+                   help="prompt tokens per step while others decode (default 128)")
+    p.add_argument("--timeout", type=positive_float, default=600.0, metavar="S",
+                   help="longest a request may take, waiting included (default 600 s)")
+    p.add_argument("--max-body", type=int_in(1024, 1 << 30), default=1 << 20, metavar="BYTES",
+                   help="largest request body accepted; larger gets 413 (default 1 MiB)")
+    p.add_argument("--grace", type=positive_float, default=30.0, metavar="S",
+                   help="on SIGTERM/SIGINT, time requests in flight get to finish (default 30 s)")
+    p.add_argument("--log-prompts", action="store_true",
+                   help="include prompts and outputs in the per-request log lines (off by default)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Start the server; returns when it has shut down."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise UsageError("serving needs the [server] extra: pip install 'specdec-cpu[server]'") from None
+    if args.draft is not None and args.target is None:  # pragma: no cover - argparse fills target first
+        raise UsageError("DRAFT needs TARGET")
+    target, draft = _model_paths(args)
+    name = args.model_name or Path(target).stem
+    from ..serving.app import ServerOptions
+    from ..serving.batched import BatchedDecoder
+    from ..serving.server import run_server
+
+    def load() -> BatchedDecoder:
+        return BatchedDecoder.from_gguf(
+            target, draft, max_sequences=args.max_sequences, n_ctx=args.n_ctx, gamma=args.gamma,
+            ngram=args.ngram, n_threads=args.threads, max_queue=args.max_queue,
+            prefill_chunk=args.prefill_chunk, progress=lambda line: emit(line))
+
+    options = ServerOptions(model_name=name, api_key=args.api_key or None, max_body_bytes=args.max_body,
+                            request_timeout=args.timeout, log_prompts=args.log_prompts)
+    emit(f"serving {name} on http://{args.host}:{args.port} (OpenAI API under /v1; /health, /metrics); "
+         f"loading {Path(target).name}" + (f" + {Path(draft).name}" if draft else "") + " ...")
+    return run_server(load, options, host=args.host, port=args.port, grace=args.grace,
+                      log_level=args.log_level)
+
+
+def _model_paths(args: argparse.Namespace) -> "tuple[str, Optional[str]]":
+    if args.target is None:
+        from ..models import ensure_default_pair
+
+        target, draft = ensure_default_pair(progress=True)
+        return str(target), str(draft)
+    for what, path in (("TARGET", args.target), ("DRAFT", args.draft)):
+        if path is not None and not Path(path).is_file():
+            raise ModelLoadError(f"{what} {path}: no such file")
+    return args.target, args.draft

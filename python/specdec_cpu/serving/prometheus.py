@@ -1,0 +1,81 @@
+"""``/metrics``: a BatchedDecoder's counters in Prometheus' text format.
+
+A collector reads one :class:`~specdec_cpu.serving.metrics.MetricsSnapshot`
+per scrape, so the numbers are consistent with each other and nothing is
+counted twice.  Counters are totals since the decoder started; rates
+(tokens/s) are what Prometheus' ``rate()`` makes of them, and
+``specdec_tokens_per_second`` is the decoder's own recent average.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+from fastapi.responses import Response
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .batched import BatchedDecoder
+from .metrics import OUTCOMES
+
+__all__ = ["DecoderCollector", "metrics_response"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class DecoderCollector(Collector):
+    """The metrics of one decoder (none while it is loading)."""
+
+    def __init__(self, decoder: Optional[BatchedDecoder]) -> None:
+        self.decoder = decoder
+
+    def collect(self) -> Iterator[Metric]:
+        ready = GaugeMetricFamily("specdec_ready", "1 when the model is loaded and serving")
+        ready.add_metric([], 0.0 if self.decoder is None or self.decoder.closed else 1.0)
+        yield ready
+        if self.decoder is None:
+            return
+        m = self.decoder.metrics()
+        requests = CounterMetricFamily("specdec_requests", "Requests ended, by outcome", labels=["outcome"])
+        for outcome in OUTCOMES:
+            requests.add_metric([outcome], m.requests.get(outcome, 0))
+        yield requests
+        for name, doc, value in (
+            ("specdec_tokens_generated", "Tokens emitted to clients", m.tokens_generated),
+            ("specdec_prompt_tokens", "Prompt tokens of admitted requests", m.prompt_tokens),
+            ("specdec_prompt_tokens_cached", "Prompt tokens reused from cached prefixes", m.prompt_tokens_cached),
+            ("specdec_prefix_cache_hits", "Requests that reused a cached prompt prefix", m.prefix_cache_hits),
+            ("specdec_drafted_tokens", "Draft tokens verified", m.drafted),
+            ("specdec_accepted_tokens", "Draft tokens accepted", m.accepted),
+            ("specdec_steps", "Scheduler steps", m.steps),
+            ("specdec_target_passes", "Target model passes (llama_decode calls)", m.target_passes),
+            ("specdec_target_rows", "Rows in all target passes", m.target_rows),
+            ("specdec_draft_passes", "Draft model passes", m.draft_passes),
+            ("specdec_target_seconds", "Seconds in target passes", m.target_seconds),
+            ("specdec_draft_seconds", "Seconds in draft passes", m.draft_seconds),
+            ("specdec_sampling_seconds", "Seconds in the sampling and verify kernels", m.sampling_seconds),
+            ("specdec_scheduler_seconds", "Step seconds outside passes and kernels", m.scheduler_seconds),
+        ):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], value)
+            yield c
+        for name, doc, value in (
+            ("specdec_mean_alpha", "Mean exact acceptance Σ min(p, q) of every verified draft row", m.mean_alpha),
+            ("specdec_tokens_per_target_pass", "Tokens emitted per target pass (all requests)",
+             m.tokens_per_target_pass),
+            ("specdec_tokens_per_second", "Recent tokens/s of the whole decoder", m.recent_tokens_per_second),
+            ("specdec_queue_depth", "Requests waiting for a free sequence", m.queue_depth),
+            ("specdec_active_sequences", "Requests holding a sequence", m.active_sequences),
+            ("specdec_max_sequences", "Sequences decoded at once", m.max_sequences),
+        ):
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], value)
+            yield g
+
+
+def metrics_response(decoder: Optional[BatchedDecoder]) -> Response:
+    """The scrape's body (a registry of its own: several apps may share a process)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DecoderCollector(decoder))
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE)

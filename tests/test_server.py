@@ -1,0 +1,310 @@
+"""``specdec-cpu serve``: a real server process driven by the official ``openai`` client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+
+from specdec_cpu import SamplingParams, SpeculativeDecoder  # noqa: E402
+from specdec_cpu.text import TextAssembler  # noqa: E402
+from server_helpers import ServerProcess  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPTS = ["the quick brown fox", "hello world", "def return print", "and the", "it is of",
+           "with that for", "in the world", "hello and"]
+SERVE = ["--threads", "1", "--n-ctx", "256", "--max-sequences", "4", "--model-name", "tiny"]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_target, tiny_draft, tmp_path_factory):
+    with ServerProcess([tiny_target, tiny_draft, *SERVE], tmp_path_factory.mktemp("server")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_target, tiny_draft):
+    """Single-stream greedy runs of the same models."""
+    return SpeculativeDecoder.from_gguf(tiny_target, tiny_draft, gamma=3, n_ctx=256, n_threads=1)
+
+
+@pytest.fixture(scope="module")
+def endless(tiny_target, tiny_draft) -> str:
+    """A prompt whose greedy continuation never ends by itself (see batched_helpers)."""
+    from batched_helpers import endless_prompt
+    from specdec_cpu import BatchedDecoder
+
+    with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=1, n_ctx=512, n_threads=1) as dec:
+        return endless_prompt(dec, PROMPTS)
+
+
+def client(server) -> "openai.OpenAI":
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def assert_same_greedy_text(got: str, ref: SpeculativeDecoder, prompt, want_tokens: list[int]) -> None:
+    """``got`` is the text of ``want_tokens``, or parts from it at a near-tie
+    (batched logits differ from one-sequence logits by ~1e-3)."""
+    text = TextAssembler()
+    want = "".join(text.feed(ref.tokenizer.token_bytes(t)) for t in want_tokens) + text.finish()
+    if got == want:
+        return
+    ids = ref.tokenizer.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+    text = TextAssembler()
+    shown = ""
+    for j, t in enumerate(want_tokens):
+        shown += text.feed(ref.tokenizer.token_bytes(t))
+        if not got.startswith(shown):
+            break
+    ctx = ref.target
+    gaps = []
+    for i in range(max(0, j - 3), j + 1):  # a character may span up to 4 tokens
+        ctx.truncate(0)
+        row = np.sort(np.asarray(ctx.eval(ids + want_tokens[:i], 1)[0], dtype=np.float64))
+        gaps.append(row[-1] - row[-2])
+    ctx.truncate(0)
+    assert min(gaps) < 5e-3, f"{got!r} != {want!r}; top-2 gaps near the divergence: {gaps}"
+
+
+def test_health_models_and_metrics(server) -> None:
+    assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+    models = client(server).models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+    text = httpx.get(server.url + "/metrics").text
+    for name in ("specdec_requests_total", "specdec_tokens_generated_total", "specdec_drafted_tokens_total",
+                 "specdec_accepted_tokens_total", "specdec_mean_alpha", "specdec_tokens_per_target_pass",
+                 "specdec_tokens_per_second", "specdec_queue_depth", "specdec_active_sequences",
+                 "specdec_prefix_cache_hits_total"):
+        assert name in text, name
+
+
+def test_greedy_output_equals_the_single_stream_decoder(server, reference) -> None:
+    c = client(server)
+    for p in PROMPTS[:3]:
+        want = reference.generate(p, max_tokens=24, params=GREEDY).tokens
+        r = c.completions.create(model="tiny", prompt=p, max_tokens=24, temperature=0)
+        assert r.usage.completion_tokens == len(r.choices[0].text) or r.usage.completion_tokens <= 24
+        assert_same_greedy_text(r.choices[0].text, reference, p, want)
+        pieces = [ch.choices[0].text for ch in c.completions.create(model="tiny", prompt=p, max_tokens=24,
+                                                                     temperature=0, stream=True)]
+        assert_same_greedy_text("".join(pieces), reference, p, want)
+    messages = [{"role": "user", "content": "hello there"}]
+    gen = reference.chat(messages, max_tokens=20, params=GREEDY)
+    r = c.chat.completions.create(model="tiny", messages=messages, max_tokens=20, temperature=0)
+    assert_same_greedy_text(r.choices[0].message.content, reference, reference.chat_prompt(messages), gen.tokens)
+    assert r.usage.prompt_tokens == len(reference.tokenizer.tokenize(reference.chat_prompt(messages)))
+    assert r.choices[0].finish_reason == ("length" if gen.finish_reason == "length" else "stop")
+
+
+def test_stream_usage_finish_reason_and_done(server) -> None:
+    with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=60, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+            "stream": True, "stream_options": {"include_usage": True}}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        data = [line[len("data: "):] for line in r.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert chunks[-2]["choices"][0]["finish_reason"] in ("stop", "length")
+    usage = chunks[-1]["usage"]
+    assert chunks[-1]["choices"] == [] and usage["completion_tokens"] <= 6
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_eight_concurrent_async_streams_are_correct_and_independent(server, reference) -> None:
+    want = {p: reference.generate(p, max_tokens=20, params=GREEDY).tokens for p in PROMPTS}
+
+    async def main():
+        c = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+        async def one(p):
+            s = await c.completions.create(model="tiny", prompt=p, max_tokens=20, temperature=0, stream=True)
+            return "".join([ch.choices[0].text async for ch in s])
+
+        try:
+            return await asyncio.gather(*[one(p) for p in PROMPTS])
+        finally:
+            await c.close()
+
+    texts = asyncio.run(main())
+    for p, text in zip(PROMPTS, texts):
+        assert_same_greedy_text(text, reference, p, want[p])
+    assert len(set(texts)) > 1
+
+
+def test_a_disconnecting_client_frees_its_sequence(tiny_target, tiny_draft, endless, tmp_path) -> None:
+    args = [tiny_target, tiny_draft, "--threads", "1", "--n-ctx", "8192", "--max-sequences", "2",
+            "--model-name", "tiny"]
+    with ServerProcess(args, tmp_path) as s:
+        cancelled = 'specdec_requests_total{outcome="cancelled"}'
+        # Greedy from this prompt never ends by itself: only the disconnect can end it.
+        body = {"model": "tiny", "prompt": endless, "max_tokens": 8000, "temperature": 0, "stream": True}
+        other = ThreadPoolExecutor(1).submit(
+            lambda: client(s).completions.create(model="tiny", prompt="hello world", max_tokens=40))
+        with httpx.Client(timeout=60) as http:
+            with http.stream("POST", s.url + "/v1/completions", json=body) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        break
+        end = time.monotonic() + 10
+        while time.monotonic() < end and s.metric(cancelled) < 1:
+            time.sleep(0.02)
+        assert s.metric(cancelled) == 1 and s.metric("specdec_active_sequences") <= 1
+        assert other.result(timeout=60).choices[0].finish_reason in ("length", "stop")  # undisturbed
+        end = time.monotonic() + 10
+        while time.monotonic() < end and s.metric("specdec_active_sequences") > 0:
+            time.sleep(0.02)
+        assert s.metric("specdec_active_sequences") == 0
+
+
+def test_client_errors_get_openai_shaped_4xx(server) -> None:
+    url = server.url + "/v1"
+
+    def post(path, body=None, content=None, headers=None):
+        r = httpx.post(url + path, json=body, content=content, headers=headers, timeout=60)
+        err = r.json().get("error") if r.status_code >= 400 else None
+        if err is not None:
+            assert set(err) == {"message", "type", "param", "code"} and err["message"], r.text
+        return r.status_code, err
+
+    assert post("/completions", {"model": "nope", "prompt": "x"})[0] == 404
+    status, err = post("/completions", {"model": "tiny", "prompt": "x", "n": 2})
+    assert status == 400 and err["param"] == "n" and "n=1" in err["message"]
+    status, err = post("/completions", content=b'{"model": "tiny", "prompt": ',
+                       headers={"content-type": "application/json"})
+    assert status == 400 and "JSON" in err["message"]
+    status, err = post("/completions", {"model": "tiny", "prompt": "x", "temperature": "hot"})
+    assert status == 400 and err["param"] == "temperature"
+    status, err = post("/completions", {"model": "tiny", "prompt": "x", "max_tokens": -3})
+    assert status == 400 and err["param"] == "max_tokens"
+    status, err = post("/chat/completions", {"model": "tiny", "messages": []})
+    assert status == 400 and err["param"] == "messages"
+    status, err = post("/chat/completions", {"model": "tiny", "messages": [{"role": "wizard", "content": "x"}]})
+    assert status == 400 and err["param"] == "messages"
+    status, err = post("/completions", {"model": "tiny", "prompt": "hello " * 400})
+    assert status == 400 and err["code"] == "context_length_exceeded" and err["param"] == "prompt"
+    status, err = post("/completions", {"model": "tiny", "prompt": [5, 10**7]})
+    assert status == 400 and err["param"] == "prompt" and "vocabulary" in err["message"]
+    status, err = post("/completions", {"model": "tiny", "prompt": "x", "top_p": 0})
+    assert status == 400 and err["param"] == "top_p"
+    status, err = post("/completions", {"model": "tiny", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]})
+    assert status == 400 and err["param"] == "stop"
+    status, err = post("/completions", {"model": "tiny", "prompt": "x", "presence_penalty": 0.5})
+    assert status == 400 and "presence_penalty" in err["message"]
+    assert httpx.get(url + "/nope").status_code == 404
+    # A huge max_tokens is capped at the context, not refused; unknown fields are ignored.
+    r = client(server).completions.create(model="tiny", prompt="hello", max_tokens=10**9, temperature=1.0,
+                                          extra_body={"no_such_field": True, "top_k": 5, "gamma": 2})
+    assert r.usage.prompt_tokens + r.usage.completion_tokens <= 256
+    assert r.choices[0].finish_reason in ("length", "stop")
+    assert "status=500" not in server.logs()
+
+
+def test_api_key_body_limit_and_queue_full(tiny_target, tiny_draft, endless, tmp_path) -> None:
+    args = [tiny_target, tiny_draft, "--threads", "1", "--n-ctx", "4096", "--max-sequences", "1",
+            "--max-queue", "0", "--api-key", "sekrit", "--max-body", "2048", "--model-name", "tiny"]
+    with ServerProcess(args, tmp_path) as s:
+        assert httpx.get(s.url + "/health").status_code == 200  # open without the key
+        r = httpx.post(s.url + "/v1/completions", json={"model": "tiny", "prompt": "x"})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        bad = openai.OpenAI(base_url=s.url + "/v1", api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            bad.models.list()
+        auth = {"Authorization": "Bearer sekrit"}
+        r = httpx.post(s.url + "/v1/completions", headers=auth, timeout=30,
+                       json={"model": "tiny", "prompt": "x" * 5000})
+        assert r.status_code == 413 and r.json()["error"]["type"] == "invalid_request_error"
+        c = openai.OpenAI(base_url=s.url + "/v1", api_key="sekrit", max_retries=0)
+        hold = c.completions.create(model="tiny", prompt=endless, max_tokens=4000, temperature=0, stream=True)
+        next(iter(hold))  # the one sequence is busy, and nothing may wait
+        r = httpx.post(s.url + "/v1/completions", headers=auth, json={"model": "tiny", "prompt": "hi"})
+        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+        assert r.json()["error"]["code"] == "rate_limit_exceeded"
+        with pytest.raises(openai.RateLimitError):
+            c.completions.create(model="tiny", prompt="hi", max_tokens=2)
+        hold.close()
+        assert s.metric('specdec_requests_total{outcome="rejected"}', auth) == 2
+
+
+def test_sigterm_during_load_drains_and_exits_zero(tiny_target, tiny_draft, tmp_path) -> None:
+    s = ServerProcess([tiny_target, tiny_draft, *SERVE, "--grace", "60"], tmp_path)
+    c = client(s)
+    results, started = [], threading.Event()
+
+    def one(p):
+        stream = c.completions.create(model="tiny", prompt=p, max_tokens=150, temperature=1.0, stream=True)
+        chunks = []
+        for ch in stream:
+            started.set()
+            chunks.append(ch)
+        results.append(chunks[-1].choices[0].finish_reason)
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in PROMPTS[:6]]
+    for t in threads:
+        t.start()
+    assert started.wait(30)
+    code = s.stop(signal.SIGTERM)
+    for t in threads:
+        t.join(60)
+    assert code == 0, s.logs()
+    assert sorted(results) and len(results) == 6, s.logs()
+    assert all(r in ("stop", "length") for r in results)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(s.url + "/health")
+
+
+def test_health_is_503_while_the_model_loads(tiny_target, tiny_draft) -> None:
+    from fastapi.testclient import TestClient
+
+    from specdec_cpu import BatchedDecoder
+    from specdec_cpu.serving.app import ServerOptions, create_app
+
+    go = threading.Event()
+
+    def load():
+        go.wait(30)
+        return BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=1, n_ctx=128, n_threads=1)
+
+    with TestClient(create_app(load, ServerOptions(model_name="tiny"))) as http:
+        r = http.get("/health")
+        assert r.status_code == 503 and r.json()["status"] == "loading"
+        r = http.post("/v1/completions", json={"model": "tiny", "prompt": "x"})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_ready"
+        go.set()
+        end = time.monotonic() + 30
+        while http.get("/health").status_code != 200 and time.monotonic() < end:
+            time.sleep(0.05)
+        assert http.post("/v1/completions", json={"model": "tiny", "prompt": "x"}).status_code == 200
+
+
+def test_a_model_that_fails_to_load_stops_the_server(tmp_path, non_gguf) -> None:
+    s = ServerProcess([non_gguf, "--threads", "1"], tmp_path, ready=False)
+    assert s.proc.wait(60) == 1
+    assert "not a GGUF file" in s.logs()
+
+
+@pytest.mark.real_model
+@pytest.mark.slow
+def test_the_default_pair_serves_chat(tmp_path) -> None:
+    from real_models import default_pair
+
+    target, draft = default_pair()
+    with ServerProcess(["--threads", "2", "--n-ctx", "1024", "--max-sequences", "2"], tmp_path,
+                       timeout=600) as s:
+        ref = SpeculativeDecoder.from_gguf(target, draft, n_ctx=1024)
+        messages = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+        want = ref.chat(messages, max_tokens=32, params=GREEDY)
+        r = client(s).chat.completions.create(model=Path(target).stem, messages=messages, max_tokens=32,
+                                              temperature=0)
+        assert_same_greedy_text(r.choices[0].message.content, ref, ref.chat_prompt(messages), want.tokens)
