@@ -1,0 +1,631 @@
+"""Serving benchmark: K concurrent streams, ours against llama-server.
+
+    python -m bench.serving                       # the full sweep (see --help for its size)
+    python -m bench.serving --quick               # minutes: K = 1, 4, T = 1, one block
+    python -m bench.serving --report-only bench/serving_results.json
+
+For each K (concurrent streams) every engine is loaded for K streams and,
+block after block, every engine serves the same K requests (different
+prompts, 128 new tokens each), in an order rotated from block to block so
+that a change of machine load hits all engines alike.  Arrivals are "burst"
+(all K at once) or "staggered" (one every ``--stagger`` seconds).  Every
+prompt carries a tag unique to its block, so no engine can answer from a
+prompt cache filled by an earlier block (the chat template's system prompt,
+shared by all requests, may still be reused: every engine can).
+
+Measured per run: aggregate tokens/s (all tokens generated / from the first
+request sent to the last one finished, prompt processing included: what a
+server's users get), time to first token and inter-token gaps per request
+(p50 / p95).  Ratios are medians of per-block ratios with a bootstrap 95%
+interval over blocks.  Writes bench/serving_results.json, a "## Serving"
+section of bench/RESULTS.md and bench/plot_serving.png.  Nothing here
+asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+try:  # python -m bench.serving, or bench/ on sys.path
+    from . import peers
+    from .report import bootstrap_ci
+    from .run import CpuMeter, machine_info
+    from .suite import F32, Q4_0, SETTINGS, Setting
+except ImportError:  # pragma: no cover - run as a plain script
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench import peers  # type: ignore[no-redef]
+    from bench.report import bootstrap_ci  # type: ignore[no-redef]
+    from bench.run import CpuMeter, machine_info  # type: ignore[no-redef]
+    from bench.suite import F32, Q4_0, SETTINGS, Setting  # type: ignore[no-redef]
+
+HERE = Path(__file__).resolve().parent
+SECTION = "## Serving"
+N_CTX = 1024  # per stream: a ~100-token prompt and 128 new tokens fit easily
+
+#: One user message per stream (K ≤ 8 take the first K): short chat requests
+#: of different kinds, each asking for a long enough answer.
+USER_PROMPTS = (
+    "Write a Python function that merges two sorted lists into one sorted list, with a docstring and comments.",
+    "Explain how a hash table works and what happens when two keys collide.",
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "List ten practical tips for writing clean, maintainable code, with one sentence on each.",
+    "Write a SQL query that finds the five customers with the highest total order value, and explain it.",
+    "Describe the differences between TCP and UDP and when to use each.",
+    "Write a bash script that backs up a directory into a dated tar.gz archive and keeps the last seven.",
+    "Explain what a closure is in JavaScript with two small examples.",
+)
+
+
+# ---------------------------------------------------------------------------
+# one request, as a client sees it
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Request:
+    """What one client measured."""
+
+    stream: int
+    sent: float  # seconds since the run started
+    first: Optional[float] = None  # first piece received
+    done: Optional[float] = None
+    tokens: int = 0
+    arrivals: List[float] = field(default_factory=list)  # each piece, seconds since sent
+    error: Optional[str] = None
+
+    @property
+    def ttft(self) -> Optional[float]:
+        return None if self.first is None else self.first - self.sent
+
+    def gaps(self) -> List[float]:
+        a = self.arrivals
+        return [b - x for x, b in zip(a, a[1:])]
+
+
+class Engine:
+    """One way of serving K streams.  Subclasses load in ``start`` and serve
+    one request per client thread in ``request``."""
+
+    id = "?"
+    label = "?"
+
+    def start(self, k: int, threads: int) -> None:
+        raise NotImplementedError
+
+    def request(self, prompt: str, setting: Setting, max_tokens: int, seed: int, rec: Request,
+                t0: float) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        pass
+
+    def stats(self) -> Dict[str, Any]:
+        """Counters since the last call (engines that have them)."""
+        return {}
+
+
+def _consume(pieces, rec: Request, t_sent_abs: float, t0: float) -> None:
+    for _ in pieces:
+        now = time.perf_counter()
+        if rec.first is None:
+            rec.first = now - t0
+        rec.arrivals.append(now - t_sent_abs)
+
+
+class OursBatched(Engine):
+    """BatchedDecoder (γ auto, or a fixed γ such as 0: continuous batching alone)."""
+
+    def __init__(self, gamma: Any) -> None:
+        self.gamma = gamma
+        self.id = "batched-auto" if gamma == "auto" else f"batched-g{gamma}"
+        self.label = f"ours, BatchedDecoder γ={gamma}"
+        self.dec = None
+        self._last = None
+
+    def start(self, k: int, threads: int) -> None:
+        from specdec_cpu import BatchedDecoder
+        from specdec_cpu.models import ensure_model
+
+        self.dec = BatchedDecoder.from_gguf(str(ensure_model(F32)), str(ensure_model(Q4_0)), max_sequences=k,
+                                            n_ctx=N_CTX, n_threads=threads, gamma=self.gamma)
+        self._last = self.dec.metrics()
+
+    def request(self, prompt, setting, max_tokens, seed, rec, t0):
+        s = self.dec.stream(prompt, max_tokens=max_tokens, params=setting.params(seed))
+        t_sent = time.perf_counter()
+        _consume(s, rec, t_sent, t0)
+        rec.tokens = len(s.result.tokens)
+
+    def stats(self) -> Dict[str, Any]:
+        m = self.dec.metrics()
+        last, self._last = self._last, m
+        passes = m.target_passes - last.target_passes
+        drafted = m.drafted - last.drafted
+        rows = m.alpha_rows - last.alpha_rows
+        return {
+            "target_passes": passes,
+            "rows_per_pass": (m.target_rows - last.target_rows) / passes if passes else None,
+            "tokens_per_pass": (m.tokens_generated - last.tokens_generated) / passes if passes else None,
+            "drafted": drafted,
+            "acceptance": (m.accepted - last.accepted) / drafted if drafted else None,
+            "mean_alpha": (m.alpha_sum - last.alpha_sum) / rows if rows else None,
+            "target_s": m.target_seconds - last.target_seconds,
+            "draft_s": m.draft_seconds - last.draft_seconds,
+            "sampling_s": m.sampling_seconds - last.sampling_seconds,
+            "scheduler_s": m.scheduler_seconds - last.scheduler_seconds,
+            "step_s": m.step_seconds - last.step_seconds,
+        }
+
+    def stop(self) -> None:
+        if self.dec is not None:
+            self.dec.close()
+            self.dec = None
+
+
+class OursPool(Engine):
+    """DecoderPool(K): one context per request, its cores shared out."""
+
+    id, label = "pool-auto", "ours, DecoderPool(K) γ=auto"
+
+    def start(self, k, threads):
+        from specdec_cpu import DecoderPool
+        from specdec_cpu.models import ensure_model
+
+        # The pool's documented setting: each decoder gets a share of the cores.
+        self.pool = DecoderPool(k, str(ensure_model(F32)), str(ensure_model(Q4_0)), n_ctx=N_CTX,
+                                n_threads=max(1, threads // k))
+
+    def request(self, prompt, setting, max_tokens, seed, rec, t0):
+        s = self.pool.stream(prompt, max_tokens=max_tokens, params=setting.params(seed))
+        t_sent = time.perf_counter()
+        _consume(s, rec, t_sent, t0)
+        rec.tokens = len(s.result.tokens) if s.result is not None else 0
+
+    def stop(self):
+        self.pool.close()
+
+
+class OursSingle(Engine):
+    """SpeculativeDecoder (one conversation; K = 1 only): the single-stream reference."""
+
+    id, label = "single-auto", "ours, SpeculativeDecoder γ=auto"
+
+    def start(self, k, threads):
+        from specdec_cpu import SpeculativeDecoder
+        from specdec_cpu.models import ensure_model
+
+        self.dec = SpeculativeDecoder.from_gguf(str(ensure_model(F32)), str(ensure_model(Q4_0)), n_ctx=N_CTX,
+                                                n_threads=threads)
+
+    def request(self, prompt, setting, max_tokens, seed, rec, t0):
+        s = self.dec.stream(prompt, max_tokens=max_tokens, params=setting.params(seed))
+        t_sent = time.perf_counter()
+        _consume(s, rec, t_sent, t0)
+        rec.tokens = len(s.result.tokens)
+
+
+class LlamaServer(Engine):
+    """llama-server --parallel K, plain or with a draft model (-md)."""
+
+    def __init__(self, draft_max: Optional[int] = None) -> None:
+        self.draft_max = draft_max
+        self.id = "server-plain" if draft_max is None else f"server-md{draft_max}"
+        self.label = ("llama-server --parallel K" if draft_max is None
+                      else f"llama-server --parallel K -md (draft-n-max {draft_max})")
+        self._cm = None
+
+    def start(self, k, threads):
+        from specdec_cpu.models import ensure_model
+
+        draft = str(ensure_model(Q4_0)) if self.draft_max is not None else None
+        self._cm = peers.llama_server(str(ensure_model(F32)), draft=draft, draft_max=self.draft_max,
+                                      draft_min=0 if draft else None, parallel=k, ctx=N_CTX * k,
+                                      threads=threads)
+        self.url = self._cm.__enter__()
+
+    def request(self, prompt, setting, max_tokens, seed, rec, t0):
+        t_sent = time.perf_counter()
+        r = peers.server_complete(self.url, prompt, max_tokens, temperature=setting.temperature,
+                                  top_k=setting.top_k, top_p=setting.top_p, min_p=setting.min_p, seed=seed,
+                                  stream=True)
+        arrivals = r.arrival_s or []
+        rec.arrivals = list(arrivals)
+        if arrivals:
+            rec.first = (t_sent - t0) + arrivals[0]
+        rec.tokens = int(r.n_predicted)
+
+    def stop(self):
+        if self._cm is not None:
+            self._cm.__exit__(None, None, None)
+            self._cm = None
+
+
+ENGINES: Dict[str, Callable[[], Engine]] = {
+    "batched-auto": lambda: OursBatched("auto"),
+    "batched-g0": lambda: OursBatched(0),
+    "pool-auto": OursPool,
+    "single-auto": OursSingle,
+    "server-plain": lambda: LlamaServer(None),
+    "server-md4": lambda: LlamaServer(4),
+    "server-md8": lambda: LlamaServer(8),
+}
+DEFAULT_ENGINES = tuple(ENGINES)
+
+
+# ---------------------------------------------------------------------------
+# a run: K clients against one engine
+# ---------------------------------------------------------------------------
+
+
+def run_once(engine: Engine, prompts: Sequence[str], setting: Setting, max_tokens: int, arrival: str,
+             stagger: float, seed: int) -> Dict[str, Any]:
+    """K client threads (one per prompt), started together or staggered."""
+    recs = [Request(stream=i, sent=0.0) for i in range(len(prompts))]
+    barrier = threading.Barrier(len(prompts) + 1)
+    t0_box: List[float] = []
+
+    def client(i: int) -> None:
+        barrier.wait()
+        t0 = t0_box[0]
+        if arrival == "staggered":
+            time.sleep(max(0.0, t0 + i * stagger - time.perf_counter()))
+        rec = recs[i]
+        rec.sent = time.perf_counter() - t0
+        try:
+            engine.request(prompts[i], setting, max_tokens, seed + i, rec, t0)
+        except Exception as exc:  # recorded: a failed request is a result too
+            rec.error = f"{type(exc).__name__}: {exc}"
+        rec.done = time.perf_counter() - t0
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    meter = CpuMeter()
+    t0_box.append(time.perf_counter())
+    barrier.wait()
+    for t in threads:
+        t.join()
+    ok = [r for r in recs if r.error is None]
+    wall = max((r.done for r in ok), default=0.0) - min((r.sent for r in ok), default=0.0)
+    tokens = sum(r.tokens for r in ok)
+    gaps = [g for r in ok for g in r.gaps()]
+    ttfts = [r.ttft for r in ok if r.ttft is not None]
+    return {
+        "engine": engine.id, "tokens": tokens, "wall_s": wall,
+        "agg_tps": tokens / wall if wall > 0 and ok else None,
+        "ttft_p50": _pct(ttfts, 50), "ttft_p95": _pct(ttfts, 95),
+        "itl_p50": _pct(gaps, 50), "itl_p95": _pct(gaps, 95),
+        "tpot_median": statistics.median([(r.done - r.sent - r.ttft) / max(r.tokens - 1, 1)
+                                          for r in ok if r.ttft is not None]) if ok else None,
+        "errors": [r.error for r in recs if r.error],
+        "requests": [asdict(r) | {"arrivals": None} for r in recs],
+        "others_cpu": meter.others(),
+        "stats": engine.stats(),
+    }
+
+
+def _pct(xs: Sequence[float], q: float) -> Optional[float]:
+    if not xs:
+        return None
+    s = sorted(xs)
+    i = min(len(s) - 1, max(0, int(math.ceil(q / 100.0 * len(s))) - 1))
+    return s[i]
+
+
+def chat_prompts(k: int, tag: str) -> List[str]:
+    """The K templated prompts of one block (each tagged, see the module docstring)."""
+    from specdec_cpu.engine import LlamaTokenizer, LlamaWeights
+    from specdec_cpu.models import ensure_model
+
+    global _TOKENIZER
+    if _TOKENIZER is None:
+        _TOKENIZER = LlamaTokenizer(LlamaWeights(str(ensure_model(Q4_0))))
+    return [_TOKENIZER.chat_prompt([{"role": "user", "content": f"(request {tag}.{i}) {USER_PROMPTS[i % 8]}"}])
+            for i in range(k)]
+
+
+_TOKENIZER = None
+
+
+# ---------------------------------------------------------------------------
+# the sweep
+# ---------------------------------------------------------------------------
+
+
+def sweep(args: argparse.Namespace) -> Dict[str, Any]:
+    results: Dict[str, Any] = {
+        "command": "python -m bench.serving " + " ".join(sys.argv[1:]),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "machine": machine_info(args.threads),
+        "tokens": args.tokens, "stagger_s": args.stagger, "threads": args.threads,
+        "engines": {}, "runs": [],
+    }
+    block = 0
+    for k in args.ks:
+        engines = [ENGINES[e]() for e in args.engines if not (e == "single-auto" and k != 1)]
+        for e in engines:
+            results["engines"][e.id] = e.label
+        started = []
+        try:
+            for e in engines:
+                _say(f"K={k}: loading {e.label}")
+                e.start(k, args.threads)
+                started.append(e)
+                warm = chat_prompts(1, f"warm{k}")
+                e.request(warm[0], SETTINGS["t1"], 8, 1, Request(0, 0.0), time.perf_counter())
+                e.stats()
+            for rep in range(args.repeats):
+                for sid in args.settings:
+                    for arrival in args.arrivals:
+                        if arrival == "staggered" and k == 1:
+                            continue
+                        block += 1
+                        prompts = chat_prompts(k, f"{block}")
+                        order = engines[block % len(engines):] + engines[:block % len(engines)]
+                        for e in order:
+                            run = run_once(e, prompts, SETTINGS[sid], args.tokens, arrival, args.stagger,
+                                           seed=1000 * block)
+                            run.update(k=k, setting=sid, arrival=arrival, block=block, repeat=rep)
+                            results["runs"].append(run)
+                            _say(f"K={k} {sid} {arrival} block {block}: {e.id:13s} "
+                                 f"{_fmt(run['agg_tps'])} tok/s, TTFT p50 {_fmt(run['ttft_p50'], 2)} s"
+                                 + (f"  ERRORS {run['errors'][:1]}" if run["errors"] else ""))
+                        _save(results, args.output)
+        finally:
+            for e in started:
+                e.stop()
+    results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    _save(results, args.output)
+    return results
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _fmt(x: Optional[float], digits: int = 1) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def _save(results: Dict[str, Any], path: Path) -> None:
+    path.write_text(json.dumps(results, indent=1))
+
+
+# ---------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------
+
+
+def _runs(results, **match) -> List[Dict[str, Any]]:
+    return [r for r in results["runs"] if all(r.get(k) == v for k, v in match.items())]
+
+
+def block_ratios(results, a: str, b: str, **match) -> List[float]:
+    """agg_tps(a) / agg_tps(b) for every block where both ran."""
+    by_block: Dict[int, Dict[str, float]] = {}
+    for r in _runs(results, **match):
+        if r["agg_tps"]:
+            by_block.setdefault(r["block"], {})[r["engine"]] = r["agg_tps"]
+    return [d[a] / d[b] for d in by_block.values() if a in d and b in d]
+
+
+def ratio_text(ratios: Sequence[float]) -> str:
+    if not ratios:
+        return "–"
+    med = statistics.median(ratios)
+    ci = bootstrap_ci(ratios)
+    return f"{med:.2f}×" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+
+def best_server(results, **match) -> Optional[str]:
+    """The faster llama-server mode (median aggregate tok/s) for these runs."""
+    best, best_tps = None, -1.0
+    for e in results["engines"]:
+        if not e.startswith("server-"):
+            continue
+        tps = [r["agg_tps"] for r in _runs(results, engine=e, **match) if r["agg_tps"]]
+        if tps and statistics.median(tps) > best_tps:
+            best, best_tps = e, statistics.median(tps)
+    return best
+
+
+def render(results) -> str:
+    ks = sorted({r["k"] for r in results["runs"]})
+    settings = [s for s in SETTINGS if any(r["setting"] == s for r in results["runs"])]
+    arrivals = [a for a in ("burst", "staggered") if any(r["arrival"] == a for r in results["runs"])]
+    L = [SECTION, "",
+         "Generated by `bench/serving.py`; every number comes from the run described here "
+         "(every request is in [serving_results.json](serving_results.json)).", "",
+         "```", results["command"], "```", "",
+         f"- Run: {results['started']} → {results.get('finished', '(unfinished)')}; "
+         f"machine: {results['machine'].get('cpu')}, {results['machine'].get('cores')} cores, "
+         f"{results['threads']} threads for every engine (DecoderPool(K): max(1, threads // K) per decoder, "
+         "its documented setting).",
+         f"- Workload: F32 target / Q4_0 draft (Qwen2.5-Coder-0.5B-Instruct); K concurrent streams with "
+         f"different chat prompts (a tag unique to each block defeats prompt caches across blocks), "
+         f"{results['tokens']} new tokens each; arrivals `burst` (all at once) or `staggered` "
+         f"(one every {results['stagger_s']} s).",
+         "- Aggregate tok/s: all tokens generated / (last request finished − first sent), prompt "
+         "processing included. TTFT: request sent → first text piece. ITL: gaps between successive "
+         "pieces of a request (a piece is one token, or several when a multi-byte character spans "
+         "tokens; speculation delivers tokens in bursts, so ITL p50 can be ~0 while p95 shows the "
+         "step time). Ratios: median of per-block ratios [bootstrap 95% interval over blocks].",
+         "- Engines: " + "; ".join(f"`{e}` {lab}" for e, lab in results["engines"].items()) + ".", ""]
+    for sid in settings:
+        for arrival in arrivals:
+            rows = [(k, e) for k in ks for e in results["engines"] if _runs(results, k=k, engine=e, setting=sid,
+                                                                             arrival=arrival)]
+            if not rows:
+                continue
+            L += [f"### {SETTINGS[sid].label}, {arrival} arrivals", "",
+                  "| K | engine | agg tok/s min – **median** – max | TTFT p50 / p95 s | ITL p50 / p95 ms "
+                  "| tokens/pass | rows/pass | acceptance | × batched γ=0 |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+            for k, e in rows:
+                rs = _runs(results, k=k, engine=e, setting=sid, arrival=arrival)
+                tps = sorted(r["agg_tps"] for r in rs if r["agg_tps"])
+                med = lambda key: _median([r.get(key) for r in rs])  # noqa: E731
+                st = lambda key: _median([r["stats"].get(key) for r in rs if r.get("stats")])  # noqa: E731
+                vs0 = block_ratios(results, e, "batched-g0", k=k, setting=sid, arrival=arrival)
+                L.append(
+                    f"| {k} | {e} | " + (f"{tps[0]:.1f} – **{statistics.median(tps):.1f}** – {tps[-1]:.1f}"
+                                         if tps else "failed")
+                    + f" | {_fmt(med('ttft_p50'), 2)} / {_fmt(med('ttft_p95'), 2)}"
+                    + f" | {_fmt(_ms(med('itl_p50')), 0)} / {_fmt(_ms(med('itl_p95')), 0)}"
+                    + f" | {_fmt(st('tokens_per_pass'), 2)} | {_fmt(st('rows_per_pass'), 1)}"
+                    + f" | {_fmt(st('acceptance'), 2)} | {ratio_text(vs0) if e != 'batched-g0' else '1.00×'} |")
+            L.append("")
+    L += goals(results, ks, settings, arrivals)
+    L += where_time_goes(results, ks, settings)
+    L += ["![Aggregate tokens/s against K](plot_serving.png)", ""]
+    return "\n".join(L)
+
+
+def goals(results, ks, settings, arrivals) -> List[str]:
+    L = ["### Goals (median of per-block ratios [95% interval])", "",
+         "| setting | arrivals | K | auto / faster llama-server mode | auto / batched γ=0 | "
+         "auto / DecoderPool(K) | auto / SpeculativeDecoder |", "|---|---|---|---|---|---|---|"]
+    for sid in settings:
+        for arrival in arrivals:
+            for k in ks:
+                m = dict(k=k, setting=sid, arrival=arrival)
+                if not _runs(results, engine="batched-auto", **m):
+                    continue
+                srv = best_server(results, **m)
+                cells = [
+                    (f"{ratio_text(block_ratios(results, 'batched-auto', srv, **m))} (vs {srv})" if srv else "–"),
+                    ratio_text(block_ratios(results, "batched-auto", "batched-g0", **m)),
+                    ratio_text(block_ratios(results, "batched-auto", "pool-auto", **m)),
+                    ratio_text(block_ratios(results, "batched-auto", "single-auto", **m)) if k == 1 else "–",
+                ]
+                L.append(f"| {SETTINGS[sid].label} | {arrival} | {k} | " + " | ".join(cells) + " |")
+    L += ["", "Goals of the batched-decoding issue: at every K, auto ≥ 1.2× the faster llama-server mode and "
+          "≥ 0.97× batched γ=0; at K = 4, ≥ 2.4× DecoderPool(4); at K = 1, ≥ 0.97× SpeculativeDecoder.", ""]
+    return L
+
+
+def where_time_goes(results, ks, settings) -> List[str]:
+    L = ["### Where the time goes (ours, BatchedDecoder γ=auto; share of step time, medians over runs)", "",
+         "| setting | K | target | draft | sampling | scheduler | rows/pass | tokens/pass | mean α |",
+         "|---|---|---|---|---|---|---|---|---|"]
+    for sid in settings:
+        for k in ks:
+            rs = [r for r in _runs(results, engine="batched-auto", k=k, setting=sid) if r.get("stats")]
+            if not rs:
+                continue
+            share = lambda key: _median([r["stats"][key] / r["stats"]["step_s"]  # noqa: E731
+                                         for r in rs if r["stats"].get("step_s")])
+            st = lambda key: _median([r["stats"].get(key) for r in rs])  # noqa: E731
+            L.append(f"| {SETTINGS[sid].label} | {k} | {_pctx(share('target_s'))} | {_pctx(share('draft_s'))} | "
+                     f"{_pctx(share('sampling_s'))} | {_pctx(share('scheduler_s'))} | {_fmt(st('rows_per_pass'), 1)} "
+                     f"| {_fmt(st('tokens_per_pass'), 2)} | {_fmt(st('mean_alpha'), 3)} |")
+    return L + [""]
+
+
+def _median(xs) -> Optional[float]:
+    v = [x for x in xs if x is not None]
+    return statistics.median(v) if v else None
+
+
+def _ms(x: Optional[float]) -> Optional[float]:
+    return None if x is None else 1000.0 * x
+
+
+def _pctx(x: Optional[float]) -> str:
+    return "–" if x is None else f"{100 * x:.0f}%"
+
+
+def plot(results, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = [s for s in SETTINGS if any(r["setting"] == s for r in results["runs"])]
+    fig, axes = plt.subplots(1, len(settings), figsize=(6 * len(settings), 4.2), squeeze=False)
+    for ax, sid in zip(axes[0], settings):
+        for e, label in results["engines"].items():
+            ks = sorted({r["k"] for r in _runs(results, engine=e, setting=sid, arrival="burst")})
+            med = [_median([r["agg_tps"] for r in _runs(results, engine=e, setting=sid, arrival="burst", k=k)])
+                   for k in ks]
+            pts = [(k, m) for k, m in zip(ks, med) if m is not None]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent streams K")
+        ax.set_ylabel("aggregate tokens/s (median)")
+        ax.set_title(f"{SETTINGS[sid].label}, burst arrivals")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_section(path: Path, section: str) -> None:
+    """Replace (or add) this module's "## " section of RESULTS.md, keeping the others."""
+    text = path.read_text() if path.exists() else "# Benchmark results\n"
+    out, skipping = [], False
+    for line in text.splitlines():
+        if line.startswith("## "):
+            skipping = line.strip() == SECTION
+        if not skipping:
+            out.append(line)
+    path.write_text("\n".join(out).rstrip() + "\n\n" + section.rstrip() + "\n")
+
+
+# ---------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8],
+                    help="concurrent streams (default 1,2,4,8)")
+    ap.add_argument("--settings", type=lambda s: s.split(","), default=["t0.7", "t1"],
+                    help="sampling settings (default t0.7,t1)")
+    ap.add_argument("--arrivals", type=lambda s: s.split(","), default=["burst", "staggered"])
+    ap.add_argument("--engines", type=lambda s: s.split(","), default=list(DEFAULT_ENGINES),
+                    help=f"engines (default all: {','.join(DEFAULT_ENGINES)})")
+    ap.add_argument("--tokens", type=int, default=128, help="new tokens per request (default 128)")
+    ap.add_argument("--repeats", type=int, default=3, help="blocks per (K, setting, arrivals) (default 3)")
+    ap.add_argument("--stagger", type=float, default=1.0, help="seconds between staggered arrivals (default 1)")
+    ap.add_argument("--threads", type=int, default=2, help="threads per engine (default 2)")
+    ap.add_argument("--quick", action="store_true", help="K = 1, 4; T = 1; burst; one block")
+    ap.add_argument("--output", type=Path, default=HERE / "serving_results.json")
+    ap.add_argument("--results-md", type=Path, default=HERE / "RESULTS.md")
+    ap.add_argument("--report-only", type=Path, default=None, metavar="RESULTS_JSON",
+                    help="re-render the section and plot from a results file")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.ks, args.settings, args.arrivals, args.repeats = [1, 4], ["t1"], ["burst"], 1
+    unknown = [e for e in args.engines if e not in ENGINES] + [s for s in args.settings if s not in SETTINGS]
+    if unknown:
+        ap.error(f"unknown engines/settings: {', '.join(unknown)}")
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.report_only is not None:
+        results = json.loads(args.report_only.read_text())
+    else:
+        results = sweep(args)
+    plot(results, args.results_md.parent / "plot_serving.png")
+    write_section(args.results_md, render(results))
+    _say(f"wrote {args.results_md} ({SECTION}) and plot_serving.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
