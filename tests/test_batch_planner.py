@@ -10,7 +10,7 @@ from specdec_cpu.planning.batch_planner import AlphaTracker, BatchPlanner, Draft
 from specdec_cpu.planning.costmodel import CostModel
 from specdec_cpu.planning.pass_times import PassTimes
 
-# DESIGN-style measured curves (ms): an F32 target on 2 cores, T(k) for k = 1..64,
+# Measured pass-time curves (ms; docs/math.md §8): an F32 target on 2 cores, T(k) for k = 1..64,
 # interpolated from T(1) = 100, v(2) 1.15, v(4) 1.36, v(8) 1.85, v(16) 2.87, v(32) 4.70;
 # a Q4_0 draft, T(1) = 27.5 ms, 4 rows 2.0×.
 _K = [1, 2, 4, 8, 16, 32, 64]

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
 from specdec_cpu import SamplingParams, SpeculativeDecoder, VocabMismatchError
+from specdec_cpu.errors import UnsupportedModelError
+from specdec_cpu.planning import CostModel
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -60,3 +64,107 @@ def test_large_vocabulary_pair(tiny_large_vocab, tiny_large_vocab_draft) -> None
     dec = SpeculativeDecoder.from_gguf(tiny_large_vocab, tiny_large_vocab_draft, gamma=4, n_ctx=256, seed=4)
     gen = dec.generate("zz", max_tokens=24, params=SamplingParams(temperature=0.7, top_p=0.9))
     assert gen.stats.tokens >= 1 and gen.stats.drafted > 0
+
+
+# ---------------------------------------------------------------- γ and n_batch
+
+# A cost model under which extra verify rows and draft tokens look free, so
+# that γ = auto asks for as many rows as it may (up to gamma_max = 12 for the
+# draft model, max_draft = 24 for prompt lookup).
+_FREE_ROWS = CostModel(target_ms=[1e-3] * 65, draft_ms=1e-4, alpha=0.99)
+_REPEATING = "hello world and the " * 12  # gives prompt lookup long matches
+
+
+@pytest.mark.parametrize("gamma, with_draft", [(8, True), (8, False), ("auto", True), ("auto", False)])
+def test_gamma_never_exceeds_what_one_batch_can_verify(tiny_target, tiny_draft, gamma, with_draft):
+    """A verify pass needs γ + 1 rows of logits from one llama.cpp batch: with
+    n_batch = 8 no step may draft more than 7 tokens, on any route."""
+    n_batch = 8
+    draft = tiny_draft if with_draft else None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dec = SpeculativeDecoder.from_gguf(tiny_target, draft, gamma=gamma, ngram=True, n_ctx=512,
+                                           n_batch=n_batch, n_threads=1, seed=1, calibration=_FREE_ROWS)
+    assert dec.gamma_cap == n_batch - 1
+    too_long = [w for w in caught if "n_batch" in str(w.message)]
+    assert bool(too_long) == (gamma == 8), [str(w.message) for w in caught]
+    gen = dec.generate(_REPEATING, max_tokens=64, params=GREEDY)
+    s = gen.stats
+    assert s.tokens == 64 or s.finish_reason == "stop"
+    assert s.drafted > 0
+    assert max(s.gammas) <= n_batch - 1, s.gamma_runs()
+    if with_draft:  # a model draft always drafts what it is asked: the cap was reached
+        assert max(s.gammas) == n_batch - 1, s.gamma_runs()
+    # A per-call γ is capped the same way.
+    again = dec.generate(_REPEATING, max_tokens=16, params=GREEDY, gamma=12)
+    assert max(again.stats.gammas) <= n_batch - 1
+
+
+def test_a_one_row_batch_decodes_plain(tiny_target, tiny_draft):
+    with pytest.warns(UserWarning, match="n_batch is 1"):
+        dec = SpeculativeDecoder.from_gguf(tiny_target, tiny_draft, gamma=3, n_ctx=256, n_batch=1,
+                                           n_threads=1, calibration=None)
+    gen = dec.generate("hello", max_tokens=12, params=GREEDY)
+    assert gen.stats.gammas and set(gen.stats.gammas) == {0}
+
+
+# ---------------------------------------------------------------- recurrent models
+
+
+@pytest.fixture(scope="module")
+def tiny_recurrent(tmp_path_factory):
+    """A tiny Mamba model (llama.cpp reports it recurrent) with the target's vocabulary."""
+    pytest.importorskip("gguf")
+    from tiny_mamba import write_tiny_mamba
+
+    return str(write_tiny_mamba(tmp_path_factory.mktemp("mamba") / "mamba.gguf", n_vocab=384))
+
+
+def test_a_recurrent_draft_is_refused_at_load(tiny_target, tiny_recurrent):
+    with pytest.raises(UnsupportedModelError, match=r"draft model .*mamba.gguf \(mamba\) is a recurrent"):
+        SpeculativeDecoder.from_gguf(tiny_target, tiny_recurrent, n_ctx=256, calibration=None)
+
+
+@pytest.mark.parametrize("with_draft, ngram", [(True, False), (False, True), (True, True)])
+def test_a_recurrent_target_with_a_drafter_is_refused_at_load(tiny_recurrent, tiny_draft, with_draft,
+                                                              ngram):
+    with pytest.raises(UnsupportedModelError,
+                       match=r"target model .*mamba.gguf \(mamba\) is a recurrent.*plain decoding works"):
+        SpeculativeDecoder.from_gguf(tiny_recurrent, tiny_draft if with_draft else None, ngram=ngram,
+                                     n_ctx=256, calibration=None)
+
+
+def test_a_recurrent_target_alone_decodes_plain_across_requests(tiny_recurrent):
+    dec = SpeculativeDecoder.from_gguf(tiny_recurrent, None, n_ctx=256, n_batch=8, n_threads=1)
+
+    def fresh(prompt, n):
+        return SpeculativeDecoder.from_gguf(tiny_recurrent, None, n_ctx=256, n_batch=8,
+                                            n_threads=1).generate(prompt, max_tokens=n, params=GREEDY)
+
+    prompt = dec.tokenizer.tokenize("hello world and the world")  # longer than n_batch: chunked
+    first = dec.generate(prompt, max_tokens=12, params=GREEDY)
+    assert set(first.stats.gammas) == {0}
+    assert first.tokens == fresh(prompt, 12).tokens
+    # A request extending the cached text reuses it; one that does not, or
+    # that repeats it exactly, starts over: its state cannot drop a suffix.
+    longer = prompt + first.tokens + dec.tokenizer.tokenize(" more", add_special=False)
+    second = dec.generate(longer, max_tokens=8, params=GREEDY)
+    assert second.stats.prompt_cached > len(prompt)
+    assert second.tokens == fresh(longer, 8).tokens
+    for other in (longer, dec.tokenizer.tokenize("the and of")):
+        gen = dec.generate(other, max_tokens=8, params=GREEDY)
+        assert gen.stats.prompt_cached == 0
+        assert gen.tokens == fresh(other, 8).tokens
+
+
+def test_gamma_max_bounds_auto_for_the_draft_model_not_lookup_nor_a_fixed_gamma(tiny_target,
+                                                                                 tiny_draft):
+    kw = dict(n_ctx=512, n_threads=1, seed=1, calibration=_FREE_ROWS, gamma_max=3)
+    model = SpeculativeDecoder.from_gguf(tiny_target, tiny_draft, gamma="auto", **kw)
+    auto = model.generate(_REPEATING, max_tokens=48, params=GREEDY).stats
+    assert max(auto.gammas) == 3, auto.gamma_runs()  # free rows: it asks for all it may
+    fixed = model.generate(_REPEATING, max_tokens=48, params=GREEDY, gamma=6).stats
+    assert max(fixed.gammas) == 6, fixed.gamma_runs()
+    lookup = SpeculativeDecoder.from_gguf(tiny_target, None, gamma="auto", ngram=True, **kw)
+    copied = lookup.generate(_REPEATING, max_tokens=64, params=GREEDY).stats
+    assert max(copied.gammas) > 3, copied.gamma_runs()  # bounded by max_draft instead

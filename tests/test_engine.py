@@ -320,6 +320,53 @@ def test_decode_failure_rolls_back(ctx, ids, monkeypatch):
     small.close()
 
 
+@pytest.fixture(scope="module")
+def recurrent(tmp_path_factory):
+    """A tiny Mamba model: llama.cpp's own recurrent-model code paths."""
+    from tiny_mamba import write_tiny_mamba
+
+    with LlamaWeights(write_tiny_mamba(tmp_path_factory.mktemp("mamba") / "mamba.gguf")) as w:
+        yield w
+
+
+def test_a_recurrent_model_reports_it_cannot_truncate(recurrent, ids):
+    assert recurrent.architecture == "mamba"
+    assert recurrent.is_recurrent and not recurrent.can_truncate
+    with recurrent.new_context(n_ctx=64, n_batch=8, n_threads=1) as c:
+        assert not c.can_truncate
+        c.eval(ids[:6])
+        with pytest.raises(UnsupportedModelError, match=r"mamba.gguf \(mamba\).*cannot drop a suffix"):
+            c.truncate(3)
+        assert c.n_past == 6 and c.tokens == ids[:6]  # a refused truncate changes nothing
+        c.truncate(0)  # dropping everything is always possible
+        assert c.n_past == 0
+
+
+def test_a_failed_decode_of_a_recurrent_model_starts_over(recurrent, ids, monkeypatch):
+    """The state has absorbed the chunks decoded before the failure and
+    cannot give them back: the context drops the whole sequence (n_past 0)
+    rather than keep a state that disagrees with its tokens."""
+    real = context_mod.lib.llama_decode
+    fresh = recurrent.new_context(n_ctx=64, n_batch=4, n_threads=1)
+    want = fresh.eval(ids, n_logits=2).copy()
+    fresh.close()
+    c = recurrent.new_context(n_ctx=64, n_batch=4, n_threads=1)
+    c.eval(ids[:3])
+    calls = []
+
+    def flaky(ctx, batch):
+        calls.append(batch.n_tokens)
+        return 1 if len(calls) == 2 else real(ctx, batch)
+
+    monkeypatch.setattr(context_mod.lib, "llama_decode", flaky)
+    with pytest.raises(DecodeError):
+        c.eval(ids[3:])  # the first chunk is decoded, the second fails
+    monkeypatch.setattr(context_mod.lib, "llama_decode", real)
+    assert c.n_past == 0 and c.tokens == []
+    np.testing.assert_allclose(c.eval(ids, n_logits=2), want, atol=1e-4)
+    c.close()
+
+
 def test_zero_copy_logits(ctx, ids):
     out = ctx.eval(ids, n_logits=4)
     assert out.ctypes.data == ctx.logits_address() != 0

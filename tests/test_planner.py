@@ -24,7 +24,7 @@ from specdec_cpu.planning import (
     time_passes,
 )
 
-# DESIGN.md §2 curves (ms per decode call over k rows, all rows' logits).
+# docs/math.md §8 curves (ms per decode call over k rows, all rows' logits).
 KS = [1, 2, 4, 6, 8, 16]
 Q4KM = np.interp(np.arange(1, 18), KS, [20.3, 37.1, 49.0, 73.8, 82.3, 126.0])  # compute-bound
 F32 = np.interp(np.arange(1, 18), KS, [64.8, 69.7, 78.8, 85.9, 104.0, 156.0])  # memory-bound
@@ -489,7 +489,7 @@ def test_pass_times_follow_the_machine_load() -> None:
 
 
 def test_no_probes_where_even_perfect_acceptance_cannot_pay() -> None:
-    """Compute-bound target with a costly draft (DESIGN §2's Q4_K_M curve, c = 0.68):
+    """Compute-bound target with a costly draft (docs/math.md §8's Q4_K_M curve, c = 0.68):
     a probe would only cost the draft's catch-up, so none are made."""
     from specdec_cpu.planning.controller import GammaController
 

@@ -20,7 +20,7 @@ from specdec_cpu.planning.theory import (
     stationary_gamma,
 )
 
-# DESIGN.md §2: Q4_K_M target, ms per decode call over k rows (compute-bound).
+# docs/math.md §8: Q4_K_M target, ms per decode call over k rows (compute-bound).
 Q4KM_KS = [1, 2, 4, 6, 8, 16]
 Q4KM_MS = [20.3, 37.1, 49.0, 73.8, 82.3, 126.0]
 
@@ -145,7 +145,7 @@ def test_optimal_gamma_zero_when_nothing_pays():
 
 
 def test_optimal_gamma_backs_off_on_a_compute_bound_target():
-    # Q4_K_M row of DESIGN.md §2 with c = 0.25: speculation cannot pay at α = 0.7.
+    # Q4_K_M row of docs/math.md §8 with c = 0.25: speculation cannot pay at α = 0.7.
     assert optimal_gamma(0.7, 0.25, 12, q4km_curve()) == 0
     # ... while the seed's flat cost model would have speculated.
     assert optimal_gamma(0.7, 0.25, 12) > 0

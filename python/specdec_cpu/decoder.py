@@ -6,6 +6,7 @@ import dataclasses
 import os
 import threading
 import time
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, Sequence, Union
@@ -16,7 +17,7 @@ from .cache import CachedSequence
 from .planning import GammaController, MatchLengthController
 from .drafters import CombinedDrafter, Draft, Drafter, ModelDrafter, NgramDrafter
 from .drafters.unwrap import unwrapped_reference
-from .errors import GenerationCancelled, InvalidLogitsError
+from .errors import GenerationCancelled, InvalidLogitsError, UnsupportedModelError
 from .model import CausalLM, Tokenizer
 from .params import SamplingParams
 from .request_args import GAMMA_LIMIT, Prompt, check_gamma, check_request, prompt_tokens
@@ -58,6 +59,20 @@ class SpeculativeDecoder:
     Stopping early (``cancel``, ``timeout``, closing a stream, an exception
     such as ``InvalidLogitsError`` or ``KeyboardInterrupt``) leaves the caches
     consistent: the next call gives what a fresh decoder would.
+
+    How far a step drafts: a fixed ``gamma`` (here or per call) is used as
+    given; with ``gamma="auto"`` the draft model's γ stays within
+    ``gamma_max`` and prompt lookup's within its ``max_draft``.  Every route
+    is also capped at ``gamma_cap`` = the target's ``n_batch`` − 1, since a
+    verify pass scores γ + 1 rows in one llama.cpp batch.
+
+    ``seed`` seeds the decoder's own random streams (drafting and
+    verification), used by requests whose ``SamplingParams.seed`` is None; a
+    request with a seed starts fresh streams of its own.  A seed repeats a
+    run only with the same model files, kernel ISA and CPU, a fixed γ (or
+    greedy decoding) and the same cache history, e.g. a fresh or ``reset()``
+    decoder: batched and one-row passes round differently, and a prompt
+    prefix cached by an earlier call is not decoded again (docs/math.md §9).
     """
 
     def __init__(
@@ -88,6 +103,14 @@ class SpeculativeDecoder:
         self.drafter = drafter
         if self.drafter is None and gamma not in (0, "auto"):
             raise ValueError(f"gamma={gamma} needs a drafter: pass a draft model (or gamma=0)")
+        _check_rollback(target, self.drafter)
+        #: The largest γ one verify pass can hold: it scores γ + 1 rows in one
+        #: llama.cpp batch, so every route's γ is capped at the target's n_batch − 1.
+        self.gamma_cap = _verify_cap(target)
+        if isinstance(gamma, int) and gamma > self.gamma_cap:
+            warnings.warn(f"gamma={gamma} needs {gamma + 1} rows in one verify pass but the "
+                          f"target's n_batch is {self.gamma_cap + 1}: steps use at most "
+                          f"γ = {self.gamma_cap}", stacklevel=2)
         self._target_cache = CachedSequence(target)
         self._seed = int.from_bytes(os.urandom(8), "little") if seed is None else seed
         self._rng_draft = sampling.Rng(self._seed, sampling.DRAFT_STREAM)
@@ -301,9 +324,11 @@ class SpeculativeDecoder:
             if isinstance(part, NgramDrafter):
                 cm = (None if self.cost_model is None
                       else dataclasses.replace(self.cost_model, draft_ms=0.0, alpha=None))
-                ctrl = MatchLengthController(cm, gamma_max=min(part.max_draft, GAMMA_LIMIT))
+                ctrl = MatchLengthController(cm, gamma_max=min(part.max_draft, GAMMA_LIMIT,
+                                                               self.gamma_cap))
             else:
-                ctrl = GammaController(self.cost_model, gamma_max=self.gamma_max)
+                ctrl = GammaController(self.cost_model,
+                                       gamma_max=min(self.gamma_max, self.gamma_cap))
             self._controllers[route] = ctrl
         return ctrl
 
@@ -455,7 +480,7 @@ class _Run:
 
         # Prompt: reuse what the cache already holds, decode the rest but the
         # last token (its logits come with the first step), a batch at a time.
-        stats.prompt_cached = min(target.align(seq), len(seq) - 1)
+        stats.prompt_cached = min(_align(target, seq), len(seq) - 1)
         chunk = getattr(dec.target, "n_batch", None) or len(seq)
         while len(target) < len(seq) - 1:
             reason = self._stop_reason()
@@ -546,16 +571,19 @@ class _Run:
     def _choose_gamma(self, seq: list[int], cap: int, auto: bool) -> tuple[int, Optional[str]]:
         """(γ, route) of the next step: the first route the drafter offers
         after ``seq`` whose γ (its controller's, or the fixed one) is > 0,
-        at most ``cap``.  Controllers keep to their own γ_max: ``gamma_max``
+        at most ``cap`` and the verify pass's limit ``gamma_cap``.  A fixed γ
+        is used as given (``gamma_max`` does not bound it, as at
+        construction); controllers keep to their own γ_max: ``gamma_max``
         for a draft model, ``max_draft`` for prompt lookup (whose drafts cost
         nothing, so only the target's pass limits how long they pay)."""
         dec = self.dec
+        cap = min(cap, dec.gamma_cap)
         if dec.drafter is None or cap <= 0:
             return 0, None
         routes = dec.drafter.routes(seq) if hasattr(dec.drafter, "routes") else (dec.drafter.name,)
         for route in routes:
             if not auto:
-                g = min(int(self.gamma), dec.gamma_max)
+                g = int(self.gamma)
             else:
                 ctrl = dec._gamma_controller(route)
                 if isinstance(ctrl, MatchLengthController):
@@ -622,7 +650,68 @@ def _plan_rows(dec: SpeculativeDecoder) -> int:
     for part in _parts(dec.drafter):
         if isinstance(part, NgramDrafter):
             longest = max(longest, part.max_draft)
-    return min(longest, GAMMA_LIMIT) + 1
+    return min(longest, GAMMA_LIMIT, dec.gamma_cap) + 1
+
+
+def _verify_cap(target: CausalLM) -> int:
+    """The most draft tokens one verify pass of ``target`` can score: the pass
+    needs γ + 1 rows of logits from one batch of at most ``n_batch`` rows.  A
+    model without a batch limit (a synthetic one) allows GAMMA_LIMIT."""
+    n_batch = getattr(target, "n_batch", None)
+    if n_batch is None:
+        return GAMMA_LIMIT
+    return max(0, min(GAMMA_LIMIT, int(n_batch) - 1))
+
+
+def _check_rollback(target: CausalLM, drafter: Optional[Drafter]) -> None:
+    """Refuse speculation with a model whose cache cannot drop a suffix.
+
+    Every rejected draft token must be removed from both caches, and a
+    recurrent or hybrid model (Mamba, RWKV, ...) folds each token into a
+    state it cannot rewind.  A draft model like that can never serve: it is
+    refused.  Such a target is refused too when a drafter is attached,
+    rather than silently running plain: the caller asked for speculation,
+    which cannot happen, and finding out at load beats a slow run that looks
+    like a bad draft (or, before this check, a failure at the first
+    rejection).  Alone (no draft model, no n-gram drafting) the same target
+    is fine: plain decoding only ever appends, and a later request that does
+    not extend the cached text starts the cache over (see ``_align``).
+    """
+    if drafter is None:
+        return
+    for part in _parts(drafter):
+        if isinstance(part, ModelDrafter) and not getattr(part.cache.model, "can_truncate", True):
+            raise UnsupportedModelError(
+                f"the draft model {_model_name(part.cache.model)} is a recurrent/hybrid model: its "
+                "state cannot drop rejected draft tokens, so it cannot draft; use a transformer "
+                "draft (or ngram drafting)")
+    if not getattr(target, "can_truncate", True):
+        raise UnsupportedModelError(
+            f"the target model {_model_name(target)} is a recurrent/hybrid model: its state cannot "
+            "drop rejected draft tokens, so it cannot be verified speculatively; load it without a "
+            "draft model and without ngram (plain decoding works)")
+
+
+def _model_name(model: object) -> str:
+    weights = getattr(model, "weights", None)
+    path, arch = getattr(weights, "path", None), getattr(weights, "architecture", None)
+    if path is None:
+        return type(model).__name__
+    return f"{path} ({arch})" if arch else str(path)
+
+
+def _align(cache: CachedSequence, seq: Sequence[int]) -> int:
+    """``cache.align(seq)`` that also serves a model unable to drop a suffix
+    (a recurrent target decoding plain): its cache is kept only when ``seq``
+    extends it by at least one token (the first step evaluates ``seq``'s last
+    token); otherwise it starts over.  Returns the tokens kept."""
+    if getattr(cache.model, "can_truncate", True):
+        return cache.align(seq)
+    n = cache.common_prefix(seq)
+    if n < len(cache) or n >= len(seq):
+        cache.reset()
+        return 0
+    return n
 
 
 def _resync(cache: CachedSequence) -> None:

@@ -24,7 +24,13 @@ class SamplingParams:
             reaches ``top_p`` (including the token that crosses it); ``1`` is off.
         min_p: in [0, 1). Drop tokens whose probability is below
             ``min_p`` times the largest probability; ``0`` is off.
-        seed: optional seed for a reproducible run; ``None`` draws one.
+        seed: starts the request's random streams afresh; ``None`` uses the
+            decoder's own streams.  The same seed repeats a run only with
+            the same model files, kernel ISA and CPU, a fixed γ (or greedy
+            decoding) and the same cache history (a fresh or reset decoder):
+            a prompt prefix cached by an earlier call is not decoded again,
+            and batched passes round differently from one-row passes
+            (docs/math.md §9).
     """
 
     temperature: float = 1.0

@@ -1,22 +1,20 @@
 """What ``generate`` and ``chat`` share: model and sampling flags, loading the
-decoder (the user's files or the default demo pair), Ctrl-C handling and the
-statistics they print."""
+decoder (the user's files or the default demo pair) and the statistics they
+print.  Ctrl-C handling lives in ``_interrupts``."""
 
 from __future__ import annotations
 
 import argparse
 import math
-import signal
 import sys
-import threading
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence, TextIO, Union
+from typing import Any, Optional, Sequence, TextIO, Union
 
 from ..errors import ModelLoadError, SpecDecError
 from ..params import SamplingParams
 from ..stats import GenerationStats
 from ._common import UsageError, emit, int_in, nonneg_float
+from ._interrupts import interruptible  # noqa: F401  (generate and chat use it from here)
 
 GammaSetting = Union[int, str]
 
@@ -107,8 +105,9 @@ def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
                    help="drop tokens below P × the top probability, in [0, 1), 0 = off (default)")
     g.add_argument("--seed", type=int_in(0, 2**63 - 1), default=None, metavar="N",
                    help="seed of the random streams. The same seed, models and flags give the "
-                        "same text with a fixed --gamma or --temperature 0 (with --gamma auto, "
-                        "γ follows measured timings, which changes how the streams are used)")
+                        "same text with a fixed --gamma or --temperature 0, on the same CPU and "
+                        "kernel ISA, from the same conversation state (with --gamma auto, γ "
+                        "follows measured timings, which changes how the streams are used)")
     g.add_argument("--max-tokens", type=int_in(1, 1 << 24), default=max_tokens, metavar="N",
                    help=f"most tokens to generate per reply (default {max_tokens})")
     g.add_argument("--system", metavar="TEXT", default=None,
@@ -169,7 +168,7 @@ def load_decoder(args: argparse.Namespace, announce: Optional[TextIO] = None):
         names = ", ".join(Path(p).name for p in (target, draft) if p)
         emit(f"loading {names} ...", announce)
     kwargs: dict[str, Any] = dict(gamma=args.gamma, n_ctx=args.ctx, n_threads=args.threads,
-                                  seed=args.seed)
+                                  seed=args.seed, progress=lambda line: emit(line, sys.stderr))
     if args.ngram:
         kwargs["ngram"] = True
     try:
@@ -202,30 +201,8 @@ def describe_models(decoder) -> str:
 
 
 # ---------------------------------------------------------------------------
-# Ctrl-C
+# results
 # ---------------------------------------------------------------------------
-
-
-@contextmanager
-def interruptible() -> Iterator[threading.Event]:
-    """While active, the first Ctrl-C sets the yielded event (the decoder stops
-    after the step in progress, its caches consistent); a second one raises
-    KeyboardInterrupt as usual."""
-    cancel = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield cancel  # signals only reach the main thread
-        return
-
-    def on_sigint(signum, frame):  # noqa: ARG001
-        if cancel.is_set():
-            raise KeyboardInterrupt
-        cancel.set()
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield cancel
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def run_result(stream) -> Any:

@@ -8,8 +8,10 @@ from the standard library's ``readline`` where it is available.
 Ctrl-C during a reply stops it after the step in progress.  The partial reply
 is kept in the conversation (it is what the user saw, and the caches already
 hold it); a reply stopped before its first token drops the whole turn, so the
-message can simply be sent again.  Ctrl-C at the prompt only shows a hint;
-Ctrl-D or ``/exit`` ends the session.
+message can simply be sent again.  Ctrl-C at the prompt drops the line being
+typed and shows a hint; Ctrl-D or ``/exit`` ends the session.  At other moments
+(a command running) Ctrl-C is ignored; ``_interrupts`` explains why the
+session installs its own handler for it.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..errors import SpecDecError
 from ..params import SamplingParams
 from ..stats import GenerationStats
 from ._common import emit
+from ._interrupts import PromptInterrupts
 from ._session import (
     PARAM_KEYS,
     add_model_args,
@@ -122,9 +125,15 @@ class ChatSession:
 
     # ------------------------------------------------------------ input
     def loop(self) -> None:
+        """Read and act on inputs until /exit or end of input."""
+        with PromptInterrupts() as interrupts:
+            self._loop(interrupts)
+
+    def _loop(self, interrupts: PromptInterrupts) -> None:
         while True:
             try:
-                line = self._read()
+                with interrupts.reading():
+                    line = self._read()
             except EOFError:
                 if self.interactive:
                     sys.stdout.write("\n")

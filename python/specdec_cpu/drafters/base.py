@@ -16,7 +16,7 @@ class Draft:
     """γ proposed tokens and, for a sampling drafter, the q rows they came from.
 
     ``probs`` is ``None`` for a deterministic drafter: q is then one-hot at
-    each proposed token (accept with probability p(x); DESIGN §2).
+    each proposed token (accept with probability p(x); docs/math.md §5).
     """
 
     tokens: np.ndarray

@@ -3,7 +3,7 @@ current suffix in the text so far.
 
 A proposal is deterministic, so it is verified as q = one-hot at each
 proposed token (``Draft.probs is None``): accept with probability p(x),
-otherwise sample from p with x removed and renormalised (DESIGN §2).  That is
+otherwise sample from p with x removed and renormalised (docs/math.md §5).  That is
 exact at every temperature, not only for greedy decoding.
 """
 

@@ -230,7 +230,11 @@ class LlamaContext:
         self._logits_addr = 0
         self._logits_rows = 0
         if self._dirty:
-            lib.llama_memory_seq_rm(self._mem, _SEQ, n_past, -1)
+            if not self._forget_from(n_past):
+                self._dirty = False
+                raise SpecDecError(
+                    f"the recurrent state of {self._weights.path} was left ahead of its {n_past} "
+                    "tokens by an interrupted call and had to be cleared; decode the sequence again")
         self._dirty = True
         try:
             start = 0
@@ -240,7 +244,7 @@ class LlamaContext:
                 start = stop
             self._decode(ctx, arr, tail_start, n, n_past, n_logits)
         except BaseException:
-            lib.llama_memory_seq_rm(self._mem, _SEQ, n_past, -1)
+            self._forget_from(n_past)
             self._dirty = False
             raise
         self._tokens.extend(arr.tolist())
@@ -264,6 +268,18 @@ class LlamaContext:
         ).reshape(n_logits, self._n_vocab)
         view.flags.writeable = False
         return view
+
+    def _forget_from(self, n: int) -> bool:
+        """Drop the cells from position ``n`` on, after a failed or
+        interrupted change.  A recurrent state that has absorbed tokens past
+        ``n`` cannot give them back: then the whole sequence is dropped (the
+        token list too, so ``n_past`` is 0 and callers mirroring it re-decode
+        from scratch) and False is returned."""
+        if lib.llama_memory_seq_rm(self._mem, _SEQ, n, -1):
+            return True
+        lib.llama_memory_seq_rm(self._mem, _SEQ, 0, -1)
+        del self._tokens[:]
+        return False
 
     def _copy_rows(self, ctx: int, first: int, stop: int) -> np.ndarray:
         out = np.empty((stop - first, self._n_vocab), dtype=np.float32)

@@ -77,7 +77,19 @@ def calibrate(
     With ``cache`` a stored calibration for the same model files, thread
     count and CPU is returned without measuring (``recalibrate`` forces a new
     measurement); when only the sampling settings differ, only α is
-    re-measured.  The models' caches are left as they were found.
+    re-measured.
+
+    What it leaves behind, when it measures α: the decoder's KV caches end
+    empty, as after ``decoder.reset()``.  α is measured by generating from
+    the sample prompts, which replaces whatever conversation the caches held;
+    putting it back would cost a full pass over it and, computed in other
+    batches, would not even be bit-identical (see docs/math.md §9), so the
+    next request simply decodes its prompt in full, as on a fresh decoder.
+    The decoder's random streams and γ controllers are not touched (α is
+    measured with a seed of its own, or ``params.seed``, and at a fixed γ).
+    When the stored calibration already answers (same files, threads, CPU
+    and sampling settings), nothing runs and the decoder is left as it was.
+    With ``cache`` the result is written to the calibration store.
 
     Args:
         decoder: a loaded decoder (``.target``, ``.draft``, ``.target_path``,
@@ -114,7 +126,7 @@ def calibrate(
         if cached.sampling == sampling and cached.alpha is not None:
             return cached
         model = dataclasses.replace(cached, sampling=sampling,
-                                    alpha=measure_alpha(decoder, params, prompts, n_tokens))
+                                    alpha=_alpha_then_reset(decoder, params, prompts, n_tokens))
     else:
         ks = sorted(set(range(1, gamma_max + 2)) | {k for k in QUICK_TARGET_ROWS if k <= rows_max} | {rows_max})
         target_ms = _dense(ks, time_passes(decoder.target, ks, repeats, clock))
@@ -127,7 +139,7 @@ def calibrate(
             target_ms=target_ms,
             draft_ms=draft_ms,
             draft_batch_ms=draft_batch if batch > 1 else None,
-            alpha=measure_alpha(decoder, params, prompts, n_tokens),
+            alpha=_alpha_then_reset(decoder, params, prompts, n_tokens),
             n_threads=n_threads,
             cpu=cpu,
             target=target_id,
@@ -190,14 +202,24 @@ def time_passes(model: CausalLM, ks: Sequence[int], repeats: int = 3,
     return [statistics.median(times[k]) for k in ks]
 
 
+#: Seed of the α measurement when ``params`` has none: the generations then
+#: draw from streams of their own, not from the decoder's.
+ALPHA_SEED = 0x5EED_A1FA
+
+
 def measure_alpha(decoder: CalibratableDecoder, params: SamplingParams,
                   prompts: Optional[Sequence[str]] = None, n_tokens: int = 32) -> Optional[float]:
     """Mean exact acceptance Σ min(p, q) over short generations at γ = 4.
 
-    None when the decoder has no drafter or no row was ever verified.
+    None when the decoder has no drafter or no row was ever verified.  The
+    generations use ``params.seed``, or :data:`ALPHA_SEED` when it is None,
+    so the decoder's own random streams do not move; they do replace what
+    the decoder's caches held (see :func:`calibrate`).
     """
     if getattr(decoder, "drafter", decoder.draft) is None:
         return None
+    if params.seed is None:
+        params = dataclasses.replace(params, seed=ALPHA_SEED)
     values = []
     for prompt in (SAMPLE_PROMPTS if prompts is None else prompts):
         gen = decoder.generate(prompt, max_tokens=n_tokens, params=params, gamma=4)
@@ -205,6 +227,18 @@ def measure_alpha(decoder: CalibratableDecoder, params: SamplingParams,
         if a is not None and 0.0 <= a <= 1.0 and getattr(gen.stats, "alpha_rows", 1):
             values.append(float(a))
     return statistics.fmean(values) if values else None
+
+
+def _alpha_then_reset(decoder: CalibratableDecoder, params: SamplingParams,
+                      prompts: Optional[Sequence[str]], n_tokens: int) -> Optional[float]:
+    """measure_alpha, then empty the decoder's caches (also after an error),
+    so that calibration leaves a state as plain as a fresh decoder's."""
+    try:
+        return measure_alpha(decoder, params, prompts, n_tokens)
+    finally:
+        reset = getattr(decoder, "reset", None)
+        if reset is not None:
+            reset()
 
 
 def _identity(path: Optional[str]) -> Optional[ModelIdentity]:

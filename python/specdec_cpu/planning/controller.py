@@ -38,7 +38,7 @@ class GammaController:
             the controller starts from priors: c = ``cost_prior`` and the
             cautious verify-cost curve v(k) = 1 + ``slope_prior``·(k − 1)
             (0.3 per row sits between the memory-bound and compute-bound
-            curves measured on small CPUs, DESIGN.md §2), and it spends its
+            curves measured on small CPUs, docs/math.md §8), and it spends its
             first ``warmup`` steps on plain decoding to measure T(1).
         gamma_max: largest γ ever returned.
         alpha_prior: α̂ before any row is observed (unless the cost model has α).

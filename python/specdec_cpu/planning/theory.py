@@ -1,6 +1,6 @@
 """Closed-form speculative decoding theory: acceptance, speed-up, optimal γ.
 
-Notation (DESIGN.md §2):
+Notation (docs/math.md §7–§8):
 
 - α: per-position acceptance probability, α = Σ min(p, q) = 1 − TV(p, q).
 - γ: number of drafted tokens per step; one target pass verifies k = γ + 1 rows.
