@@ -1,12 +1,21 @@
-"""Turn bench/results.json into RESULTS.md tables, the targets check and plots."""
+"""Turn bench/results.json into RESULTS.md tables, the targets check and plots.
+
+Every speed-up is computed here from the runs' tok/s (so an older
+results.json renders with today's rules): per block, an engine's tok/s over
+the tok/s of the baseline in the same block — llama.cpp's plain decoding
+(``llama-completion``), or our plain decoding in a run without llama.cpp —
+and the median of those per-block ratios over the blocks, with a bootstrap
+interval (percentile, 95%, fixed seed: :func:`bootstrap_ci`).
+"""
 
 from __future__ import annotations
 
 import math
+import random
 import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 #: Headings this module writes; any other "## " section of RESULTS.md (the
 #: "## Kernels" section of bench/kernels.py) is kept as it is.
@@ -19,6 +28,13 @@ PLOT_FILES = {
 }
 
 SPEC_OURS = ("gamma2", "gamma4", "gamma6", "gamma8", "auto")
+FIXED_GAMMA = ("gamma2", "gamma4", "gamma6", "gamma8")
+
+#: Bootstrap of the median of per-block ratios: resamples and seed.
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 20261130
+#: measured / predicted counts as a miss outside this band, either way.
+THEORY_BAND = (0.9, 1.1)
 
 
 # ---------------------------------------------------------------------------
@@ -29,6 +45,65 @@ SPEC_OURS = ("gamma2", "gamma4", "gamma6", "gamma8", "auto")
 def _med(xs: Iterable[Optional[float]]) -> Optional[float]:
     v = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
     return statistics.median(v) if v else None
+
+
+def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,
+                 seed: int = BOOTSTRAP_SEED) -> Optional[Tuple[float, float]]:
+    """Percentile bootstrap interval of the median of ``values`` (blocks resampled
+    with replacement, a fixed seed so that a report renders the same twice).
+    None for fewer than 2 values."""
+    v = [x for x in values if x is not None]
+    if len(v) < 2:
+        return None
+    rng = random.Random(seed)
+    n = len(v)
+    meds = sorted(statistics.median(rng.choices(v, k=n)) for _ in range(resamples))
+    a = (1.0 - level) / 2.0
+    lo = meds[int(math.floor(a * resamples))]
+    hi = meds[min(resamples - 1, int(math.ceil((1.0 - a) * resamples)) - 1)]
+    return lo, hi
+
+
+def stat(values: Sequence[float]) -> Dict[str, Any]:
+    """Median of per-block values with its bootstrap interval."""
+    v = [x for x in values if x is not None]
+    ci = bootstrap_ci(v)
+    return {"median": _med(v), "lo": ci[0] if ci else None, "hi": ci[1] if ci else None, "n": len(v)}
+
+
+def baseline_id(results) -> str:
+    """The denominator of "× plain": llama.cpp's plain decoding when the run has it."""
+    b = results.get("baseline", "llama-completion")
+    if any(r["engine"] == b and r.get("tps") for r in results["runs"]):
+        return b
+    return results.get("control", "plain")
+
+
+def baseline_label(results) -> str:
+    return "llama.cpp plain" if baseline_id(results) == "llama-completion" else "our plain"
+
+
+_BLOCK_TPS_CACHE: Dict[int, Tuple[int, Dict[int, Dict[str, float]]]] = {}
+
+
+def block_tps(results) -> Dict[int, Dict[str, float]]:
+    """block -> engine -> tok/s (successful runs)."""
+    key = id(results)
+    cached = _BLOCK_TPS_CACHE.get(key)
+    if cached is not None and cached[0] == len(results["runs"]):
+        return cached[1]
+    out: Dict[int, Dict[str, float]] = defaultdict(dict)
+    for r in results["runs"]:
+        if r.get("tps"):
+            out[r["block"]][r["engine"]] = r["tps"]
+    _BLOCK_TPS_CACHE[key] = (len(results["runs"]), out)
+    return out
+
+
+def run_ratio(results, r: Dict[str, Any], to: Optional[str] = None) -> Optional[float]:
+    """A run's tok/s over that of engine ``to`` (default: the baseline) in its block."""
+    base = block_tps(results).get(r["block"], {}).get(to or baseline_id(results))
+    return r["tps"] / base if base and r.get("tps") else None
 
 
 def runs_of(results, pair: str, setting: str, engine: Optional[str] = None,
@@ -45,44 +120,104 @@ def engines_of(results, pair: str) -> List[str]:
     return [e for e in order if e in present] + sorted(present - set(order))
 
 
-def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """min/median/max tok/s and medians of the per-run figures of one engine."""
+#: Families of engines recorded before results.json carried them.
+_LEGACY_FAMILIES = {"pld2": "pld", "pld10": "pld"}
+
+
+def family_of(results, eid: str) -> str:
+    return results.get("engines", {}).get(eid, {}).get("family") or _LEGACY_FAMILIES.get(eid, eid)
+
+
+_FAMILY_LABELS = {"pld": "llama-cpp-python PromptLookup"}
+
+
+def setting_label(results, eid: str) -> str:
+    info = results.get("engines", {}).get(eid, {})
+    return info.get("setting_label") or info.get("label", eid)
+
+
+def best_variant(results, pair: str, setting: str, family: str,
+                 kinds: Optional[Sequence[str]] = None) -> Optional[str]:
+    """The variant of ``family`` with the highest median tok/s over the blocks of
+    (pair, setting) (restricted to prompt ``kinds`` if given)."""
+    best, best_tps = None, -1.0
+    for eid in engines_of(results, pair):
+        if family_of(results, eid) != family:
+            continue
+        m = _med(r.get("tps") for r in runs_of(results, pair, setting, eid, kinds))
+        if m is not None and m > best_tps:
+            best, best_tps = eid, m
+    return best
+
+
+def shown_engines(results, pair: str, setting: str) -> List[str]:
+    """The engines of a pair's table: each family by its best variant at this setting."""
+    out: List[str] = []
+    seen = set()
+    for eid in engines_of(results, pair):
+        fam = family_of(results, eid)
+        if fam == eid:
+            if runs_of(results, pair, setting, eid):
+                out.append(eid)
+        elif fam not in seen:
+            seen.add(fam)
+            best = best_variant(results, pair, setting, fam)
+            if best is not None:
+                out.append(best)
+    return out
+
+
+def sweep_families(results, pair: str) -> List[str]:
+    fams: List[str] = []
+    for eid in engines_of(results, pair):
+        fam = family_of(results, eid)
+        if fam != eid and fam not in fams:
+            fams.append(fam)
+    return fams
+
+
+def ratios(results, pair: str, setting: str, eid: str, kinds: Optional[Sequence[str]] = None,
+           to: Optional[str] = None) -> List[float]:
+    """Per-block tok/s of ``eid`` over ``to`` (default: the baseline), same block."""
+    out = []
+    for r in runs_of(results, pair, setting, eid, kinds):
+        x = run_ratio(results, r, to)
+        if x is not None:
+            out.append(x)
+    return out
+
+
+def summarize(results, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """min/median/max tok/s, the median per-block ratio (with interval) and
+    medians of the per-run figures of one engine."""
     ok = [r for r in rows if r.get("tps")]
     tps = [r["tps"] for r in ok]
-    mp = [r["ratio"] / r["predicted"] for r in ok
-          if r.get("ratio") is not None and r.get("predicted")]
+    rat = [run_ratio(results, r) for r in ok]
+    mp = [x / r["predicted"] for x, r in zip(rat, ok) if x is not None and r.get("predicted")]
+    rs, ms = stat(rat), stat(mp)
     return {
         "runs": len(rows),
         "failed": len(rows) - len(ok),
         "tps_min": min(tps) if tps else None,
         "tps_median": _med(tps),
         "tps_max": max(tps) if tps else None,
-        "ratio": _med(r.get("ratio") for r in ok),
+        "ratio": rs["median"], "ratio_lo": rs["lo"], "ratio_hi": rs["hi"],
         "acceptance": _med(r.get("acceptance") for r in ok),
         "mean_alpha": _med(r.get("mean_alpha") for r in ok),
         "tokens_per_step": _med(r.get("tokens_per_step") for r in ok),
         "mean_gamma": _med(r.get("mean_gamma") for r in ok) if any("mean_gamma" in r for r in ok) else None,
         "predicted": _med(r.get("predicted") for r in ok),
-        "measured_over_predicted": _med(mp),
+        "measured_over_predicted": ms["median"], "mp_lo": ms["lo"], "mp_hi": ms["hi"],
         "overhead_fraction": _med(r.get("overhead_fraction") for r in ok),
         "tokens_median": _med(r.get("tokens") for r in ok),
         "tokens_min": min((r["tokens"] for r in ok if r.get("tokens") is not None), default=None),
     }
 
 
-def block_ratios(results, pair: str, setting: str, a: str, b: Sequence[str],
+def block_ratios(results, pair: str, setting: str, a: str, b: str,
                  kinds: Optional[Sequence[str]] = None) -> List[float]:
-    """Per-block tok/s of engine ``a`` over the fastest of engines ``b`` in that block."""
-    by_block: Dict[int, Dict[str, float]] = defaultdict(dict)
-    for r in runs_of(results, pair, setting, kinds=kinds):
-        if r.get("tps"):
-            by_block[r["block"]][r["engine"]] = r["tps"]
-    out = []
-    for runs in by_block.values():
-        others = [runs[e] for e in b if e in runs]
-        if a in runs and others:
-            out.append(runs[a] / max(others))
-    return out
+    """Per-block tok/s of engine ``a`` over engine ``b`` in the same block."""
+    return ratios(results, pair, setting, a, kinds, to=b)
 
 
 def calibration_rows(results, target: str, role: Optional[str] = None) -> List[Dict[str, Any]]:
@@ -112,6 +247,16 @@ def _x(x: Optional[float]) -> str:
     return _f(x, "{:.2f}×")
 
 
+def _ci(lo: Optional[float], hi: Optional[float], fmt: str = "{:.2f}") -> str:
+    if lo is None or hi is None:
+        return ""
+    return f" [{fmt.format(lo)}–{fmt.format(hi)}]"
+
+
+def _xci(m: Optional[float], lo: Optional[float], hi: Optional[float]) -> str:
+    return _x(m) + _ci(lo, hi)
+
+
 def _pct(x: Optional[float]) -> str:
     return _f(None if x is None else 100 * x, "{:.1f}%")
 
@@ -123,31 +268,70 @@ def _tps(s: Dict[str, Any]) -> str:
 
 
 def engine_label(results, eid: str) -> str:
-    label = results.get("engines", {}).get(eid, {}).get("label", eid)
-    if eid.startswith("llama-speculative"):
-        label += f" (draft-n-max {results['config'].get('peer_draft_max')})"
+    info = results.get("engines", {}).get(eid, {})
+    label = info.get("label", eid)
+    if eid in ("llama-speculative", "llama-speculative-simple") and "setting_label" not in info:
+        label += f" (draft-n-max {results['config'].get('peer_draft_max')})"  # results before the sweep
     return label
 
 
+def shown_label(results, pair: str, eid: str) -> str:
+    """An engine's label in a pair's table; a family's best variant says it is the best of the sweep."""
+    info = results.get("engines", {}).get(eid, {})
+    fam = family_of(results, eid)
+    if fam == eid:
+        return engine_label(results, eid)
+    n = sum(1 for e in engines_of(results, pair) if family_of(results, e) == fam)
+    if n < 2:
+        return engine_label(results, eid)
+    return f"{info.get('family_label') or _FAMILY_LABELS.get(fam, fam)}, fastest of {n}: {setting_label(results, eid)}"
+
+
 def pair_table(results, pair: str, setting: str) -> List[str]:
+    base = baseline_label(results)
     lines = [
-        "| engine | tok/s min – **median** – max | × plain (median of per-block ratios) "
-        "| acceptance | mean α | tokens/step | mean γ | predicted × | measured / predicted | Python overhead "
-        "| tokens/run (median) |",
+        f"| engine | tok/s min – **median** – max | × {base} (median of per-block ratios) [95% interval] "
+        "| acceptance | mean α | tokens/step | mean γ | predicted × | measured / predicted [95% interval] "
+        "| Python overhead | tokens/run (median) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for eid in engines_of(results, pair):
+    for eid in shown_engines(results, pair, setting):
         rows = runs_of(results, pair, setting, eid)
-        if not rows:
-            continue
-        s = summarize(rows)
+        s = summarize(results, rows)
         ours = results["engines"].get(eid, {}).get("kind") == "ours"
+        mp = "–" if s["measured_over_predicted"] is None else (
+            _f(s["measured_over_predicted"]) + _ci(s["mp_lo"], s["mp_hi"]))
         lines.append(
-            f"| {engine_label(results, eid)} | {_tps(s)} | {_x(s['ratio'])} | {_f(s['acceptance'])} | "
+            f"| {shown_label(results, pair, eid)} | {_tps(s)} | {_xci(s['ratio'], s['ratio_lo'], s['ratio_hi'])} | "
+            f"{_f(s['acceptance'])} | "
             f"{_f(s['mean_alpha'], '{:.3f}')} | {_f(s['tokens_per_step']) if ours else '–'} | "
             f"{_f(s['mean_gamma'], '{:.1f}') if ours and eid != 'plain' else '–'} | "
-            f"{_x(s['predicted'])} | {_f(s['measured_over_predicted'])} | "
+            f"{_x(s['predicted'])} | {mp} | "
             f"{_pct(s['overhead_fraction']) if ours else '–'} | {_f(s['tokens_median'], '{:.0f}')} |")
+    return lines
+
+
+def sweep_table(results, pair: str, setting: str) -> List[str]:
+    """Every variant of each family at this setting: median tok/s and × baseline; the best in bold."""
+    fams = [f for f in sweep_families(results, pair)
+            if sum(1 for e in engines_of(results, pair) if family_of(results, e) == f) > 1]
+    if not fams:
+        return []
+    lines = [f"| peer | each setting: median tok/s, × {baseline_label(results)} (best in bold) |", "|---|---|"]
+    for fam in fams:
+        best = best_variant(results, pair, setting, fam)
+        cells = []
+        for eid in engines_of(results, pair):
+            if family_of(results, eid) != fam:
+                continue
+            s = summarize(results, runs_of(results, pair, setting, eid))
+            if s["tps_median"] is None:
+                cell = f"{setting_label(results, eid)}: failed"
+            else:
+                cell = f"{setting_label(results, eid)}: {s['tps_median']:.1f}, {_x(s['ratio'])}"
+            cells.append(f"**{cell}**" if eid == best else cell)
+        label = results["engines"].get(best or "", {}).get("family_label") or _FAMILY_LABELS.get(fam, fam)
+        lines.append(f"| {label} | " + " · ".join(cells) + " |")
     return lines
 
 
@@ -155,14 +339,15 @@ def ngram_kind_table(results, setting: str) -> List[str]:
     kinds = [k for k in ("grounded", "open", "summary")
              if any(p["kind"] == k for p in results["prompts"].values())]
     names = {k: ", ".join(n for n, p in results["prompts"].items() if p["kind"] == k) for k in kinds}
-    head = "| engine | " + " | ".join(f"{k} ({names[k]}): tok/s, × plain" for k in kinds) + " |"
+    head = ("| engine | " + " | ".join(f"{k} ({names[k]}): tok/s, × {baseline_label(results)}" for k in kinds)
+            + " |")
     lines = [head, "|---|" + "---|" * len(kinds)]
-    for eid in engines_of(results, "ngram"):
+    for eid in shown_engines(results, "ngram", setting):
         cells = []
         for k in kinds:
-            s = summarize(runs_of(results, "ngram", setting, eid, kinds=[k]))
+            s = summarize(results, runs_of(results, "ngram", setting, eid, kinds=[k]))
             cells.append("–" if s["tps_median"] is None else f"{s['tps_median']:.1f}, {_x(s['ratio'])}")
-        lines.append(f"| {engine_label(results, eid)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {shown_label(results, 'ngram', eid)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -183,103 +368,199 @@ def calibration_line(results, pair: str, setting: str) -> str:
 # ---------------------------------------------------------------------------
 
 
-def _target(issue: int, goal: str, value: Optional[float], threshold: float, shown: str,
-            note: str = "") -> Dict[str, Any]:
-    met = None if value is None else bool(value >= threshold)
-    return {"issue": issue, "goal": goal, "value": value, "threshold": threshold,
-            "measured": shown, "met": met, "note": note}
+def _target(issue: int, goal: str, st: Optional[Dict[str, Any]], threshold: float, shown: str,
+            note: str = "", band: Optional[Tuple[float, float]] = None,
+            value: Optional[float] = None) -> Dict[str, Any]:
+    """One goal: judged on ``st["median"]`` (a median of per-block ratios, its
+    bootstrap interval in ``st["lo"]``/``st["hi"]``) against ``threshold``
+    (≥), or inside ``band`` when given; ``value`` for goals that are not a
+    ratio (overhead, duration: met when value ≥ threshold)."""
+    lo = hi = None
+    if st is not None:
+        value, lo, hi = st.get("median"), st.get("lo"), st.get("hi")
+    if value is None:
+        met = None
+    elif band is not None:
+        met = band[0] <= value <= band[1]
+    else:
+        met = value >= threshold
+    unresolved = False
+    if met is not None and lo is not None and hi is not None:
+        if band is not None:
+            unresolved = (lo < band[0] <= hi) or (lo <= band[1] < hi)
+        else:
+            unresolved = lo < threshold <= hi
+    return {"issue": issue, "goal": goal, "value": value, "lo": lo, "hi": hi, "threshold": threshold,
+            "band": band, "measured": shown, "met": met, "unresolved": unresolved, "note": note}
+
+
+def _band_all(issue: int, goal: str, stats: Dict[str, Dict[str, Any]], shown: str, note: str) -> Dict[str, Any]:
+    """A band goal over several engines: met when every engine's median is inside
+    THEORY_BAND; the value shown is the one furthest from 1."""
+    ok = {e: st for e, st in stats.items() if st["median"] is not None}
+    if not ok:
+        return _target(issue, goal, None, THEORY_BAND[0], shown, note, band=THEORY_BAND)
+    worst = max(ok, key=lambda e: abs(math.log(ok[e]["median"])))
+    t = _target(issue, goal, ok[worst], THEORY_BAND[0], shown, note, band=THEORY_BAND)
+    t["met"] = all(THEORY_BAND[0] <= st["median"] <= THEORY_BAND[1] for st in ok.values())
+    t["unresolved"] = any(
+        st["lo"] is not None and ((st["lo"] < THEORY_BAND[0] <= st["hi"]) or (st["lo"] <= THEORY_BAND[1] < st["hi"]))
+        for st in ok.values())
+    return t
+
+
+def _gname(eid: str) -> str:
+    return eid.replace("gamma", "γ=")
 
 
 def targets(results) -> List[Dict[str, Any]]:
+    """Each benchmark goal of the issues, judged on one statistic — the median
+    over blocks of per-block tok/s ratios, with its bootstrap interval — at
+    every setting the goal names (every setting of the run when it names
+    none).  "× plain" is against llama.cpp's plain decoding; a comparison
+    with a peer is against the peer's best variant at that setting (highest
+    median tok/s), block by block."""
     out: List[Dict[str, Any]] = []
     pairs = results.get("pairs", {})
     settings = results.get("settings", {})
     have = lambda p, s: p in pairs and s in settings  # noqa: E731
+    base = baseline_label(results)
 
-    def ratio(pair, setting, eid, kinds=None):
-        return summarize(runs_of(results, pair, setting, eid, kinds))["ratio"]
+    def r(pair, setting, eid, kinds=None):
+        return stat(ratios(results, pair, setting, eid, kinds))
 
+    def vs(pair, setting, a, b, kinds=None):
+        return stat(block_ratios(results, pair, setting, a, b, kinds))
+
+    def best_fixed(pair, setting):
+        meds = {e: _med(x.get("tps") for x in runs_of(results, pair, setting, e)) for e in FIXED_GAMMA}
+        meds = {e: m for e, m in meds.items() if m is not None}
+        return max(meds, key=meds.get) if meds else None
+
+    def mp(pair, setting, eid):
+        rows = [x for x in runs_of(results, pair, setting, eid) if x.get("tps") and x.get("predicted")]
+        return stat([run_ratio(results, x) / x["predicted"] for x in rows if run_ratio(results, x) is not None])
+
+    def label(s):
+        return settings[s]["label"]
+
+    # --- issue #3: the memory-bound pair -----------------------------------
     if have("memory", "t1"):
-        auto = ratio("memory", "t1", "auto")
-        fixed = {e: ratio("memory", "t1", e) for e in ("gamma2", "gamma4", "gamma6", "gamma8")}
-        fixed = {e: v for e, v in fixed.items() if v is not None}
-        best = max(fixed.items(), key=lambda kv: kv[1]) if fixed else None
-        extra = f"; best fixed γ: {best[0][5:]} at {best[1]:.2f}×" if best else ""
+        auto = r("memory", "t1", "auto")
+        bf = best_fixed("memory", "t1")
+        extra = ""
+        if bf:
+            b = r("memory", "t1", bf)
+            extra = f"; best fixed γ: {bf[5:]} at {_xci(b['median'], b['lo'], b['hi'])}"
+        ctl = r("memory", "t1", "plain")
         out.append(_target(3, "T = 1, top_k 0, top_p 1: ≥ 1.5× plain decoding", auto, 1.5,
-                           f"γ=auto {_x(auto)}{extra}", "memory-bound pair, median of per-block ratios"))
-        for peer, thr, goal in (("llama-speculative-simple", 1.1, "T = 1: ≥ 1.1× `llama-speculative-simple`"),
-                                ("llama-speculative", 1.0,
-                                 "T = 1: at least on par with `llama-speculative` (which is not exact)")):
-            r = _med(block_ratios(results, "memory", "t1", "auto", [peer]))
-            out.append(_target(3, goal, r, thr, f"γ=auto / {peer}: {_x(r)}",
-                               "median of per-block ratios; 'on par' read as ≥ 1.00×" if thr == 1.0
-                               else "median of per-block ratios"))
-    if have("memory", "t0"):
-        r = _med(block_ratios(results, "memory", "t0", "auto", ["llama-speculative-simple"]))
-        out.append(_target(3, "T = 0: at least as fast as `llama-speculative-simple`", r, 1.0,
-                           f"γ=auto / llama-speculative-simple: {_x(r)}", "median of per-block ratios"))
-    if have("memory", "t1"):
-        mp = {e: summarize(runs_of(results, "memory", "t1", e))["measured_over_predicted"] for e in SPEC_OURS}
-        mp = {e: v for e, v in mp.items() if v is not None}
-        worst = min(mp.values()) if mp else None
-        out.append(_target(3, "Measured speed-up ≥ 0.9 of the theory's prediction from the α, c and v(k) "
-                              "measured in the same run", worst, 0.9,
-                           ", ".join(f"{e.replace('gamma', 'γ=')} {v:.2f}" for e, v in mp.items()),
-                           "memory-bound pair, T = 1, median per engine; met if every engine's is ≥ 0.9"))
+                           f"γ=auto {_xci(auto['median'], auto['lo'], auto['hi'])}{extra}",
+                           f"memory-bound pair, × {base}; our own plain decoding ran at "
+                           f"{_xci(ctl['median'], ctl['lo'], ctl['hi'])} of it"))
+    for s, peer, thr, goal in (
+            ("t1", "llama-speculative-simple", 1.1, "T = 1: ≥ 1.1× `llama-speculative-simple`"),
+            ("t1", "llama-speculative", 1.0, "T = 1: at least on par with `llama-speculative` (which is not exact)"),
+            ("t0", "llama-speculative-simple", 1.0, "T = 0: at least as fast as `llama-speculative-simple`")):
+        if not have("memory", s) or not runs_of(results, "memory", s, "auto"):
+            continue
+        best = best_variant(results, "memory", s, peer)
+        if best is None:
+            continue
+        st = vs("memory", s, "auto", best)
+        out.append(_target(3, goal, st, thr,
+                           f"γ=auto / {peer} ({setting_label(results, best)}, its fastest): "
+                           f"{_xci(st['median'], st['lo'], st['hi'])}",
+                           "'on par' read as ≥ 1.00×" if thr == 1.0 and "par" in goal else ""))
+    if "memory" in pairs:
+        for s in settings:
+            stats = {e: mp("memory", s, e) for e in SPEC_OURS}
+            stats = {e: st for e, st in stats.items() if st["median"] is not None}
+            if not stats:
+                continue
+            shown = ", ".join(f"{_gname(e)} {st['median']:.2f}{_ci(st['lo'], st['hi'])}" for e, st in stats.items())
+            out.append(_band_all(3, "Measured speed-up ≥ 0.9 of the theory's prediction from the α, c and v(k) "
+                                    f"measured in the same run ({label(s)})", stats, shown,
+                                 f"memory-bound pair, measured × {base} over predicted; a miss outside "
+                                 f"{THEORY_BAND[0]}–{THEORY_BAND[1]} for any engine"))
     if "memory" in pairs:
         ov = {}
         for s in settings:
             for e in SPEC_OURS + ("plain",):
-                v = summarize(runs_of(results, "memory", s, e))["overhead_fraction"]
+                v = summarize(results, runs_of(results, "memory", s, e))["overhead_fraction"]
                 if v is not None:
                     ov[(s, e)] = v
         worst = max(ov.items(), key=lambda kv: kv[1]) if ov else None
-        out.append(_target(3, "Python orchestration overhead ≤ 5% of step time",
-                           None if worst is None else -worst[1], -0.05,
+        out.append(_target(3, "Python orchestration overhead ≤ 5% of step time", None, -0.05,
                            "–" if worst is None else
-                           f"worst median {_pct(worst[1])} ({worst[0][1]}, {settings[worst[0][0]]['label']}); "
+                           f"worst median {_pct(worst[1])} ({worst[0][1]}, {label(worst[0][0])}); "
                            f"median over all {_pct(_med(ov.values()))}",
-                           "decode time outside draft, target and sampling kernels, memory-bound pair"))
-    if have("compute", "t1"):
-        r = ratio("compute", "t1", "auto")
-        out.append(_target(4, "Compute-bound pair (Qwen Q4_K_M target, Q4_0 draft): `gamma=\"auto\"` ≥ 0.97× "
-                              "plain decoding", r, 0.97, f"γ=auto {_x(r)}; llama-speculative "
-                           f"{_x(ratio('compute', 't1', 'llama-speculative'))}", "T = 1"))
-    if have("memory", "t1"):
-        auto = ratio("memory", "t1", "auto")
-        fixed = {e: ratio("memory", "t1", e) for e in ("gamma2", "gamma4", "gamma6", "gamma8")}
-        fixed = {e: v for e, v in fixed.items() if v is not None}
-        if fixed and auto is not None:
-            be, bv = max(fixed.items(), key=lambda kv: kv[1])
+                           "decode time outside draft, target and sampling kernels, memory-bound pair",
+                           value=None if worst is None else -worst[1]))
+    # --- issue #4 ------------------------------------------------------------
+    if "compute" in pairs:
+        for s in settings:
+            st = r("compute", s, "auto")
+            if st["median"] is None:
+                continue
+            best = best_variant(results, "compute", s, "llama-speculative")
+            peer = r("compute", s, best) if best else None
+            out.append(_target(4, "Compute-bound pair (Qwen Q4_K_M target, Q4_0 draft): `gamma=\"auto\"` ≥ 0.97× "
+                                  f"plain decoding ({label(s)})", st, 0.97,
+                               f"γ=auto {_xci(st['median'], st['lo'], st['hi'])}"
+                               + (f"; llama-speculative, its fastest setting: {_x(peer['median'])}" if peer else ""),
+                               f"× {base}"))
+    if "memory" in pairs:
+        for s in settings:
+            bf = best_fixed("memory", s)
+            if bf is None or not runs_of(results, "memory", s, "auto"):
+                continue
+            st = vs("memory", s, "auto", bf)
             out.append(_target(4, "Memory-bound pair (F32 target, Q4_0 draft): `gamma=\"auto\"` within 3% of "
-                                  "the best fixed γ in {2, 4, 6, 8}, or better", auto / bv, 0.97,
-                               f"γ=auto {auto:.2f}× vs best fixed γ={be[5:]} {bv:.2f}× → {auto / bv:.3f}",
-                               "T = 1, medians of per-block ratios to plain"))
+                                  f"the best fixed γ in {{2, 4, 6, 8}}, or better ({label(s)})", st, 0.97,
+                               f"γ=auto / γ={bf[5:]} (the fastest fixed γ): {_xci(st['median'], st['lo'], st['hi'])}",
+                               "median of per-block ratios"))
     for pair in ("memory", "compute"):
-        if have(pair, "t1"):
-            r = summarize(runs_of(results, pair, "t1", "auto"))["measured_over_predicted"]
-            out.append(_target(4, f"For each pair, the measured speed-up against the theory's prediction: "
-                                  f"aim for ≥ 0.9 ({pairs[pair]['label']})", r, 0.9,
-                               f"γ=auto measured/predicted {_f(r)}", "T = 1"))
+        if pair not in pairs:
+            continue
+        for s in settings:
+            st = mp(pair, s, "auto")
+            if st["median"] is None:
+                continue
+            out.append(_target(4, "For each pair, the measured speed-up against the theory's prediction: aim for "
+                                  f"≥ 0.9 ({pairs[pair]['label']}, {label(s)})", st, THEORY_BAND[0],
+                               f"γ=auto measured/predicted {_f(st['median'])}{_ci(st['lo'], st['hi'])}",
+                               f"measured × {base}; a miss outside {THEORY_BAND[0]}–{THEORY_BAND[1]}",
+                               band=THEORY_BAND))
+    # --- issue #7: the n-gram pair -------------------------------------------
     if "ngram" in pairs:
-        for s, info in settings.items():
-            g = ratio("ngram", s, "ngram", ["grounded"])
+        for s in settings:
+            if not runs_of(results, "ngram", s, "ngram"):
+                continue
+            st = r("ngram", s, "ngram", ["grounded"])
             out.append(_target(7, "Code-editing and document-grounded prompts, F32 target: ≥ 1.5× plain "
-                                  f"decoding ({info['label']})", g, 1.5, f"n-gram {_x(g)}"))
-        for s, info in settings.items():
-            blocks = block_ratios(results, "ngram", s, "ngram", ["pld2", "pld10"], ["grounded"])
-            r = _med(blocks)
+                                  f"decoding ({label(s)})", st, 1.5,
+                               f"n-gram {_xci(st['median'], st['lo'], st['hi'])}", f"× {base}"))
+        for s in settings:
+            best = best_variant(results, "ngram", s, "pld", ["grounded"])
+            if best is None or not runs_of(results, "ngram", s, "ngram"):
+                continue
+            blocks = block_ratios(results, "ngram", s, "ngram", best, ["grounded"])
+            st = stat(blocks)
             out.append(_target(7, "… and ≥ 1.2× llama-cpp-python's `LlamaPromptLookupDecoding` on the same "
-                                  f"target and prompts ({info['label']})", r, 1.2,
-                               f"n-gram / faster PromptLookup config in the block: {_x(r)} "
+                                  f"target and prompts ({label(s)})", st, 1.2,
+                               f"n-gram / PromptLookup {setting_label(results, best)} "
+                               f"(its fastest on these prompts): {_xci(st['median'], st['lo'], st['hi'])} "
                                f"(blocks: {', '.join(f'{b:.2f}' for b in blocks)})"))
-        for s, info in settings.items():
+        for s in settings:
             rows = runs_of(results, "ngram", s, "ngram", ["open"])
-            o = summarize(rows)["ratio"]
-            worst = min((r["ratio"] for r in rows if r.get("ratio") is not None), default=None)
-            out.append(_target(7, f"Open-ended prompts: never below 0.97× plain decoding ({info['label']})",
-                               o, 0.97, f"median {_x(o)}, worst single run {_x(worst)}",
-                               "judged on the median over the open prompts"))
+            if not rows:
+                continue
+            st = r("ngram", s, "ngram", ["open"])
+            worst = min((x for x in (run_ratio(results, y) for y in rows) if x is not None), default=None)
+            out.append(_target(7, f"Open-ended prompts: never below 0.97× plain decoding ({label(s)})",
+                               st, 0.97, f"median {_xci(st['median'], st['lo'], st['hi'])}, worst single run "
+                                         f"{_x(worst)}", f"× {base}; judged on the median over the open prompts"))
+    # --- issue #6 --------------------------------------------------------------
     dur = results.get("duration_seconds")
     cfg = results["config"]
     default_full = (not cfg.get("quick") and cfg.get("engines") is None and cfg.get("tokens") == 128
@@ -289,32 +570,35 @@ def targets(results) -> List[Dict[str, Any]]:
         quick = cfg.get("quick")
         limit = 10 if quick else 60
         out.append(_target(6, f"{'`--quick`' if quick else 'The full run'} finishes within {limit} minutes "
-                              "on this 2-core machine", -dur / 60, -limit, f"{dur / 60:.1f} min",
-                           "" if results.get("complete") else "run interrupted"))
+                              "on this 2-core machine", None, -limit, f"{dur / 60:.1f} min",
+                           "" if results.get("complete") else "run interrupted", value=-dur / 60))
     return out
 
 
 def aa_noise(results) -> str:
     """How far two runs doing identical work can differ here: γ=auto runs that
-    never drafted (plain decoding through the same engine) against the plain
+    never drafted (plain decoding through the same engine) against our plain
     run of their block."""
-    ratios = [r["ratio"] for r in results["runs"]
-              if r["engine"] == "auto" and r.get("ratio") and r.get("gamma_runs")
-              and all(g == 0 for g, _ in r["gamma_runs"])]
-    if len(ratios) < 3:
+    rs = [run_ratio(results, r, to="plain") for r in results["runs"]
+          if r["engine"] == "auto" and r.get("gamma_runs") and all(g == 0 for g, _ in r["gamma_runs"])]
+    rs = [x for x in rs if x is not None]
+    if len(rs) < 3:
         return ""
-    return (f"Noise floor of this run: {len(ratios)} γ=auto runs never drafted, i.e. did exactly the work "
-            f"of plain decoding; against the plain run of their block they measured "
-            f"{min(ratios):.2f}× – {statistics.median(ratios):.2f}× (median) – {max(ratios):.2f}×. "
+    return (f"Noise floor of this run: {len(rs)} γ=auto runs never drafted, i.e. did exactly the work "
+            f"of our plain decoding; against our plain run of their block they measured "
+            f"{min(rs):.2f}× – {statistics.median(rs):.2f}× (median) – {max(rs):.2f}×. "
             f"Differences of that size between single runs are machine noise; the medians over "
             f"{results['config']['repeats'] * len(results['prompts'])} blocks per setting are steadier, "
-            f"but a goal missed or met by a few percent is within it.")
+            f"and their intervals say how much: a goal whose interval includes its threshold is marked "
+            f"as not resolved by this run.")
 
 
 def targets_lines(results) -> List[str]:
-    lines = ["| issue | goal | measured | met |", "|---|---|---|---|"]
+    lines = ["| issue | goal | measured [95% interval] | met |", "|---|---|---|---|"]
     for t in targets(results):
         met = {True: "met", False: "**not met**", None: "not measured"}[t["met"]]
+        if t.get("unresolved"):
+            met += " (not resolved: the interval includes the threshold)"
         note = f" ({t['note']})" if t["note"] else ""
         lines.append(f"| #{t['issue']} | {t['goal']} | {t['measured']}{note} | {met} |")
     return lines
@@ -356,46 +640,9 @@ def render(results, plots: Dict[str, str]) -> str:
         "",
         "### Method",
         "",
-        "- **Interleaving.** For each (target, setting, prompt, repeat) every engine runs once, back to back, "
-        "in an order rotated by one from block to block, so that a change of machine load hits all engines "
-        "alike. tok/s is reported as min – median – max over the blocks; speed-ups are the **median of "
-        "per-block ratios** against our plain decoding (γ = 0) in the same block. Pairs sharing the F32 "
-        "target (memory-bound and n-gram) run in the same blocks and share the plain baseline.",
-        "- **Same input, same sampling.** Every engine gets the same text: the prompt with the model's chat "
-        "template already applied (llama.cpp tools run with the raw prompt: `-no-cnv` for "
-        "`llama-completion`; the speculative examples never apply a template). "
-        + _prompt_token_check(results) +
-        " The llama.cpp tools get the sampler chain `temperature;top_k;top_p;min_p` (ours: temperature → "
-        "top-k → top-p → min-p). llama-cpp-python's `Llama` applies its fixed chain (top-k → top-p → "
-        "min-p → temperature), which differs from ours only where top-p truncates (T = 0.7).",
-        "- **Tokens/s, not wall time.** Models stop at an end-of-generation token, so runs can be shorter "
-        "than the token budget (the tokens of every run are in results.json); all rates are "
-        "decode-phase tokens per second (prompt processing excluded). Ours: "
-        "`GenerationStats.tokens_per_second`. `llama-completion`: generated tokens over eval + sampling "
-        "time of its perf report. `llama-speculative[-simple]`: their own `decoded N tokens in X seconds` "
-        "line. llama-cpp-python: (n − 1) tokens from the first generated token to the last.",
-        f"- **Peers.** `llama-speculative` (the draft samples, the target accepts by comparing the two "
-        f"distributions; not exact) and `llama-speculative-simple` (greedy draft, the target samples and "
-        f"keeps matching tokens) with `--spec-draft-n-max {cfg['peer_draft_max']}` (their default is 3) "
-        f"and `--spec-draft-n-min 0`, same threads (`-t/-tb/-td/-tbd`). llama-cpp-python's "
-        "`Llama(draft_model=LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=N))` with its "
-        "default N = 10 and N = 2 (its documentation's advice for CPU-only machines).",
-        "- **Theory.** Each pair is calibrated in the same run at each setting "
-        "(`specdec_cpu.planning.calibrate`, fresh measurement, γ_max = 8): T_target(k) for k = 1..9 gives "
-        "v(k), T_draft(1) / T_target(1) gives c. The predicted speed-up of a run uses the mean α measured in "
-        "that run: `theory.speedup(α, γ, c, v)` for fixed γ; for γ = auto and n-gram runs, whose γ varies "
-        "per step (0 included), Σ E[tokens](α, γ_i) / Σ (γ_i·c + v(γ_i + 1)) over the steps. n-gram "
-        "lookup is taken as free (c = 0). measured / predicted is the median over blocks of (measured "
-        "ratio to plain) / (predicted). γ = auto starts from this calibration (its controllers are reset "
-        "at each setting) and refines α, c and v online.",
-        "- **Caches and controllers.** Before each block the block's prompt is given to every model of ours "
-        "(target and draft), outside the timed runs: a draft model otherwise takes in the prompt during its "
-        "first draft, which the statistics count as decode time, while the peers' decode figures exclude "
-        "both models' prompt processing. Each decoder (one per drafting mode) stays loaded for the whole "
-        "target; its γ=auto controllers carry what they learnt from one prompt to the next, as in a server "
-        "process, and are reset only when a setting's calibration is attached.",
-        "- **Python overhead**: decode time not spent in the draft model, the target model or a sampling "
-        "kernel (`GenerationStats.overhead_seconds / decode_seconds`).",
+    ]
+    L += method_lines(results)
+    L += [
         "",
         "Prompts (bench/prompts.py), each sent as one user message:",
         "",
@@ -418,6 +665,10 @@ def render(results, plots: Dict[str, str]) -> str:
                 continue
             L += [f"### {info['label'].capitalize()} pair ({info['description']}), {sinfo['label']}", ""]
             L += pair_table(results, pair, s)
+            sweep = sweep_table(results, pair, s)
+            if sweep:
+                L += ["", "Peers' settings, every one run in every block (the table above shows each peer's "
+                          "best, by median tok/s):", ""] + sweep
             L += ["", calibration_line(results, pair, s) + contention_line(results, pair, s), ""]
             extra = in_run_line(results, pair, s)
             if extra:
@@ -429,16 +680,12 @@ def render(results, plots: Dict[str, str]) -> str:
         L += ["### Failed runs", ""]
         L += [f"- block {r['block']} {r['setting']} {r['prompt']} {r['engine']}: {r['error']}" for r in failed]
         L.append("")
-    cmds = {}
-    for r in results["runs"]:
-        if r.get("command") and r["engine"] not in cmds:
-            cmds[r["engine"]] = r["command"]
-    if cmds:
-        L += ["### Peer command lines (first run of each; prompt abbreviated; `<cache>` is "
-              "`$SPECDEC_CACHE_DIR`, else `~/.cache/specdec-cpu`)", ""]
-        for e, c in cmds.items():
-            L += [f"- {e}: `{_abbrev_prompt(c)}`"]
-        L.append("")
+    L += command_lines(results)
+    errs = results.get("peer_start_errors") or []
+    if results.get("peer_error"):
+        errs = [f"llama.cpp peers: {results['peer_error']}"] + list(errs)
+    if errs:
+        L += ["### Peers that did not run", ""] + [f"- {e}" for e in errs] + [""]
     L += ["## Targets", "",
           "Each goal of the issues' benchmark sections, as measured in this run "
           "(the issue's wording quoted; met means the number reached the goal's threshold):", ""]
@@ -449,6 +696,141 @@ def render(results, plots: Dict[str, str]) -> str:
     L += ["", "Kernel timings are in the [Kernels](#kernels) section below, written by "
               "`python bench/kernels.py`.", ""]
     return "\n".join(L)
+
+
+def command_lines(results) -> List[str]:
+    """The command line of each peer's first run (one per family: its variants
+    differ only in the flag the family sweeps)."""
+    cmds: Dict[str, Tuple[str, str]] = {}
+    for r in results["runs"]:
+        fam = family_of(results, r["engine"])
+        if r.get("command") and fam not in cmds:
+            cmds[fam] = (r["engine"], r["command"])
+    if not cmds:
+        return []
+    L = ["### Peer command lines (first run of each; prompt abbreviated; `<cache>` is "
+         "`$SPECDEC_CACHE_DIR`, else `~/.cache/specdec-cpu`; the other settings of a peer differ only in "
+         "the flags the method lists; llama-server listens on a free port of 127.0.0.1, its sampling flags "
+         "are only defaults: each run is one `POST /completion` that sets them, see the last line)", ""]
+    for fam, (e, c) in cmds.items():
+        L += [f"- {e}: `{_abbrev_prompt(c)}`"]
+    if any(results["engines"].get(e, {}).get("kind") == "server" for e, _ in cmds.values()):
+        L += ["- llama-server request: `POST /completion` with `{\"prompt\": <the templated prompt, raw>, "
+              "\"n_predict\": N, \"temperature\": T, \"top_k\": K, \"top_p\": P, \"min_p\": M, "
+              "\"seed\": S, \"samplers\": [\"temperature\", \"top_k\", \"top_p\", \"min_p\"], "
+              "\"stream\": false, \"return_tokens\": true, \"cache_prompt\": true}`"]
+    L.append("")
+    return L
+
+
+def method_lines(results) -> List[str]:
+    """The "Method" bullets: how this run measured what the tables show."""
+    cfg = results["config"]
+    eng = results.get("engines", {})
+    kinds = {e.get("kind") for e in eng.values()}
+    base = baseline_id(results)
+    sweep = cfg.get("peer_draft_max")
+    sweep_s = ", ".join(map(str, sweep)) if isinstance(sweep, list) else str(sweep)
+    fams = {e.get("family") for e in eng.values() if e.get("family")}
+    L = [
+        "- **Baseline.** " + (
+            "The denominator of every \"× plain\" figure and of every goal is llama.cpp's own plain decoding, "
+            "`llama-completion`, run in every block (what a user would otherwise run). Our plain decoding "
+            "(γ = 0, the same engine as our speculative runs) runs in every block as well, as a control: its "
+            "row gives the ratio of the two." if base == "llama-completion" else
+            "llama.cpp's plain decoding did not run, so speed-ups are against our plain decoding (γ = 0)."),
+        "- **Interleaving and statistics.** For each (target, setting, prompt, repeat) every engine runs once, "
+        "back to back, in an order rotated by one from block to block, so that a change of machine load hits "
+        "all engines alike. tok/s is reported as min – median – max over the blocks; a speed-up is the "
+        "**median over blocks of per-block ratios** (an engine's tok/s over the baseline's in the same "
+        "block), and so is every comparison of two engines. Beside each is a 95% interval: a percentile "
+        f"bootstrap of that median, resampling the blocks with replacement ({BOOTSTRAP_RESAMPLES} resamples, "
+        f"fixed seed {BOOTSTRAP_SEED}). Pairs sharing the F32 target (memory-bound and n-gram) run in the same "
+        "blocks and share the baseline.",
+        "- **Same input, same sampling.** Every engine gets the same text: the prompt with the model's chat "
+        "template already applied (llama.cpp tools run with the raw prompt: `-no-cnv` for "
+        "`llama-completion`; the speculative examples never apply a template; llama-server's `/completion` "
+        "takes it raw). " + _prompt_token_check(results) +
+        " The llama.cpp tools get the sampler chain `temperature;top_k;top_p;min_p` (ours: temperature → "
+        "top-k → top-p → min-p), llama-server the same list in each request's `samplers`. "
+        "llama-cpp-python's `Llama` applies its fixed chain (top-k → top-p → "
+        "min-p → temperature), which differs from ours only where top-p truncates (T = 0.7).",
+        "- **Tokens/s, not wall time.** Models stop at an end-of-generation token, so runs can be shorter "
+        "than the token budget (the tokens of every run are in results.json); all rates are "
+        "decode-phase tokens per second (prompt processing excluded). Ours: "
+        "`GenerationStats.tokens_per_second`. `llama-completion`: generated tokens over eval + sampling "
+        "time of its perf report. `llama-speculative[-simple]`: their own `decoded N tokens in X seconds` "
+        "line. llama-server: the `timings` of its own answer, `predicted_per_second` = (`predicted_n` − 1) / "
+        "`predicted_ms`, its clock starting when the prompt is done (not the client's wall time, which "
+        "includes HTTP and the prompt). llama-cpp-python: (n − 1) tokens from the first generated token to "
+        "the last.",
+    ]
+    peers_txt = []
+    if "speculative" in kinds:
+        peers_txt.append(
+            "`llama-speculative` (the draft samples, the target accepts by comparing the two distributions; "
+            "not exact) and `llama-speculative-simple` (greedy draft, the target samples and keeps matching "
+            f"tokens), each with `--spec-draft-n-max` {sweep_s} (their default is 3) and `--spec-draft-n-min 0`, "
+            "same threads (`-t/-tb/-td/-tbd`)")
+    if any(e.get("kind") == "server" and e.get("spec_type") == "draft-simple" for e in eng.values()):
+        peers_txt.append(
+            "`llama-server -md DRAFT --spec-type draft-simple` (llama-server's speculative decoding with a draft "
+            "model, the algorithm of `llama-speculative-simple`; in this llama.cpp revision `-md` alone enables "
+            f"no speculation) with `--spec-draft-n-max` {sweep_s} and `--spec-draft-n-min 0`, `--parallel 1` "
+            "(one client), the same context and threads; one server per setting of the sweep, started "
+            "before the target's first block and kept for all its blocks, as a server runs")
+    if any(e.get("kind") == "server" and not e.get("spec_type") for e in eng.values()):
+        peers_txt.append(
+            "`llama-server` without speculation (`--parallel 1`): llama.cpp's plain decoding as a server "
+            "runs it, a second plain control beside `llama-completion` and the reference for llama-server's "
+            "speculative modes")
+    ngram_srv = [e for e in eng.values() if e.get("kind") == "server" and e.get("spec_type")
+                 and e.get("spec_type") != "draft-simple"]
+    if ngram_srv:
+        peers_txt.append(
+            "llama-server's draftless speculative modes on the n-gram pair (`--spec-type`, no draft model, "
+            "`--parallel 1`): " + "; ".join(
+                f"`{e['spec_type']}`" + (f" with `{' '.join(e.get('server_args') or [])}`"
+                                          if e.get("server_args") else " with its defaults")
+                for e in ngram_srv))
+    if "lcp" in kinds:
+        peers_txt.append(
+            "llama-cpp-python's `Llama(draft_model=LlamaPromptLookupDecoding(max_ngram_size=2, "
+            "num_pred_tokens=N))` with its default N = 10 and N = 2 (its documentation's advice for CPU-only "
+            "machines)")
+    if peers_txt:
+        L.append("- **Peers, at their best settings.** " + "; ".join(peers_txt) + ". " + (
+            "Each peer with several settings runs every one of them in every block; per (pair, setting) the "
+            "tables and goals use the one with the highest median tok/s over the blocks (a choice made "
+            "after the fact, which if anything favours the peer), and a table under each pair's table shows "
+            "the whole sweep; results.json keeps every run." if fams else ""))
+    L += [
+        "- **Goals.** Each is judged on one statistic, the median of per-block ratios (against llama.cpp's "
+        "plain decoding, or against a peer's best setting block by block), at every setting it names — at "
+        "every setting of the run when it names none — with its interval. A goal is met when the median "
+        "reaches the threshold; when the interval includes the threshold the run does not resolve it, and "
+        "the table says so. measured / predicted counts as a miss outside "
+        f"{THEORY_BAND[0]}–{THEORY_BAND[1]}, either way.",
+        "- **Theory.** Each pair is calibrated in the same run at each setting "
+        "(`specdec_cpu.planning.calibrate`, fresh measurement, γ_max = 8): T_target(k) for k = 1..9 gives "
+        "v(k), T_draft(1) / T_target(1) gives c. The predicted speed-up of a run uses the mean α measured in "
+        "that run: `theory.speedup(α, γ, c, v)` for fixed γ; for γ = auto and n-gram runs, whose γ varies "
+        "per step (0 included), Σ E[tokens](α, γ_i) / Σ (γ_i·c + v(γ_i + 1)) over the steps. n-gram "
+        "lookup is taken as free (c = 0). The theory predicts the speed-up over plain decoding at the "
+        "calibrated T_target(1); measured / predicted is the median over blocks of (the run's ratio to "
+        f"{'llama.cpp' if base == 'llama-completion' else 'our'} plain decoding in its block) / (its "
+        "prediction). γ = auto starts from this calibration (its controllers are reset at each setting) "
+        "and refines α, c and v online.",
+        "- **Caches and controllers.** Before each block the block's prompt is given to every model of ours "
+        "(target and draft), outside the timed runs: a draft model otherwise takes in the prompt during its "
+        "first draft, which the statistics count as decode time, while the peers' decode figures exclude "
+        "both models' prompt processing. Each decoder (one per drafting mode) stays loaded for the whole "
+        "target; its γ=auto controllers carry what they learnt from one prompt to the next, as in a server "
+        "process, and are reset only when a setting's calibration is attached.",
+        "- **Python overhead**: decode time not spent in the draft model, the target model or a sampling "
+        "kernel (`GenerationStats.overhead_seconds / decode_seconds`).",
+    ]
+    return L
 
 
 def _run_loads(results) -> str:
@@ -500,7 +882,7 @@ def in_run_costs(results, pair: str, setting: str) -> Optional[Dict[str, Any]]:
         out["c"] = statistics.median(ds) / t1
         from specdec_cpu.planning import theory
         for k, v in out["v"].items():
-            alpha = summarize(runs_of(results, pair, setting, f"gamma{k - 1}"))["mean_alpha"]
+            alpha = summarize(results, runs_of(results, pair, setting, f"gamma{k - 1}"))["mean_alpha"]
             if alpha is not None:
                 out["predicted"][k - 1] = float(theory.expected_tokens(alpha, k - 1)) / ((k - 1) * out["c"] + v)
     return out
@@ -607,29 +989,41 @@ def write_results_md(results, path: Path, plots: Dict[str, str]) -> None:
 
 def headline(results) -> str:
     """A few lines for the terminal: the comparisons people ask for first."""
-    out = ["", "headline (median tok/s, × plain):"]
+    out = ["", f"headline (median tok/s, × {baseline_label(results)}, median of per-block ratios [95% interval]):"]
 
     def row(pair, s, eids, kinds=None):
         cells = []
         for e in eids:
-            sm = summarize(runs_of(results, pair, s, e, kinds))
+            fam = [x for x in engines_of(results, pair) if family_of(results, x) == e]
+            if len(fam) > 1 or (fam and fam[0] != e):
+                e = best_variant(results, pair, s, e, kinds) or e
+            sm = summarize(results, runs_of(results, pair, s, e, kinds))
             if sm["tps_median"] is not None:
-                cells.append(f"{e} {sm['tps_median']:.1f} ({_x(sm['ratio'])})")
+                cells.append(f"{e} {sm['tps_median']:.1f} ({_xci(sm['ratio'], sm['ratio_lo'], sm['ratio_hi'])})")
         return ", ".join(cells)
 
-    if "memory" in results["pairs"] and "t1" in results["settings"]:
-        out.append("  memory-bound T=1: " + row("memory", "t1", ["plain", "gamma4", "auto", "llama-speculative",
-                                                                  "llama-speculative-simple"]))
-    if "compute" in results["pairs"] and "t1" in results["settings"]:
-        out.append("  compute-bound T=1: " + row("compute", "t1", ["plain", "auto", "llama-speculative"]))
+    spec = ["llama-completion", "plain", "gamma4", "auto", "llama-speculative", "llama-speculative-simple",
+            "llama-server-draft"]
+    for pair in ("memory", "compute"):
+        if pair in results["pairs"]:
+            for s in results["settings"]:
+                cells = row(pair, s, spec)
+                if cells:
+                    out.append(f"  {results['pairs'][pair]['label']} {s}: " + cells)
     if "ngram" in results["pairs"]:
+        ids = ["llama-completion", "plain", "ngram", "pld"]
+        for e in engines_of(results, "ngram"):
+            if e.startswith("llama-server-") and family_of(results, e) not in ids:
+                ids.append(family_of(results, e))
         for s in results["settings"]:
-            cells = row("ngram", s, ["plain", "ngram", "pld2", "pld10"], ["grounded"])
+            cells = row("ngram", s, ids, ["grounded"])
             if cells:
                 out.append(f"  n-gram grounded {s}: " + cells)
     for t in targets(results):
-        out.append(f"  #{t['issue']} {'MET' if t['met'] else 'not met' if t['met'] is False else 'n/a'}: "
-                   f"{t['goal']} — {t['measured']}")
+        state = 'MET' if t['met'] else 'not met' if t['met'] is False else 'n/a'
+        if t.get("unresolved"):
+            state += " (unresolved)"
+        out.append(f"  #{t['issue']} {state}: {t['goal']} — {t['measured']}")
     return "\n".join(out)
 
 
@@ -664,6 +1058,10 @@ def _colour(eid: str) -> str:
         return "#1f77b4" if eid != "auto" else "#08306b"
     if eid.startswith("ngram"):
         return "#2ca02c"
+    if eid == "llama-completion":
+        return "#000000"
+    if eid.startswith("llama-server"):
+        return "#9467bd"
     if eid.startswith("llama-"):
         return "#d62728"
     return "#ff7f0e"
@@ -674,16 +1072,16 @@ def _plot_tps(results, plt):
     settings = list(results["settings"])
     if not pairs or not settings:
         return None
-    n_eng = max(len(engines_of(results, p)) for p in pairs)
+    n_eng = max(len(shown_engines(results, p, s)) for p in pairs for s in settings)
     fig, axes = plt.subplots(len(pairs), len(settings), squeeze=False,
                              figsize=(4.2 * len(settings), 0.42 * n_eng * len(pairs) + 1.2 * len(pairs)))
     for i, p in enumerate(pairs):
-        eids = engines_of(results, p)
         for j, s in enumerate(settings):
+            eids = shown_engines(results, p, s)
             ax = axes[i][j]
             med, lo, hi, labels, cols = [], [], [], [], []
             for e in eids:
-                sm = summarize(runs_of(results, p, s, e))
+                sm = summarize(results, runs_of(results, p, s, e))
                 if sm["tps_median"] is None:
                     continue
                 med.append(sm["tps_median"])
@@ -704,12 +1102,19 @@ def _plot_tps(results, plt):
 
 
 def _short(results, eid: str) -> str:
-    return {"plain": "ours plain", "gamma2": "ours γ=2", "gamma4": "ours γ=4", "gamma6": "ours γ=6",
-            "gamma8": "ours γ=8", "auto": "ours auto", "ngram": "ours n-gram",
-            "ngram-draft": "ours n-gram+draft", "llama-completion": "llama-completion",
-            "llama-speculative": "llama-speculative", "llama-speculative-simple": "llama-spec-simple",
-            "pld2": "lcp PromptLookup 2", "pld10": "lcp PromptLookup 10",
-            "lcp-plain": "lcp plain"}.get(eid, eid)
+    fixed = {"plain": "ours plain", "gamma2": "ours γ=2", "gamma4": "ours γ=4", "gamma6": "ours γ=6",
+             "gamma8": "ours γ=8", "auto": "ours auto", "ngram": "ours n-gram",
+             "ngram-draft": "ours n-gram+draft", "llama-completion": "llama-completion (plain)",
+             "llama-speculative": "llama-speculative", "llama-speculative-simple": "llama-spec-simple",
+             "pld2": "lcp PromptLookup 2", "pld10": "lcp PromptLookup 10",
+             "lcp-plain": "lcp plain", "llama-server-plain": "llama-server plain"}
+    if eid in fixed:
+        return fixed[eid]
+    info = results.get("engines", {}).get(eid, {})
+    short = eid.replace("llama-speculative-simple", "llama-spec-simple")
+    if info.get("draft_max"):
+        short = short.rsplit("-n", 1)[0] + f" (n-max {info['draft_max']})"
+    return short
 
 
 def _plot_theory(results, plt):
@@ -717,7 +1122,7 @@ def _plot_theory(results, plt):
     for p in results["pairs"]:
         for s in results["settings"]:
             for e in engines_of(results, p):
-                sm = summarize(runs_of(results, p, s, e))
+                sm = summarize(results, runs_of(results, p, s, e))
                 if sm["predicted"] is not None and sm["ratio"] is not None and e != "plain":
                     pts.append((p, s, e, sm["predicted"], sm["ratio"]))
     if not pts:
@@ -741,7 +1146,7 @@ def _plot_theory(results, plt):
         if s in results["settings"]:
             ax.scatter([], [], marker=mk, color="#555555", label=results["settings"][s]["label"])
     ax.set_xlabel("predicted speed-up (theory, α from the run, c and v(k) calibrated in the run)")
-    ax.set_ylabel("measured speed-up over plain (median of per-block ratios)")
+    ax.set_ylabel(f"measured speed-up over {baseline_label(results)} (median of per-block ratios)")
     ax.legend(fontsize=7, loc="upper left")
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -1,15 +1,20 @@
 """The end-to-end benchmark suite: ours against plain decoding and the peers.
 
-    python -m bench                # the full run (about 40 minutes on 2 cores)
+    python -m bench                # the full run (about 85 minutes on an idle 2-core machine)
     python -m bench --quick        # a few minutes: 2 prompts, T=0 and T=1, 64 tokens
     python -m bench --report-only bench/results.json   # re-render tables and plots
+    python -m bench --dry-run      # what would run, and how long it should take
 
 For every (model pair, sampling setting, prompt, repeat) the engines run back
 to back in an order rotated from block to block, so that a change of machine
 load hits all engines alike; speed-ups are medians of per-block ratios against
-our plain decoding in the same block.  Each pair is also calibrated in the same
-run (v(k), c, α at each setting), and every speculative run of ours is compared
-with the theory's prediction from those numbers and the α measured in the run.
+llama.cpp's own plain decoding (``llama-completion``) in the same block, with a
+bootstrap interval over the blocks; our plain decoding runs in every block too,
+as a control.  llama.cpp's speculative peers run with every draft length of a
+sweep (``--peer-draft-max``), the report shows the best per pair and setting.
+Each pair is also calibrated in the same run (v(k), c, α at each setting), and
+every speculative run of ours is compared with the theory's prediction from
+those numbers and the α measured in the run.
 
 Writes bench/RESULTS.md (keeping its "## Kernels" section, which
 bench/kernels.py writes), bench/results.json (every run) and PNG plots next to
@@ -28,13 +33,16 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import peers
 from .prompts import PROMPTS, by_name
-from .suite import ENGINES, OPTIONAL_ENGINES, PAIRS, Q4_0, QUICK, SETTINGS, Engine, Pair, Setting
+from . import suite
+from .suite import (BASELINE, CONTROL, DEFAULT_DRAFT_MAX, ENGINES, OPTIONAL_ENGINES, PAIRS, Q4_0, QUICK,
+                    SETTINGS, Engine, Pair, Setting)
 
 HERE = Path(__file__).resolve().parent
 
@@ -68,21 +76,24 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true",
                     help=f"a few-minute run: prompts {','.join(QUICK['prompts'])}, settings "
                          f"{','.join(QUICK['settings'])}, {QUICK['tokens']} tokens, engines "
-                         f"{','.join(QUICK['engines'])} (explicit options still win)")
+                         f"{','.join(QUICK['engines'])}, draft-length sweep "
+                         f"{','.join(map(str, QUICK['draft_max']))} (explicit options still win)")
     ap.add_argument("--pairs", type=_csv(list(PAIRS), "pair"), default=None,
                     help=f"model pairs (default all: {','.join(PAIRS)})")
     ap.add_argument("--settings", type=_csv(list(SETTINGS), "setting"), default=None,
                     help=f"sampling settings (default all: {','.join(SETTINGS)})")
-    ap.add_argument("--engines", type=_csv(list(ENGINES), "engine"), default=None,
-                    help="engines (default: every engine of each pair; 'plain' always runs). "
-                         f"Known: {','.join(ENGINES)}")
+    ap.add_argument("--engines", type=_csv(suite.known_ids(), "engine"), default=None,
+                    help="engines or engine families (default: every engine of each pair; "
+                         f"'{CONTROL}' and '{BASELINE}' always run). Known: {','.join(suite.known_ids())}")
     ap.add_argument("--prompts", type=_csv([p.name for p in PROMPTS], "prompt"), default=None,
                     help=f"prompts (default all: {','.join(p.name for p in PROMPTS)})")
     ap.add_argument("--tokens", type=int, default=None, help="new tokens per run (default 128)")
     ap.add_argument("--repeats", type=int, default=None, help="repeats per prompt (default 1)")
     ap.add_argument("--threads", type=int, default=2, help="threads of every engine (default 2)")
-    ap.add_argument("--peer-draft-max", type=int, default=4,
-                    help="--spec-draft-n-max of llama-speculative[-simple] (default 4)")
+    ap.add_argument("--peer-draft-max", type=_int_list, default=None,
+                    help="the --spec-draft-n-max sweep of llama-speculative, llama-speculative-simple "
+                         f"and llama-server -md (default {','.join(map(str, DEFAULT_DRAFT_MAX))}; "
+                         f"--quick: {','.join(map(str, QUICK['draft_max']))})")
     ap.add_argument("--ctx", type=int, default=1024, help="context size of every engine (default 1024)")
     ap.add_argument("--seed", type=int, default=1234, help="base seed (block i uses seed + i)")
     ap.add_argument("--output-dir", type=Path, default=HERE,
@@ -93,7 +104,13 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     ap.add_argument("--report-only", type=Path, metavar="RESULTS.json", default=None,
                     help="re-render RESULTS.md and the plots from a results.json, run nothing")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print the engines, blocks and estimated duration, run nothing")
     args = ap.parse_args(argv)
+    if args.peer_draft_max is None:
+        args.peer_draft_max = list(QUICK["draft_max"] if args.quick else DEFAULT_DRAFT_MAX)
+    if args.peer_draft_max != list(DEFAULT_DRAFT_MAX):
+        suite.set_draft_sweep(args.peer_draft_max)
     q = args.quick
     args.pairs = args.pairs or list(PAIRS)
     args.settings = args.settings or list(QUICK["settings"] if q else SETTINGS)
@@ -102,10 +119,24 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     args.repeats = args.repeats or (QUICK["repeats"] if q else 1)
     if args.engines is None and q:
         args.engines = list(QUICK["engines"])
-    for name in ("tokens", "repeats", "threads", "peer_draft_max", "ctx"):
+    for name in ("tokens", "repeats", "threads", "ctx"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    if min(args.peer_draft_max) < 1:
+        ap.error("--peer-draft-max values must be >= 1")
+    if args.engines is not None:
+        args.engines = suite.expand(args.engines)
     return args
+
+
+def _int_list(text: str) -> List[int]:
+    try:
+        out = sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not out:
+        raise argparse.ArgumentTypeError("expected at least one value")
+    return out
 
 
 def command_line(argv: Optional[Sequence[str]]) -> str:
@@ -156,12 +187,18 @@ def estimate_run(target: str, engine: Engine, tokens: int) -> float:
     tps = 14.0 if f32 else 40.0
     if engine.kind == "ours" and engine.gamma != 0:
         tps *= 1.4 if f32 else 1.0
-    elif engine.kind == "speculative":
-        tps *= 1.4 if f32 else 0.8
+    elif engine.kind == "speculative" or (engine.kind == "server" and engine.uses_draft_model):
+        # longer drafts pay less on the compute-bound target
+        tps *= 1.4 if f32 else (0.8 if engine.draft_max <= 4 else 0.6 if engine.draft_max <= 8 else 0.4)
+    elif engine.kind == "server" and engine.spec_type:
+        tps *= 1.5  # n-gram modes: fast on the grounded prompts, plain on the others
     elif engine.kind == "lcp" and engine.num_pred_tokens:
         tps *= 1.2
-    fixed = {"completion": 3.0 if f32 else 1.5, "speculative": 4.5 if f32 else 2.5,
-             "lcp": 0.5, "ours": 0.1}[engine.kind]
+    # fixed: process start, model load and prompt (the servers keep their models loaded)
+    # (measured in the full run of 2026-11-30: the speculative examples spend
+    # ~5 s loading two models and the prompt, whichever the target)
+    fixed = {"completion": 3.0 if f32 else 1.5, "speculative": 4.5 if f32 else 5.5,
+             "server": 2.0 if f32 else 0.8, "lcp": 0.5, "ours": 0.1}[engine.kind]
     return tokens / tps + fixed
 
 
@@ -325,11 +362,15 @@ class Group:
     draft_paths: Dict[str, Optional[Path]] = field(default_factory=dict)  # role -> draft file
     cost_models: Dict[str, Any] = field(default_factory=dict)  # role -> CostModel (current setting)
     lcp: Any = None
+    servers: Dict[str, Any] = field(default_factory=dict)  # engine id -> running llama-server's URL
+    stack: ExitStack = field(default_factory=ExitStack)  # stops the servers
+    errors: List[str] = field(default_factory=list)  # peers that could not be started
 
     def pair_ids_of(self, engine: Engine) -> List[str]:
-        if engine.id == "plain":
+        if engine.id in (CONTROL, BASELINE):
             return [p.id for p in self.pairs]
-        return [p.id for p in self.pairs if engine.id in p.engines or engine.id in OPTIONAL_ENGINES.get(p.id, ())]
+        return [p.id for p in self.pairs
+                if engine.id in suite.expand(p.engines) + suite.expand(OPTIONAL_ENGINES.get(p.id, ()))]
 
     @property
     def model_draft(self) -> Optional[str]:
@@ -348,11 +389,12 @@ def build_groups(args: argparse.Namespace) -> List[Group]:
             group = by_target[pair.target] = Group(pair.target, ensure_model(pair.target), [], [])
         group.pairs.append(pair)
     for group in by_target.values():
-        ids = ["plain"]
+        ids = [CONTROL, BASELINE]
         for pair in group.pairs:
-            allowed = list(pair.engines) + list(OPTIONAL_ENGINES.get(pair.id, ()))
+            default = suite.expand(pair.engines)
+            allowed = default + suite.expand(OPTIONAL_ENGINES.get(pair.id, ()))
             for eid in allowed:
-                if wanted is None and eid not in pair.engines:
+                if wanted is None and eid not in default:
                     continue
                 if wanted is not None and eid not in wanted:
                     continue
@@ -360,7 +402,7 @@ def build_groups(args: argparse.Namespace) -> List[Group]:
                     ids.append(eid)
         order = list(ENGINES)
         group.engines = [ENGINES[e] for e in sorted(ids, key=order.index)]
-    return [g for g in by_target.values() if len(g.engines) > 1 or args.engines is not None]
+    return [g for g in by_target.values() if len(g.engines) > 2 or args.engines is not None]
 
 
 def load_group(group: Group, args: argparse.Namespace, progress: Progress) -> None:
@@ -396,8 +438,30 @@ def load_group(group: Group, args: argparse.Namespace, progress: Progress) -> No
         group.decoders[role] = dec
     if any(e.kind == "lcp" for e in group.engines):
         group.lcp = LcpRunner(group.target_path, args.threads, args.ctx)
+    for engine in list(group.engines):
+        if engine.kind == "server":
+            try:
+                group.servers[engine.id] = group.stack.enter_context(start_server(group, engine, args))
+            except (peers.PeerRunError, peers.PeerBuildError, OSError) as exc:
+                progress.say(f"{engine.id}: llama-server did not start, running without it: {exc}")
+                group.engines.remove(engine)
+                group.errors.append(f"{engine.id}: {str(exc).strip().splitlines()[0][:300]}")
     progress.say(f"loaded {group.target} ({', '.join(sorted(group.decoders))}"
-                 f"{', llama-cpp-python' if group.lcp else ''})")
+                 f"{', llama-cpp-python' if group.lcp else ''}"
+                 f"{f', {len(group.servers)} llama-server(s)' if group.servers else ''})")
+
+
+def start_server(group: Group, engine: Engine, args: argparse.Namespace):
+    """A llama-server for one engine: single client (--parallel 1), the suite's
+    context and threads (the draft model's too); sampling is set per request."""
+    from specdec_cpu.models import ensure_model
+
+    draft = ensure_model(group.model_draft or Q4_0) if engine.uses_draft_model else None
+    return peers.llama_server(
+        group.target_path, draft=draft, spec_type=engine.spec_type or None,
+        draft_max=engine.draft_max or None, draft_min=0 if engine.uses_draft_model else None,
+        parallel=1, ctx=args.ctx, threads=args.threads, seed=args.seed,
+        extra_args=engine.server_args, startup_timeout=PEER_TIMEOUT)
 
 
 def plain_decoder(group: Group):
@@ -522,6 +586,8 @@ def predicted_speedup(engine: Engine, stats, cost_model) -> Optional[float]:
 def run_engine(group: Group, engine: Engine, setting: Setting, text: str, seed: int,
                args: argparse.Namespace) -> Dict[str, Any]:
     rec: Dict[str, Any] = {"engine": engine.id}
+    if engine.draft_max:
+        rec["draft_max"] = engine.draft_max
     t0 = time.perf_counter()
     try:
         if engine.kind == "ours":
@@ -562,10 +628,16 @@ def run_engine(group: Group, engine: Engine, setting: Setting, text: str, seed: 
             draft = group.model_draft or Q4_0
             from specdec_cpu.models import ensure_model
             r = peers.run_speculative(group.target_path, ensure_model(draft), text, args.tokens,
-                                      threads=args.threads, seed=seed, draft_max=args.peer_draft_max,
+                                      threads=args.threads, seed=seed, draft_max=engine.draft_max,
                                       variant=engine.variant, ctx=args.ctx, timeout=PEER_TIMEOUT,
                                       **setting.peer_kwargs())
             rec.update(_peer_record(r))
+        elif engine.kind == "server":
+            r = peers.run_server(group.servers[engine.id], text, args.tokens, seed=seed,
+                                 timeout=PEER_TIMEOUT, **setting.peer_kwargs())
+            rec.update(_peer_record(r))
+            rec["finish"] = r.target_perf.get("stop_type")
+            rec["timings"] = r.target_perf
         elif engine.kind == "lcp":
             rec.update(group.lcp.run(text, args.tokens, setting, seed, engine.num_pred_tokens))
         else:  # pragma: no cover
@@ -584,7 +656,7 @@ def _short_paths(text: str) -> str:
     return text.replace(str(cache_dir()), "<cache>")
 
 
-def _peer_record(r: "peers.PeerResult") -> Dict[str, Any]:
+def _peer_record(r: "peers.PeerResult") -> Dict[str, Any]:  # noqa: D401
     return {
         "tokens": r.n_decoded,
         "tps": r.tokens_per_s,
@@ -623,8 +695,12 @@ def warm_up(group: Group, args: argparse.Namespace, progress: Progress) -> None:
             peers.run_plain(group.target_path, text, 8, threads=args.threads, ctx=args.ctx, timeout=PEER_TIMEOUT)
         if "speculative" in kinds:
             from specdec_cpu.models import ensure_model
-            peers.run_speculative(group.target_path, ensure_model(group.model_draft or Q4_0), text, 8,
-                                  threads=args.threads, ctx=args.ctx, timeout=PEER_TIMEOUT)
+            for variant in sorted({e.variant for e in group.engines if e.kind == "speculative"}):
+                peers.run_speculative(group.target_path, ensure_model(group.model_draft or Q4_0), text, 8,
+                                      threads=args.threads, ctx=args.ctx, timeout=PEER_TIMEOUT,
+                                      variant=variant)
+        for url in group.servers.values():
+            peers.run_server(url, text, 8, timeout=PEER_TIMEOUT)
     except peers.PeerRunError as exc:
         progress.say(f"warm-up of a peer failed: {exc}")
     progress.say(f"warmed up {group.target} in {time.monotonic() - t0:.0f} s")
@@ -703,10 +779,12 @@ def run_suite(args: argparse.Namespace, command: str) -> Dict[str, Any]:
         "config": {
             "pairs": args.pairs, "settings": args.settings, "prompts": args.prompts,
             "engines": args.engines, "tokens": args.tokens, "repeats": args.repeats,
-            "threads": args.threads, "peer_draft_max": args.peer_draft_max, "ctx": args.ctx,
+            "threads": args.threads, "peer_draft_max": list(args.peer_draft_max), "ctx": args.ctx,
             "seed": args.seed, "quick": args.quick, "wait_for_quiet": args.wait,
             "busy_cores_threshold": BUSY_CORES,
         },
+        "baseline": BASELINE,
+        "control": CONTROL,
         "calibrations": [],
         "runs": [],
         "complete": False,
@@ -716,14 +794,15 @@ def run_suite(args: argparse.Namespace, command: str) -> Dict[str, Any]:
     settings = [SETTINGS[s] for s in args.settings]
     kinds = {e.kind for g in groups for e in g.engines}
     peer_paths = None
-    if kinds & {"completion", "speculative"}:
+    if kinds & {"completion", "speculative", "server"}:
         try:
             peer_paths = peers.ensure_peers()
         except peers.PeerBuildError as exc:
-            print(f"llama.cpp peers unavailable, running without them: {exc}", file=sys.stderr)
+            print(f"llama.cpp peers unavailable, running without them (so the speed-ups are against our "
+                  f"plain decoding): {exc}", file=sys.stderr)
             results["peer_error"] = str(exc)
             for g in groups:
-                g.engines = [e for e in g.engines if e.kind not in ("completion", "speculative")]
+                g.engines = [e for e in g.engines if e.kind not in ("completion", "speculative", "server")]
     results["machine"] = machine_info(args.threads)
     results["versions"] = versions(peer_paths)
     results["pairs"] = {p: {"label": PAIRS[p].label, "description": PAIRS[p].description,
@@ -731,18 +810,12 @@ def run_suite(args: argparse.Namespace, command: str) -> Dict[str, Any]:
                             "engines": [e.id for g in groups for e in g.engines
                                         if p in g.pair_ids_of(e)]}
                         for p in args.pairs}
-    results["engines"] = {e.id: {"label": e.label, "kind": e.kind} for g in groups for e in g.engines}
+    results["engines"] = {e.id: engine_info(e) for g in groups for e in g.engines}
     results["settings"] = {s.id: {"label": s.label, "temperature": s.temperature, "top_k": s.top_k,
                                   "top_p": s.top_p, "min_p": s.min_p} for s in settings}
     results["prompts"] = {p.name: {"kind": p.kind, "description": p.description} for p in prompts}
 
-    total = 0.0
-    for g in groups:
-        total += 25.0 if _is_f32(g.target) else 10.0
-        n_cal = len({e.drafter for e in g.engines if e.kind == "ours"} - {"plain"})
-        total += len(settings) * n_cal * estimate_calibration(g.target, args.quick)
-        total += len(settings) * len(prompts) * args.repeats * sum(
-            estimate_run(g.target, e, args.tokens) for e in g.engines)
+    total = estimate_total(groups, args)
     progress = Progress(total)
     progress.say(f"{len(groups)} target(s), {len(settings)} setting(s), {len(prompts)} prompt(s) × "
                  f"{args.repeats} repeat(s), {args.tokens} tokens; estimated {_mmss(total)} on an idle machine")
@@ -753,6 +826,7 @@ def run_suite(args: argparse.Namespace, command: str) -> Dict[str, Any]:
         for group in groups:
             t0 = time.monotonic()
             load_group(group, args, progress)
+            results.setdefault("peer_start_errors", []).extend(group.errors)
             warm_up(group, args, progress)
             progress.add(25.0 if _is_f32(group.target) else 10.0, time.monotonic() - t0)
             for setting in settings:
@@ -782,9 +856,7 @@ def run_suite(args: argparse.Namespace, command: str) -> Dict[str, Any]:
                             block_runs.append(rec)
                             progress.add(estimate_run(group.target, engine, args.tokens), rec["wall_seconds"])
                             progress.say(_run_line(rec, setting))
-                        base = next((r["tps"] for r in block_runs if r["engine"] == "plain"), None)
-                        for r in block_runs:
-                            r["ratio"] = (r["tps"] / base) if base and r.get("tps") else None
+                        set_block_ratios(block_runs)
                         results["runs"].extend(block_runs)
                         block += 1
             release(group)
@@ -797,10 +869,67 @@ def run_suite(args: argparse.Namespace, command: str) -> Dict[str, Any]:
     return results
 
 
+def set_block_ratios(block_runs: List[Dict[str, Any]]) -> None:
+    """Per-run ratios to the block's baseline (llama.cpp plain; our plain when
+    llama.cpp's did not run) and to our plain decoding (the control)."""
+    tps = {r["engine"]: r.get("tps") for r in block_runs}
+    base_id = BASELINE if tps.get(BASELINE) else CONTROL
+    base, ours = tps.get(base_id), tps.get(CONTROL)
+    for r in block_runs:
+        r["baseline"] = base_id
+        r["ratio"] = (r["tps"] / base) if base and r.get("tps") else None
+        r["ratio_to_ours_plain"] = (r["tps"] / ours) if ours and r.get("tps") else None
+
+
+def engine_info(e: Engine) -> Dict[str, Any]:
+    info: Dict[str, Any] = {"label": e.label, "kind": e.kind}
+    if e.family:
+        info.update(family=e.family, family_label=suite.FAMILY_LABELS.get(e.family, e.family),
+                    setting_label=e.setting_label)
+    if e.draft_max:
+        info["draft_max"] = e.draft_max
+    if e.kind == "server":
+        info.update(spec_type=e.spec_type or None, server_args=list(e.server_args))
+    return info
+
+
+def estimate_total(groups: List[Group], args: argparse.Namespace) -> float:
+    """Estimated seconds of the whole run on an idle machine."""
+    total = 0.0
+    n_blocks = len(args.settings) * len(args.prompts) * args.repeats
+    for g in groups:
+        n_servers = sum(1 for e in g.engines if e.kind == "server")
+        total += (25.0 if _is_f32(g.target) else 10.0) + n_servers * (8.0 if _is_f32(g.target) else 4.0)
+        n_cal = len({e.drafter for e in g.engines if e.kind == "ours"} - {"plain"})
+        total += len(args.settings) * n_cal * estimate_calibration(g.target, args.quick)
+        total += n_blocks * (2.0 + sum(estimate_run(g.target, e, args.tokens) for e in g.engines))
+    return total
+
+
+def dry_run(args: argparse.Namespace) -> int:
+    """Print what a run with these arguments would do, and its estimated duration."""
+    groups = build_groups(args)
+    n_blocks = len(args.settings) * len(args.prompts) * args.repeats
+    print(f"{len(groups)} target(s); per target {n_blocks} block(s) = {len(args.settings)} setting(s) × "
+          f"{len(args.prompts)} prompt(s) × {args.repeats} repeat(s); {args.tokens} tokens per run")
+    for g in groups:
+        per_block = sum(estimate_run(g.target, e, args.tokens) for e in g.engines)
+        print(f"- {g.target} ({', '.join(p.id for p in g.pairs)}): {len(g.engines)} engines, "
+              f"≈ {per_block:.0f} s per block")
+        for e in g.engines:
+            print(f"    {e.id:32s} {e.kind:12s} ≈ {estimate_run(g.target, e, args.tokens):5.1f} s/run")
+    total = estimate_total(groups, args)
+    print(f"estimated duration on an idle machine: {_mmss(total)} ({total / 60:.1f} min), "
+          "before the waits for a quiet machine")
+    return 0
+
+
 def release(group: Group) -> None:
     """Drop the group's models before the next group loads its own."""
     import gc
 
+    group.stack.close()  # stops the group's llama-servers
+    group.servers.clear()
     group.decoders.clear()
     group.cost_models = {}
     if group.lcp is not None:
@@ -835,6 +964,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # a terminated run still writes what it measured
     from . import report
 
+    if args.dry_run:
+        return dry_run(args)
     out_dir: Path = args.output_dir
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.report_only is not None:
