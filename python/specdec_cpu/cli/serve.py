@@ -53,6 +53,18 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--log-prompts", action="store_true",
                    help="include prompts and outputs in the per-request log lines (off by default)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    r = p.add_argument_group("Ray Serve (the [ray] extra): several replicas, on one or more machines")
+    r.add_argument("--ray", action="store_true",
+                   help="serve through Ray Serve: one BatchedDecoder per replica behind Ray's HTTP proxy")
+    r.add_argument("--replicas", type=int_in(1, 4096), default=1, metavar="N",
+                   help="replicas (default 1); each gets --threads CPUs")
+    r.add_argument("--min-replicas", type=int_in(1, 4096), default=None, metavar="N",
+                   help="autoscale between --min-replicas and --max-replicas instead of a fixed number")
+    r.add_argument("--max-replicas", type=int_in(1, 4096), default=None, metavar="N")
+    r.add_argument("--target-ongoing", type=positive_float, default=4.0, metavar="R",
+                   help="autoscaling target of ongoing requests per replica (default 4)")
+    r.add_argument("--ray-address", default=os.environ.get("RAY_ADDRESS"), metavar="ADDR",
+                   help="an existing Ray cluster (default: $RAY_ADDRESS, else a local one is started)")
     p.set_defaults(func=run)
 
 
@@ -67,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("DRAFT needs TARGET")
     target, draft = _model_paths(args)
     name = args.model_name or Path(target).stem
+    if args.ray:
+        return _run_ray(args, target, draft, name)
     from ..serving.app import ServerOptions
     from ..serving.batched import BatchedDecoder
     from ..serving.server import run_server
@@ -95,3 +109,23 @@ def _model_paths(args: argparse.Namespace) -> "tuple[str, Optional[str]]":
         if path is not None and not Path(path).is_file():
             raise ModelLoadError(f"{what} {path}: no such file")
     return args.target, args.draft
+
+
+def _run_ray(args: argparse.Namespace, target: str, draft: Optional[str], name: str) -> int:
+    try:
+        from ..serving.ray_app import RayServeConfig, run_ray
+    except ImportError:
+        raise UsageError("--ray needs the [ray] extra: pip install 'specdec-cpu[ray]'") from None
+    replicas = args.max_replicas or args.replicas
+    threads = args.threads or max(1, (os.cpu_count() or 1) // replicas)
+    try:
+        config = RayServeConfig(
+            target=str(Path(target).resolve()), draft=str(Path(draft).resolve()) if draft else None,
+            ngram=args.ngram, model_name=name, replicas=args.replicas, min_replicas=args.min_replicas,
+            max_replicas=args.max_replicas, target_ongoing_requests=args.target_ongoing, threads=threads,
+            max_sequences=args.max_sequences, max_queue=args.max_queue, n_ctx=args.n_ctx, gamma=args.gamma,
+            prefill_chunk=args.prefill_chunk, api_key=args.api_key or None, max_body_bytes=args.max_body,
+            request_timeout=args.timeout, log_prompts=args.log_prompts)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return run_ray(config, host=args.host, port=args.port, address=args.ray_address, say=emit)

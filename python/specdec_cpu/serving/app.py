@@ -85,6 +85,19 @@ class ServerState:
             if self._on_load_error is not None:
                 self._on_load_error(self.error)
 
+    def problem(self) -> Optional[str]:
+        """None when serving, else what is wrong ("loading", the load error, ...)."""
+        if self.error is not None:
+            return self.error
+        dec = self.decoder
+        if dec is None:
+            return "loading"
+        if dec.closed:
+            return "closed"
+        if not dec.healthy:
+            return "the decoder's scheduler has stopped"
+        return None
+
     def close(self, timeout: Optional[float] = 5.0) -> None:
         if self._thread is not None:
             self._thread.join()
@@ -93,9 +106,11 @@ class ServerState:
 
 
 def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], options: ServerOptions,
-               on_load_error: Optional[Callable[[str], None]] = None) -> FastAPI:
+               on_load_error: Optional[Callable[[str], None]] = None,
+               metrics_labels: Optional[dict] = None) -> FastAPI:
     """The FastAPI application serving ``load`` (a decoder, or a function
-    loading one in the background)."""
+    loading one in the background).  ``metrics_labels`` are added to every
+    ``/metrics`` sample (a Ray replica's id)."""
     loader = (lambda: load) if isinstance(load, BatchedDecoder) else load
     state = ServerState(loader, on_load_error)
 
@@ -130,11 +145,12 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
 
     @app.get("/health")
     def health() -> JSONResponse:
-        if state.decoder is not None and not state.decoder.closed:
+        problem = state.problem()
+        if problem is None:
             return JSONResponse({"status": "ok"})
-        if state.error is not None:
-            return JSONResponse({"status": "error", "error": state.error}, status_code=503)
-        return JSONResponse({"status": "loading"}, status_code=503)
+        if problem == "loading":
+            return JSONResponse({"status": "loading"}, status_code=503)
+        return JSONResponse({"status": "error", "error": problem}, status_code=503)
 
     @app.get("/v1/models", dependencies=[Depends(authorized)])
     def models() -> dict:
@@ -143,7 +159,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
 
     @app.get("/metrics", dependencies=[Depends(authorized)])
     def metrics() -> Response:
-        return metrics_response(state.decoder)
+        return metrics_response(state.decoder, metrics_labels)
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(body: CompletionRequest, request: Request) -> Response:

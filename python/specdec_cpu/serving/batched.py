@@ -258,6 +258,11 @@ class BatchedDecoder:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def healthy(self) -> bool:
+        """Open, and its scheduler thread running."""
+        return not self._closed and self._scheduler.alive
+
     def metrics(self) -> MetricsSnapshot:
         """Counters since the decoder started: requests by outcome, tokens,
         drafts, passes, queue depth, active sequences, prompt-cache hits."""

@@ -27,19 +27,23 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class DecoderCollector(Collector):
     """The metrics of one decoder (none while it is loading)."""
 
-    def __init__(self, decoder: Optional[BatchedDecoder]) -> None:
+    def __init__(self, decoder: Optional[BatchedDecoder], labels: Optional[dict] = None) -> None:
         self.decoder = decoder
+        self.names = list(labels or {})
+        self.values = [str(v) for v in (labels or {}).values()]
 
     def collect(self) -> Iterator[Metric]:
-        ready = GaugeMetricFamily("specdec_ready", "1 when the model is loaded and serving")
-        ready.add_metric([], 0.0 if self.decoder is None or self.decoder.closed else 1.0)
+        names, values = self.names, self.values
+        ready = GaugeMetricFamily("specdec_ready", "1 when the model is loaded and serving", labels=names)
+        ready.add_metric(values, 0.0 if self.decoder is None or not self.decoder.healthy else 1.0)
         yield ready
         if self.decoder is None:
             return
         m = self.decoder.metrics()
-        requests = CounterMetricFamily("specdec_requests", "Requests ended, by outcome", labels=["outcome"])
+        requests = CounterMetricFamily("specdec_requests", "Requests ended, by outcome",
+                                       labels=["outcome", *names])
         for outcome in OUTCOMES:
-            requests.add_metric([outcome], m.requests.get(outcome, 0))
+            requests.add_metric([outcome, *values], m.requests.get(outcome, 0))
         yield requests
         for name, doc, value in (
             ("specdec_tokens_generated", "Tokens emitted to clients", m.tokens_generated),
@@ -57,8 +61,8 @@ class DecoderCollector(Collector):
             ("specdec_sampling_seconds", "Seconds in the sampling and verify kernels", m.sampling_seconds),
             ("specdec_scheduler_seconds", "Step seconds outside passes and kernels", m.scheduler_seconds),
         ):
-            c = CounterMetricFamily(name, doc)
-            c.add_metric([], value)
+            c = CounterMetricFamily(name, doc, labels=names)
+            c.add_metric(values, value)
             yield c
         for name, doc, value in (
             ("specdec_mean_alpha", "Mean exact acceptance Σ min(p, q) of every verified draft row", m.mean_alpha),
@@ -69,13 +73,13 @@ class DecoderCollector(Collector):
             ("specdec_active_sequences", "Requests holding a sequence", m.active_sequences),
             ("specdec_max_sequences", "Sequences decoded at once", m.max_sequences),
         ):
-            g = GaugeMetricFamily(name, doc)
-            g.add_metric([], value)
+            g = GaugeMetricFamily(name, doc, labels=names)
+            g.add_metric(values, value)
             yield g
 
 
-def metrics_response(decoder: Optional[BatchedDecoder]) -> Response:
+def metrics_response(decoder: Optional[BatchedDecoder], labels: Optional[dict] = None) -> Response:
     """The scrape's body (a registry of its own: several apps may share a process)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(DecoderCollector(decoder))
+    registry.register(DecoderCollector(decoder, labels))
     return Response(generate_latest(registry), media_type=CONTENT_TYPE)

@@ -1,0 +1,235 @@
+"""The OpenAI-compatible server as a Ray Serve application, for more than one machine.
+
+Each replica is one Ray actor holding one :class:`BatchedDecoder` and the
+same FastAPI app ``specdec-cpu serve`` runs (``serve.ingress`` builds it in
+the replica, after the model is loaded, so Ray routes requests only to
+replicas that can answer them).  Ray Serve's HTTP proxy spreads requests
+over the replicas; Ray's health checks call the same test as ``/health``;
+every response names its replica in an ``x-specdec-replica`` header, and
+``/metrics`` carries a ``replica`` label.
+
+Run it with ``specdec-cpu serve --ray --replicas N`` (a local Ray cluster is
+started unless ``--ray-address`` names one), or on an existing cluster with
+``serve run`` / ``serve deploy`` and :func:`app_builder` (see
+docs/serving.md and deploy/ray-serve.yaml).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import asdict, dataclass
+from typing import Any, Optional, Union
+
+from ray import serve
+
+from ..errors import ModelLoadError
+from .app import ServerOptions, create_app
+from .batched import BatchedDecoder
+
+__all__ = ["RayServeConfig", "SpecDecReplica", "app_builder", "build_app"]
+
+REPLICA_HEADER = "x-specdec-replica"
+
+
+@dataclass(frozen=True)
+class RayServeConfig:
+    """Everything a replica needs (model paths must exist on every node).
+
+    ``replicas`` fixes the number of replicas; ``min_replicas`` and
+    ``max_replicas`` (with ``target_ongoing_requests`` per replica) turn on
+    Ray Serve's autoscaling instead.  ``threads`` is also each replica's
+    ``num_cpus``, so Ray places replicas where their cores are free.
+    """
+
+    target: str
+    draft: Optional[str] = None
+    ngram: bool = False
+    model_name: Optional[str] = None
+    replicas: int = 1
+    min_replicas: Optional[int] = None
+    max_replicas: Optional[int] = None
+    target_ongoing_requests: float = 4.0
+    threads: int = 1
+    max_sequences: int = 8
+    max_queue: int = 64
+    n_ctx: int = 4096
+    gamma: Union[int, str] = "auto"
+    prefill_chunk: int = 128
+    api_key: Optional[str] = None
+    max_body_bytes: int = 1 << 20
+    request_timeout: Optional[float] = 600.0
+    log_prompts: bool = False
+    health_check_period_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        for name in ("replicas", "threads", "max_sequences", "n_ctx", "prefill_chunk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.min_replicas is not None or self.max_replicas is not None:
+            lo, hi = self.min_replicas or 1, self.max_replicas or self.min_replicas or 1
+            if not 1 <= lo <= hi:
+                raise ValueError(f"need 1 <= min_replicas <= max_replicas, got {lo}, {hi}")
+        if not self.target:
+            raise ValueError("target (the model path) is required")
+
+    @property
+    def name(self) -> str:
+        return self.model_name or os.path.splitext(os.path.basename(self.target))[0]
+
+    def options(self) -> ServerOptions:
+        return ServerOptions(model_name=self.name, api_key=self.api_key, max_body_bytes=self.max_body_bytes,
+                             request_timeout=self.request_timeout, log_prompts=self.log_prompts)
+
+
+@serve.deployment(name="specdec")
+@serve.ingress()
+class SpecDecReplica:
+    """One replica: loads the decoder, then serves the OpenAI app over it."""
+
+    def __init__(self, config: dict) -> None:
+        self.config = RayServeConfig(**config)
+        cfg = self.config
+        for what, path in (("target", cfg.target), ("draft", cfg.draft)):
+            if path is not None and not os.path.isfile(path):
+                raise ModelLoadError(f"{what} model {path} is not a file on node {socket.gethostname()}: "
+                                     "every node running a replica needs the model files at the same path")
+        self.replica = _replica_id()
+        self.decoder = BatchedDecoder.from_gguf(
+            cfg.target, cfg.draft, max_sequences=cfg.max_sequences, n_ctx=cfg.n_ctx, gamma=cfg.gamma,
+            ngram=cfg.ngram, n_threads=cfg.threads, max_queue=cfg.max_queue, prefill_chunk=cfg.prefill_chunk)
+
+    def __serve_build_asgi_app__(self):
+        app = create_app(self.decoder, self.config.options(), metrics_labels={"replica": self.replica})
+        app.add_middleware(_ReplicaHeader, replica=self.replica)
+        self.state = app.state.specdec
+        return app
+
+    def check_health(self) -> None:
+        """Ray's periodic health check: the test ``/health`` answers."""
+        problem = self.state.problem() if hasattr(self, "state") else None
+        if problem is not None:
+            raise RuntimeError(f"replica {self.replica} is unhealthy: {problem}")
+
+
+class _ReplicaHeader:
+    """Adds ``x-specdec-replica`` to every response (pure ASGI, streaming-safe)."""
+
+    def __init__(self, app, replica: str) -> None:
+        self.app, self.value = app, replica.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_with_header(message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (REPLICA_HEADER.encode(), self.value)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_header)
+
+
+def _replica_id() -> str:
+    try:
+        return str(serve.get_replica_context().replica_id.unique_id)
+    except Exception:  # outside a replica (tests constructing the class directly)
+        return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def build_app(config: RayServeConfig) -> "serve.Application":
+    """The Ray Serve application for ``config`` (deploy it with ``serve.run``)."""
+    cfg = config
+    options: dict[str, Any] = dict(
+        ray_actor_options={"num_cpus": cfg.threads},
+        # Let requests reach the replica's own queue: its 429s are the clear ones.
+        max_ongoing_requests=cfg.max_sequences + cfg.max_queue,
+        health_check_period_s=cfg.health_check_period_s,
+    )
+    if cfg.min_replicas is not None or cfg.max_replicas is not None:
+        lo = cfg.min_replicas or 1
+        options["autoscaling_config"] = {"min_replicas": lo, "max_replicas": cfg.max_replicas or lo,
+                                         "target_ongoing_requests": cfg.target_ongoing_requests}
+    else:
+        options["num_replicas"] = cfg.replicas
+    return SpecDecReplica.options(**options).bind(asdict(cfg))
+
+
+def app_builder(args: dict) -> "serve.Application":
+    """For ``serve run specdec_cpu.serving.ray_app:app_builder target=... replicas=2`` and
+    config files: ``args`` are :class:`RayServeConfig` fields (strings are converted)."""
+    fields = RayServeConfig.__dataclass_fields__
+    unknown = sorted(set(args) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown argument(s) {', '.join(unknown)}; known: {', '.join(sorted(fields))}")
+    typed: dict[str, Any] = {}
+    for key, value in args.items():
+        typed[key] = _convert(key, value, fields[key].type)
+    return build_app(RayServeConfig(**typed))
+
+
+def _convert(key: str, value: Any, annotation: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    text = str(annotation)
+    try:
+        if value.lower() in ("none", "null") and "Optional" in text:
+            return None
+        if "bool" in text:
+            if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError(value)
+            return value.lower() in ("true", "1", "yes")
+        if key == "gamma":
+            return value if value == "auto" else int(value)
+        if "int" in text and "float" not in text:
+            return int(value)
+        if "float" in text:
+            return float(value)
+    except ValueError:
+        raise ValueError(f"{key}={value!r}: expected {text}") from None
+    return value
+
+
+def run_ray(config: RayServeConfig, *, host: str = "127.0.0.1", port: int = 8000,
+            address: Optional[str] = None, say=print) -> int:
+    """``specdec-cpu serve --ray``: deploy on a Ray cluster (a local one is
+    started when ``address`` is None) and serve until SIGTERM/SIGINT; then
+    Serve is shut down (requests in flight end) and 0 is returned."""
+    import signal
+    import threading
+
+    import ray
+
+    needed = config.threads * (config.max_replicas or config.replicas)
+    if address is None:
+        cores = os.cpu_count() or 1
+        if needed > cores:
+            say(f"note: {needed} CPUs asked for ({config.max_replicas or config.replicas} replicas × "
+                f"{config.threads} threads) on {cores} cores: replicas will share cores")
+        ray.init(num_cpus=max(cores, needed), include_dashboard=False, log_to_driver=False)
+    else:
+        ray.init(address=address, log_to_driver=False)
+        have = ray.cluster_resources().get("CPU", 0)
+        if have < needed and config.max_replicas is None:
+            ray.shutdown()
+            raise ValueError(f"the Ray cluster at {address} has {have:g} CPUs; {config.replicas} replicas × "
+                             f"{config.threads} threads need {needed}")
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        serve.run(build_app(config), name="specdec", route_prefix="/", blocking=False)
+        say(f"serving {config.name} through Ray Serve on http://{host}:{port} "
+            f"({config.replicas if config.max_replicas is None else 'autoscaled'} replicas)")
+        stop.wait()
+        say("shutting down: ending requests in flight")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+    return 0

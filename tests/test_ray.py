@@ -1,0 +1,171 @@
+"""The server as a Ray Serve application: a real local Ray cluster, tiny GGUF models."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+ray = pytest.importorskip("ray")
+pytest.importorskip("ray.serve")
+openai = pytest.importorskip("openai")
+
+from specdec_cpu import SamplingParams, SpeculativeDecoder  # noqa: E402
+from server_helpers import ServerProcess  # noqa: E402
+from test_server import PROMPTS, assert_same_greedy_text  # noqa: E402
+
+GREEDY = SamplingParams(temperature=0.0)
+HEADER = "x-specdec-replica"
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_target, tiny_draft, tmp_path_factory):
+    """``specdec-cpu serve --ray --replicas 2`` (it starts a local Ray cluster),
+    and this process attached to that cluster."""
+    args = [tiny_target, tiny_draft, "--ray", "--replicas", "2", "--threads", "1", "--n-ctx", "512",
+            "--max-sequences", "4", "--model-name", "tiny"]
+    with ServerProcess(args, tmp_path_factory.mktemp("ray"), timeout=240) as s:
+        ray.init(address="auto", log_to_driver=False)
+        try:
+            yield s
+        finally:
+            ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_target, tiny_draft):
+    return SpeculativeDecoder.from_gguf(tiny_target, tiny_draft, gamma=3, n_ctx=512, n_threads=1)
+
+
+def client(s) -> "openai.OpenAI":
+    return openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def stream_once(s, prompt: str, max_tokens: int = 24) -> tuple[str, str]:
+    """(text, replica) of one streamed greedy completion."""
+    raw = client(s).completions.with_raw_response.create(model="tiny", prompt=prompt, max_tokens=max_tokens,
+                                                         temperature=0, stream=True)
+    replica = raw.headers.get(HEADER)
+    return "".join(ch.choices[0].text for ch in raw.parse()), replica
+
+
+def replica_actors() -> list[str]:
+    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["name"].startswith("SERVE_REPLICA::")]
+
+
+def running_replicas() -> int:
+    from ray import serve
+
+    app = serve.status().applications.get("specdec")
+    if app is None:
+        return 0
+    dep = next(iter(app.deployments.values()))
+    return dep.replica_states.get("RUNNING", 0)
+
+
+BROKEN_DEPLOYMENT = """
+import sys, time
+import ray
+from ray import serve
+from specdec_cpu.serving.ray_app import app_builder
+
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+t0 = time.monotonic()
+try:
+    serve.run(app_builder({"target": sys.argv[1], "replicas": "1"}), name="broken", route_prefix="/broken")
+    print("DEPLOYED")
+except RuntimeError as exc:
+    print("FAILED", round(time.monotonic() - t0, 1), exc)
+    print("STATUS", serve.status().applications["broken"].deployments["specdec"].message)
+finally:
+    serve.shutdown()
+    ray.shutdown()
+"""
+
+
+def test_bad_configuration_fails_clearly(tmp_path, tiny_target) -> None:
+    """Runs before the cluster fixture: a deployment whose replicas cannot find
+    the model (as on a worker without the files) fails within seconds and says
+    why; the command line refuses bad arguments before starting anything."""
+    import subprocess
+    import sys
+
+    from specdec_cpu.serving.ray_app import RayServeConfig, app_builder
+
+    with pytest.raises(ValueError, match="replicas must be an int >= 1"):
+        RayServeConfig(target=tiny_target, replicas=0)
+    with pytest.raises(ValueError, match="unknown argument"):
+        app_builder({"target": tiny_target, "replica": "2"})
+    missing = str(tmp_path / "absent.gguf")
+    out = subprocess.run([sys.executable, "-c", BROKEN_DEPLOYMENT, missing], capture_output=True, text=True,
+                         timeout=300).stdout
+    assert "FAILED" in out and "DEPLOYED" not in out, out
+    assert float(out.split("FAILED", 1)[1].split()[0]) < 120  # a clear failure, not a hang
+    status = out.split("STATUS", 1)[1]
+    assert "not a file on node" in status and missing in status, status
+    s = ServerProcess([missing, "--ray"], tmp_path, ready=False)
+    assert s.proc.wait(60) == 1 and "no such file" in s.logs()
+    s = ServerProcess([tiny_target, "--ray", "--replicas", "0"], tmp_path, ready=False)
+    assert s.proc.wait(60) == 2 and "--replicas" in s.logs()
+
+
+def test_sixteen_streams_through_the_proxy_reach_both_replicas(cluster, reference) -> None:
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(16)]
+    want = {p: reference.generate(p, max_tokens=24, params=GREEDY).tokens for p in set(prompts)}
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda p: stream_once(cluster, p), prompts))
+    for p, (text, _) in zip(prompts, results):
+        assert_same_greedy_text(text, reference, p, want[p])  # same as a single process
+    replicas = {r for _, r in results}
+    assert None not in replicas and len(replicas) == 2, replicas
+    # /metrics is per replica, labelled with it.
+    import httpx
+
+    r = httpx.get(cluster.url + "/metrics", timeout=30)
+    assert f'replica="{r.headers[HEADER]}"' in r.text
+
+
+def test_a_killed_replica_is_replaced_and_the_others_finish(cluster) -> None:
+    c = client(cluster)
+    outcomes: list[str] = []
+    lock = threading.Lock()
+    started = threading.Event()
+
+    def one(i: int) -> None:
+        try:
+            s = c.completions.create(model="tiny", prompt=PROMPTS[i % 8], max_tokens=200, temperature=1.0,
+                                     stream=True)
+            n = 0
+            for ch in s:
+                n += 1
+                started.set()
+            outcome = "ok" if n else "empty"
+        except (openai.APIError, openai.APIConnectionError) as exc:
+            outcome = f"error: {type(exc).__name__}"
+        with lock:
+            outcomes.append(outcome)
+
+    names = replica_actors()
+    assert len(names) == 2
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    assert started.wait(60)
+    ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+    for t in threads:
+        t.join(120)
+    assert len(outcomes) == 12
+    assert outcomes.count("ok") >= 1, outcomes  # the surviving replica's requests completed
+    assert all(o == "ok" or o.startswith("error:") for o in outcomes), outcomes  # a clear error, no hang
+    end = time.monotonic() + 120
+    while time.monotonic() < end and not (running_replicas() == 2 and names[0] not in replica_actors()):
+        time.sleep(1.0)
+    assert running_replicas() == 2 and names[0] not in replica_actors()
+    seen: set = set()
+    with ThreadPoolExecutor(8) as pool:  # concurrent requests spread over the replicas the proxy knows
+        while time.monotonic() < end and len(seen) < 2:
+            seen |= {r for _, r in pool.map(lambda p: stream_once(cluster, p, 16), PROMPTS)}
+    assert len(seen) == 2, seen  # both replicas serve again
