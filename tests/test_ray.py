@@ -169,3 +169,18 @@ def test_a_killed_replica_is_replaced_and_the_others_finish(cluster) -> None:
         while time.monotonic() < end and len(seen) < 2:
             seen |= {r for _, r in pool.map(lambda p: stream_once(cluster, p, 16), PROMPTS)}
     assert len(seen) == 2, seen  # both replicas serve again
+
+
+def test_the_documented_config_file_builds_an_application(tiny_target, tiny_draft) -> None:
+    from pathlib import Path
+
+    import yaml
+    from ray import serve
+
+    from specdec_cpu.serving.ray_app import app_builder
+
+    config = yaml.safe_load((Path(__file__).parent.parent / "docs" / "ray-serve.yaml").read_text())
+    app = config["applications"][0]
+    assert app["import_path"] == "specdec_cpu.serving.ray_app:app_builder"
+    args = {**app["args"], "target": tiny_target, "draft": tiny_draft}
+    assert isinstance(app_builder(args), serve.Application)

@@ -129,6 +129,8 @@ class BatchPlanner:
         self.draft = PassTimes(max_draft_rows, draft_seed)
         self.max_rows, self.max_draft_rows = max_rows, max_draft_rows
         self.min_speedup, self.cost_prior, self.sweeps = min_speedup, cost_prior, sweeps
+        #: expected tokens per millisecond of the last plan returned
+        self.last_rate = 0.0
 
     # ------------------------------------------------------------ feedback
     def observe_target(self, rows: int, seconds: float) -> None:
@@ -149,6 +151,7 @@ class BatchPlanner:
         """
         n = len(requests)
         if n == 0:
+            self.last_rate = 0.0
             return []
         t = self.target.curve().tolist()
         state = _State(n, t, self._draft_curve(t).tolist(), fixed_target_rows, fixed_draft_rows,
@@ -160,6 +163,7 @@ class BatchPlanner:
                 state.set(i, opt, min(req.fixed, opt.n, max(self.max_rows - state.rows, 0)))
         free = [i for i, r in enumerate(requests) if r.fixed is None and options[i]]
         if not free:
+            self.last_rate = state.rate()
             return state.choice()
         plain_rate = state.rate()
         # Start from the best uniform γ: a draft pass is shared by every request
@@ -184,6 +188,7 @@ class BatchPlanner:
         if state.rate() < self.min_speedup * plain_rate:
             for i in free:
                 state.set(i, None, 0)
+        self.last_rate = state.rate()
         return state.choice()
 
     def _draft_curve(self, t: Sequence[float]) -> np.ndarray:

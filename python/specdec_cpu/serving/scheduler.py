@@ -46,6 +46,8 @@ log = logging.getLogger("specdec_cpu.serving")
 #: A draft cache lagging further than this catches up in prompt-sized chunks
 #: (without drafting) before the request may draft with the model again.
 CATCH_UP_LIMIT = 64
+#: ... and only when drafting for it would make the batch's expected rate this much higher.
+CATCH_UP_GAIN = 1.05
 MODEL, NGRAM = "model", "ngram"
 
 
@@ -182,8 +184,8 @@ class Scheduler:
         if not self._active:
             return
         decoding = [r for r in self._active if r.prefilled]
-        target_parts, draft_parts = self._prefill_parts(has_decoders=bool(decoding))
-        work = self._plan(decoding, target_parts, draft_parts)
+        target_parts = self._prefill_parts(has_decoders=bool(decoding))
+        work, draft_parts = self._plan(decoding, target_parts)
         self._draft(work, draft_parts)
         emitted = self._target_and_verify(work, target_parts)
         self._finish_step(t_step, emitted)
@@ -223,49 +225,73 @@ class Scheduler:
             self._check_prefilled(req)
         self._publish_gauges()
 
-    def _uses_draft_model(self, req: Request) -> bool:
-        return self.draft is not None and req.gamma != 0
-
-    def _prefill_parts(self, has_decoders: bool) -> tuple[list[Rows], list[Rows]]:
-        """Prompt chunks of the requests still being prefilled, and draft
-        catch-up chunks, within this step's prompt budget (small while other
-        requests are decoding, so their next tokens are not held up)."""
+    def _prefill_parts(self, has_decoders: bool) -> list[Rows]:
+        """Prompt chunks of the requests still being prefilled, within this
+        step's prompt budget (small while other requests are decoding, so
+        their next tokens are not held up; the whole batch when alone)."""
         budget = self.prefill_chunk if has_decoders else self.target.n_batch
         budget = min(budget, self.target.n_batch - len(self._active))
-        d_budget = min(budget, self.draft.n_batch - len(self._active)) if self.draft is not None else 0
-        target_parts: list[Rows] = []
-        draft_parts: list[Rows] = []
+        parts: list[Rows] = []
         for req in self._active:
-            end = len(req.seq) - 1  # what the caches must hold before the request decodes
-            if not req.prefilled and budget > 0:
-                have = self.target.n_past(req.slot)
-                n = min(end - have, budget)
-                if n > 0:
-                    target_parts.append(Rows(req.slot, req.seq[have:have + n]))
-                    budget -= n
-            if self._uses_draft_model(req) and d_budget > 0:
-                have = self.draft.n_past(req.slot)
-                lag = end - have
-                if lag > 0 and (not req.prefilled or lag > CATCH_UP_LIMIT):
-                    n = min(lag, d_budget)
-                    draft_parts.append(Rows(req.slot, req.seq[have:have + n]))
-                    d_budget -= n
-        return target_parts, draft_parts
+            if req.prefilled or budget <= 0:
+                continue
+            have = self.target.n_past(req.slot)
+            n = min(len(req.seq) - 1 - have, budget)
+            if n > 0:
+                parts.append(Rows(req.slot, req.seq[have:have + n]))
+                budget -= n
+        return parts
 
     # ------------------------------------------------------------ planning
-    def _plan(self, decoding: list[Request], target_parts: list[Rows], draft_parts: list[Rows]) -> list[_Work]:
-        work = [_Work(r) for r in decoding]
-        plans = []
-        caught_up = {p.seq for p in draft_parts}
-        for w in work:
-            plans.append(self._options(w, caught_up))
-        fixed_rows = sum(len(p.tokens) for p in target_parts)
-        fixed_draft = sum(len(p.tokens) for p in draft_parts)
-        for w, (route, g) in zip(work, self.planner.plan(plans, fixed_rows, fixed_draft)):
-            w.route, w.gamma = route, g
-        return work
+    def _plan(self, decoding: list[Request], target_parts: list[Rows]) -> tuple[list[_Work], list[Rows]]:
+        """Every decoding request's (route, γ), and the draft model's catch-up
+        chunks of this step.
 
-    def _options(self, w: _Work, catching_up: set) -> PlanRequest:
+        The draft model takes in a request's text lazily: a prompt (or a
+        stretch of plain or lookup steps) leaves its cache behind, and
+        catching up costs draft passes that pay only if the request then
+        drafts with the model.  So a request whose draft lags by more than
+        CATCH_UP_LIMIT tokens is planned as it is (no model route), and
+        planned again as if caught up: when that plan drafts for it with the
+        model and is worth ``CATCH_UP_GAIN`` more, its draft catches up in
+        prompt-sized chunks.  (At a full batch the rows are not free, γ
+        goes to 0, and no request pays for a draft it would not use.)
+        """
+        work = [_Work(r) for r in decoding]
+        fixed_rows = sum(len(p.tokens) for p in target_parts)
+        lagging: dict[int, int] = {}  # index in work -> tokens its draft lacks
+        plans = [self._options(w, i, lagging) for i, w in enumerate(work)]
+        choice = self.planner.plan(plans, fixed_rows)
+        catch_up: list[Rows] = []
+        if lagging:
+            rate = self.planner.last_rate
+            hypothetical = list(plans)
+            for i in lagging:
+                n = len(plans[i].options[0].row_alphas) if plans[i].options else self._model_rows(work[i].req)
+                model = DraftOption(MODEL, work[i].req.alpha.row_alphas(n), costly=True, catch_up=1)
+                hypothetical[i] = PlanRequest(options=[*plans[i].options, model], fixed=plans[i].fixed)
+            alt = self.planner.plan(hypothetical, fixed_rows)
+            if self.planner.last_rate > CATCH_UP_GAIN * rate or any(
+                    isinstance(work[i].req.gamma, int) for i in lagging):
+                budget = min(self.prefill_chunk, self.draft.n_batch - len(work))
+                for i, lag in lagging.items():
+                    if alt[i][0] == MODEL and alt[i][1] > 0 and budget > 0:
+                        req = work[i].req
+                        have = self.draft.n_past(req.slot)
+                        n = min(lag, budget)
+                        catch_up.append(Rows(req.slot, req.seq[have:have + n]))
+                        budget -= n
+                if catch_up:  # plan again with the catch-up rows in the first draft pass
+                    choice = self.planner.plan(plans, fixed_rows, sum(len(p.tokens) for p in catch_up))
+        for w, (route, g) in zip(work, choice):
+            w.route, w.gamma = route, g
+        return work, catch_up
+
+    def _model_rows(self, req: Request) -> int:
+        room = self.target.n_ctx - len(req.seq)
+        return max(1, min(req.max_tokens - req.stats.tokens - 1, room, self.gamma_max))
+
+    def _options(self, w: _Work, index: int, lagging: dict[int, int]) -> PlanRequest:
         req = w.req
         room = self.target.n_ctx - len(req.seq)
         cap = max(0, min(req.max_tokens - req.stats.tokens - 1, room))
@@ -279,15 +305,18 @@ class Scheduler:
                 n = min(cap, req.ngram.max_draft)
                 options.append(DraftOption(NGRAM, self.match_alphas.row_alphas(m.length, m.unanimous, n),
                                            costly=False, catch_up=0))
-        if self.draft is not None and req.slot not in catching_up:
-            lag = len(req.seq) - self.draft.n_past(req.slot)
+        if self.draft is not None:
+            lag = len(req.seq) - self.draft.n_past(req.slot)  # the last token included
             if lag <= CATCH_UP_LIMIT:
                 n = min(cap, self.gamma_max)
                 options.append(DraftOption(MODEL, req.alpha.row_alphas(n), costly=True, catch_up=lag))
+            else:
+                lagging[index] = lag - 1
+        fixed = req.gamma if isinstance(req.gamma, int) else None
         if not options:
-            return PlanRequest()
-        if isinstance(req.gamma, int):
-            return PlanRequest(options=options, fixed=req.gamma)
+            return PlanRequest(fixed=fixed)
+        if fixed is not None:
+            return PlanRequest(options=options, fixed=fixed)
         model = [o for o in options if o.route == MODEL]
         if model and req.plain_run >= req.probe_interval:
             w.probe = True  # α̂ may be stale after a plain stretch: measure it again
