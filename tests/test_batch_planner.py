@@ -115,3 +115,22 @@ def test_alpha_tracker_weighs_a_stale_estimate_less() -> None:
     b.stale = 40
     b.observe([0.9, 0.9])
     assert b.first > fresh and b.row_alphas(3) == [b.first, b.rest, b.rest]
+
+
+def test_a_pass_full_of_prompt_rows_is_not_a_reason_to_draft() -> None:
+    """Prompt rows are done anyway: what a plan adds is judged against them.
+    Beyond 32 rows this target's pass is compute-bound (linear): rows riding on
+    a 128-row prompt chunk cost their compute, and a draft pass its whole time."""
+    target = [float(x) for x in np.interp(np.arange(1, 257), [1, 8, 32, 256], [100.0, 185.0, 470.0, 3270.0])]
+    p = planner(target=target)
+    alone = p.plan([PlanRequest([model_option(0.9)])])[0][1]
+    beside_prompt = p.plan([PlanRequest([model_option(0.9)])], fixed_target_rows=128)[0][1]
+    assert alone >= 3 and beside_prompt < alone
+
+
+def test_flat_or_falling_learnt_curves_do_not_break_the_planner() -> None:
+    p = planner(target=[5.0] * 64, draft=[1.0] * 16)
+    for _ in range(20):
+        p.observe_target(9, 0.004)  # a noisy reading below its neighbours
+    plan = p.plan([PlanRequest([model_option(0.9)]) for _ in range(3)], fixed_target_rows=5)
+    assert len(plan) == 3 and all(g >= 0 for _, g in plan)

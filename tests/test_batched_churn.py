@@ -34,7 +34,6 @@ def rss_bytes() -> int:
 
 
 def test_a_thousand_requests_come_and_go(tiny_target, tiny_draft) -> None:
-    rng = random.Random(7)
     with BatchedDecoder.from_gguf(tiny_target, tiny_draft, ngram=True, max_sequences=4, n_ctx=512,
                                   n_threads=1, seed=3, max_queue=10_000) as dec:
         ids = {p: dec.tokenize(p) for p in PROMPTS}

@@ -7,7 +7,7 @@ reaches a model (and never disturbs other requests of a batch).
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Sequence, Union
 
 import numpy as np
 

@@ -8,7 +8,9 @@ With requests i = 1..B in one step, request i drafting γᵢ tokens, the step co
 (R₀: prompt rows processed in the same pass; B_d: rows of the draft model's
 pass at depth d, i.e. the requests still drafting at that depth, plus the
 tokens a request's draft cache catches up on at depth 0) and emits
-Σᵢ E[tokens]ᵢ(γᵢ) tokens in expectation, E = 1 + α₀ + α₀α₁ + ... from each
+Σᵢ E[tokens]ᵢ(γᵢ) tokens in expectation.  Prompt and catch-up rows are done
+anyway: a plan is judged by its tokens over the time decoding adds to them
+(T_step − T_target(R₀) − T_draft(catch-up rows)), E = 1 + α₀ + α₀α₁ + ... from each
 request's own row acceptances.  :meth:`BatchPlanner.plan` maximises the
 ratio by coordinate ascent: each request in turn takes the (route, γ) that
 is best given the others, until nothing changes.  With one request that is
@@ -19,7 +21,6 @@ towards 0 (continuous batching alone) by themselves.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -241,6 +242,12 @@ class _State:
         self.depth_rows = [0] * (_MAX_DEPTH + 1)  # draft rows at depth d (catch-up rows at depth 0)
         self.depth_rows[0] = fixed_draft_rows
         self.draft_cost = self._d(fixed_draft_rows)
+        # Prompt and catch-up rows are work the passes do anyway: the plan is
+        # judged on what decoding adds to them (on a pass full of prompt rows,
+        # extra rows cost their compute and a draft pass its whole time).
+        self.sunk = (self._t(fixed_rows) if fixed_rows else 0.0) + self.draft_cost
+        # Learnt curves need not be monotone: the time a plan adds is kept positive.
+        self.floor = 0.01 * max(self._t(1), 1e-9)
 
     def uniform_rate(self, free: Sequence[int], options: Sequence[Sequence[_Option]], g: int) -> float:
         """The rate if every request of ``free`` (now plain) drafted γ = g
@@ -260,7 +267,7 @@ class _State:
         if max(depth) > self.max_draft_rows:
             return 0.0
         draft_cost = self.draft_cost + sum(self._d(r) - self._d(r0) for r, r0 in zip(depth, self.depth_rows))
-        return total_e / (self._t(rows) + draft_cost)
+        return total_e / max(self._t(rows) + draft_cost - self.sunk, self.floor)
 
     def _t(self, rows: int) -> float:
         t = self.t
@@ -277,8 +284,7 @@ class _State:
         return d[-1] + max(d[-1] - d[-2], 0.0) * (rows - len(d) + 1)
 
     def rate(self) -> float:
-        cost = self._t(self.rows) + self.draft_cost
-        return self.total_e / cost if cost > 0 else math.inf
+        return self.total_e / max(self._t(self.rows) + self.draft_cost - self.sunk, self.floor)
 
     def feasible(self) -> bool:
         """Whether every draft pass fits its context's batch."""
@@ -319,8 +325,8 @@ class _State:
         self._remove(i)
         base_e = self.total_e - 1.0
         base_rows = self.rows  # includes request i's one row
-        draft_base = self.draft_cost
-        best_rate, best_opt, best_g = self.total_e / (self._t(base_rows) + draft_base), None, 0
+        draft_base = self.draft_cost - self.sunk
+        best_rate, best_opt, best_g = self.total_e / max(self._t(base_rows) + draft_base, self.floor), None, 0
         room = self.max_rows - base_rows
         for opt in options:
             extra_draft = 0.0
@@ -335,7 +341,7 @@ class _State:
                     if have + add > self.max_draft_rows:
                         break
                     extra_draft += self._d(have + add) - self._d(have)
-                rate = (base_e + cum[g]) / (self._t(base_rows + g) + draft_base + extra_draft)
+                rate = (base_e + cum[g]) / max(self._t(base_rows + g) + draft_base + extra_draft, self.floor)
                 if rate > best_rate * (1.0 + 1e-12):
                     best_rate, best_opt, best_g = rate, opt, g
         self.set(i, best_opt, best_g)

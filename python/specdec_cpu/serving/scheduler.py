@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -46,8 +47,10 @@ log = logging.getLogger("specdec_cpu.serving")
 #: A draft cache lagging further than this catches up in prompt-sized chunks
 #: (without drafting) before the request may draft with the model again.
 CATCH_UP_LIMIT = 64
-#: ... and only when drafting for it would make the batch's expected rate this much higher.
-CATCH_UP_GAIN = 1.05
+#: ... and only when the drafting it enables saves this many times its cost
+#: over the request's remaining tokens (at most EXPECTED_TOKENS of them).
+CATCH_UP_PAYBACK = 1.5
+EXPECTED_TOKENS = 256
 MODEL, NGRAM = "model", "ngram"
 
 
@@ -253,39 +256,65 @@ class Scheduler:
         drafts with the model.  So a request whose draft lags by more than
         CATCH_UP_LIMIT tokens is planned as it is (no model route), and
         planned again as if caught up: when that plan drafts for it with the
-        model and is worth ``CATCH_UP_GAIN`` more, its draft catches up in
-        prompt-sized chunks.  (At a full batch the rows are not free, γ
-        goes to 0, and no request pays for a draft it would not use.)
+        model and the saving repays the catch-up (see ``_catch_up``), its
+        draft catches up in prompt-sized chunks.  (At a full batch the rows
+        are not free, γ goes to 0, and no request pays for a draft it would
+        not use.)
         """
         work = [_Work(r) for r in decoding]
         fixed_rows = sum(len(p.tokens) for p in target_parts)
         lagging: dict[int, int] = {}  # index in work -> tokens its draft lacks
         plans = [self._options(w, i, lagging) for i, w in enumerate(work)]
         choice = self.planner.plan(plans, fixed_rows)
-        catch_up: list[Rows] = []
-        if lagging:
-            rate = self.planner.last_rate
-            hypothetical = list(plans)
-            for i in lagging:
-                n = len(plans[i].options[0].row_alphas) if plans[i].options else self._model_rows(work[i].req)
-                model = DraftOption(MODEL, work[i].req.alpha.row_alphas(n), costly=True, catch_up=1)
-                hypothetical[i] = PlanRequest(options=[*plans[i].options, model], fixed=plans[i].fixed)
-            alt = self.planner.plan(hypothetical, fixed_rows)
-            if self.planner.last_rate > CATCH_UP_GAIN * rate or any(
-                    isinstance(work[i].req.gamma, int) for i in lagging):
-                budget = min(self.prefill_chunk, self.draft.n_batch - len(work))
-                for i, lag in lagging.items():
-                    if alt[i][0] == MODEL and alt[i][1] > 0 and budget > 0:
-                        req = work[i].req
-                        have = self.draft.n_past(req.slot)
-                        n = min(lag, budget)
-                        catch_up.append(Rows(req.slot, req.seq[have:have + n]))
-                        budget -= n
-                if catch_up:  # plan again with the catch-up rows in the first draft pass
-                    choice = self.planner.plan(plans, fixed_rows, sum(len(p.tokens) for p in catch_up))
+        catch_up = self._catch_up(work, plans, lagging, fixed_rows) if lagging else []
+        if catch_up:  # plan again with the catch-up rows in the first draft pass
+            choice = self.planner.plan(plans, fixed_rows, sum(len(p.tokens) for p in catch_up))
         for w, (route, g) in zip(work, choice):
             w.route, w.gamma = route, g
         return work, catch_up
+
+    def _catch_up(self, work: list[_Work], plans: list[PlanRequest], lagging: dict[int, int],
+                  fixed_rows: int) -> list[Rows]:
+        """Draft catch-up chunks worth their cost this step.
+
+        Catching up L tokens costs draft passes over L rows, once; drafting
+        then saves (1/r₀ − 1/r₁) per token of the batch while the request
+        lives, r₀ and r₁ the planned rates without and with its model drafts
+        (the batch's tokens over its remaining life: about its remaining
+        tokens, capped at EXPECTED_TOKENS, times the batch size).  A request
+        catches up when the saving repays the cost CATCH_UP_PAYBACK times,
+        then keeps at it until its draft has caught up; a request that asked
+        for a fixed γ always does.
+        """
+        r0 = self.planner.last_rate
+        hypothetical = list(plans)
+        for i in lagging:
+            n = self._model_rows(work[i].req)
+            model = DraftOption(MODEL, work[i].req.alpha.row_alphas(n), costly=True, catch_up=1)
+            hypothetical[i] = PlanRequest(options=[*plans[i].options, model], fixed=plans[i].fixed)
+        alt = self.planner.plan(hypothetical, fixed_rows)
+        r1 = self.planner.last_rate
+        drafting = [i for i in lagging if alt[i][0] == MODEL and alt[i][1] > 0]
+        saving_per_token = (1.0 / r0 - 1.0 / r1) / len(drafting) if drafting and r0 > 0 and r1 > r0 else 0.0
+        budget = min(self.prefill_chunk, self.draft.n_batch - len(work))
+        parts: list[Rows] = []
+        for i in drafting:
+            req, lag = work[i].req, lagging[i]
+            if budget <= 0:
+                break
+            if not (req.catching_up or isinstance(req.gamma, int)):
+                remaining = min(req.max_tokens - req.stats.tokens, self.target.n_ctx - len(req.seq),
+                                EXPECTED_TOKENS)
+                chunk = min(lag, self.prefill_chunk)
+                cost = self.planner.draft.time(chunk) * math.ceil(lag / chunk)
+                if remaining * len(work) * saving_per_token < CATCH_UP_PAYBACK * cost:
+                    continue
+            have = self.draft.n_past(req.slot)
+            n = min(lag, budget)
+            parts.append(Rows(req.slot, req.seq[have:have + n]))
+            req.catching_up = True
+            budget -= n
+        return parts
 
     def _model_rows(self, req: Request) -> int:
         room = self.target.n_ctx - len(req.seq)
@@ -308,6 +337,7 @@ class Scheduler:
         if self.draft is not None:
             lag = len(req.seq) - self.draft.n_past(req.slot)  # the last token included
             if lag <= CATCH_UP_LIMIT:
+                req.catching_up = False
                 n = min(cap, self.gamma_max)
                 options.append(DraftOption(MODEL, req.alpha.row_alphas(n), costly=True, catch_up=lag))
             else:
