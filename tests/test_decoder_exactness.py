@@ -47,7 +47,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("gamma", [1, 3, 6])
+# max_tokens=3 caps γ at 2 (one more token is always emitted): γ = 3 and 6 are
+# exercised by test_first_three_tokens_follow_target_at_full_gamma below.
+@pytest.mark.parametrize("gamma", [1, 2])
 @pytest.mark.parametrize("params", CASES, ids=lambda p: f"T{p.temperature}-k{p.top_k}-p{p.top_p}-m{p.min_p}")
 def test_first_three_tokens_follow_target(params: SamplingParams, gamma: int) -> None:
     target = MarkovLM(V, order=1, seed=11, scale=1.5)
@@ -86,3 +88,36 @@ def test_greedy_speculation_equals_greedy_plain() -> None:
     for gamma in (1, 4, 8):
         spec = SpeculativeDecoder(MarkovLM(12, order=2, seed=41), ByteTokenizer(), draft, gamma=gamma)
         assert spec.generate([3, 4], max_tokens=40, params=params).tokens == plain.tokens
+
+
+FULL_GAMMA_CASES = [
+    (3, SamplingParams(temperature=1.0, top_p=0.8)),
+    (6, SamplingParams(temperature=1.0)),
+    (6, SamplingParams(temperature=0.7, top_p=0.9, min_p=0.05)),
+]
+
+
+@pytest.mark.parametrize("gamma,params", FULL_GAMMA_CASES,
+                         ids=lambda c: c if isinstance(c, int) else f"T{c.temperature}-p{c.top_p}-m{c.min_p}")
+def test_first_three_tokens_follow_target_at_full_gamma(gamma: int, params: SamplingParams) -> None:
+    """With ``max_tokens=3`` the decoder caps the first step's γ at 2 (it never
+    drafts past the last token it may emit); ``max_tokens=γ+1`` lets the first
+    step draft all γ tokens, which ``stats.gammas`` confirms run by run."""
+    target = MarkovLM(V, order=1, seed=11, scale=1.5)
+    # A draft close to the target (α ≈ 0.8), so that long drafts are often
+    # accepted whole and often rejected part-way.
+    noise = np.random.default_rng(13).normal(0.0, 0.4, size=target.table.shape)
+    draft = MarkovLM(V, order=1, table=target.table + noise)
+    decoder = SpeculativeDecoder(target, ByteTokenizer(), draft, gamma=gamma, seed=4321 + gamma)
+    counts = np.zeros((V, V, V))
+    all_accepted = 0  # first step accepted all γ drafts (+ bonus): one step in all
+    n = 8000
+    for _ in range(n):
+        gen = decoder.generate(PROMPT, max_tokens=gamma + 1, params=params)
+        assert gen.stats.gammas[0] == gamma, gen.stats.gammas
+        all_accepted += gen.stats.steps == 1
+        counts[tuple(gen.tokens[:3])] += 1
+    # Both the bonus path and the rejection (residual) path carry many samples.
+    print(f"γ={gamma}: first step accepted all {gamma} drafts in {all_accepted}/{n} runs")
+    assert 0.1 * n < all_accepted < 0.9 * n
+    assert_matches_distribution(counts, joint_of_three(target, params), what=f"γ={gamma} {params}")
