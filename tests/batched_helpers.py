@@ -24,9 +24,9 @@ def wait_idle(dec: BatchedDecoder, timeout: float = 30.0) -> None:
 
 
 def assert_greedy_equal(got: Sequence[int], want: Sequence[int], prompt: Sequence[int], ctx: LlamaContext,
-                        *, gap: float = 5e-3, what: str = "") -> None:
+                        *, gap: float = 5e-2, what: str = "") -> None:
     """``got == want``, except that they may part at a near-tie: batched
-    logits differ from one-sequence logits by ~1e-3, which can flip an
+    logits differ from one-sequence logits by up to ~3e-2, which can flip an
     argmax whose top two logits are closer than that (checked on ``ctx``,
     a one-sequence context of the target)."""
     got, want = list(got), list(want)

@@ -33,6 +33,7 @@ from .pass_times import PassTimes
 __all__ = ["BatchPlanner", "DraftOption", "PlanRequest", "AlphaTracker"]
 
 _MAX_DEPTH = GAMMA_LIMIT  # the longest draft any route may propose
+_REST_EVIDENCE = 8  # later rows after which first rows stop teaching the later-row estimate
 
 
 @dataclass(frozen=True)
@@ -78,9 +79,15 @@ class AlphaTracker:
     rest: float = 0.7
     ema: float = 0.1
     stale: int = field(default=0, repr=False)  # plain steps since the last observation
+    rest_rows: int = field(default=0, repr=False)  # later rows observed so far
+    first_rows: int = field(default=0, repr=False)  # first rows observed so far
 
     def observe(self, rows: Sequence[float]) -> None:
-        """Learn from the exact Σ min(p, q) of one step's verified rows."""
+        """Learn from the exact Σ min(p, q) of one step's verified rows.
+
+        Until later rows have been seen (γ = 1 drafts verify only a first
+        row), first rows teach both estimates: otherwise a pessimistic prior
+        for later rows would keep γ at 1 and never be corrected."""
         w = self.ema
         if self.stale:  # an old estimate: the first new row counts for more
             w = max(self.ema, min(0.5, 1.0 - (1.0 - self.ema) ** (1 + self.stale)))
@@ -88,8 +95,12 @@ class AlphaTracker:
             a = min(max(float(a), 0.0), 1.0)
             if j == 0:
                 self.first += w * (a - self.first)
+                self.first_rows += 1
+                if self.rest_rows < _REST_EVIDENCE:
+                    self.rest += w * (a - self.rest)
             else:
                 self.rest += w * (a - self.rest)
+                self.rest_rows += 1
             w = self.ema
         if rows:
             self.stale = 0

@@ -259,7 +259,7 @@ BATCH_ROWS = 64
 #: the curve between them is interpolated.  Dense where γ is chosen, sparse
 #: where only a batch's total rows reach.
 QUICK_TARGET_ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 13, 16, 24, 32, 48, 64)
-QUICK_DRAFT_ROWS = (1, 2, 3, 4, 6, 8, 12, 16)
+QUICK_DRAFT_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128)
 
 
 def ensure_timings(target: CausalLM, draft: Optional[CausalLM], *, target_path: Optional[str],

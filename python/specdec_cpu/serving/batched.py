@@ -158,7 +158,8 @@ class BatchedDecoder:
                 calibration, target=SequenceView(target_ctx, 0),
                 draft=SequenceView(draft_ctx, 0) if draft_ctx is not None else None,
                 target_path=target_w.path, draft_path=draft_w.path if draft_w else None,
-                n_threads=target_ctx.n_threads, k_max=min(BATCH_ROWS, n_batch), b_max=max_sequences,
+                n_threads=target_ctx.n_threads, k_max=min(BATCH_ROWS, n_batch),
+                b_max=min(max(max_sequences, prefill_chunk), n_batch),  # draft batches and catch-up chunks
                 progress=progress)
             dec = cls(target_ctx, engine.LlamaTokenizer(target_w), draft_ctx, gamma=gamma, gamma_max=gamma_max,
                       ngram=ngram, ngram_kwargs=ngram_kwargs, seed=seed, max_queue=max_queue,

@@ -290,7 +290,7 @@ class Scheduler:
         hypothetical = list(plans)
         for i in lagging:
             n = self._model_rows(work[i].req)
-            model = DraftOption(MODEL, work[i].req.alpha.row_alphas(n), costly=True, catch_up=1)
+            model = DraftOption(MODEL, self._alphas(work[i].req).row_alphas(n), costly=True, catch_up=1)
             hypothetical[i] = PlanRequest(options=[*plans[i].options, model], fixed=plans[i].fixed)
         alt = self.planner.plan(hypothetical, fixed_rows)
         r1 = self.planner.last_rate
@@ -316,6 +316,10 @@ class Scheduler:
             budget -= n
         return parts
 
+    def _alphas(self, req: Request) -> AlphaTracker:
+        """The request's own acceptance once it has drafted, the pair's until then."""
+        return req.alpha if req.alpha.first_rows else self.pair_alpha
+
     def _model_rows(self, req: Request) -> int:
         room = self.target.n_ctx - len(req.seq)
         return max(1, min(req.max_tokens - req.stats.tokens - 1, room, self.gamma_max))
@@ -339,7 +343,9 @@ class Scheduler:
             if lag <= CATCH_UP_LIMIT:
                 req.catching_up = False
                 n = min(cap, self.gamma_max)
-                options.append(DraftOption(MODEL, req.alpha.row_alphas(n), costly=True, catch_up=lag))
+                # The few tokens it lags by are taken in once, by the first pass that drafts;
+                # charged to every step's plan they would only grow with each plain step.
+                options.append(DraftOption(MODEL, self._alphas(req).row_alphas(n), costly=True, catch_up=1))
             else:
                 lagging[index] = lag - 1
         fixed = req.gamma if isinstance(req.gamma, int) else None
