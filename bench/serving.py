@@ -2,6 +2,8 @@
 
     python -m bench.serving                       # the full sweep (see --help for its size)
     python -m bench.serving --quick               # minutes: K = 1, 4, T = 1, one block
+    python -m bench.serving --http                # through HTTP: ours, llama-server, llama-cpp-python's server
+    python -m bench.serving --ray                 # Ray Serve, 1 and 2 replicas of 1 thread
     python -m bench.serving --report-only bench/serving_results.json
 
 For each K (concurrent streams) every engine is loaded for K streams and,
@@ -48,7 +50,12 @@ except ImportError:  # pragma: no cover - run as a plain script
     from bench.suite import F32, Q4_0, SETTINGS, Setting  # type: ignore[no-redef]
 
 HERE = Path(__file__).resolve().parent
-SECTION = "## Serving"
+#: The RESULTS.md section and plot of each mode (direct engines, through HTTP, through Ray).
+MODES = {
+    "direct": ("## Serving", "plot_serving.png"),
+    "http": ("## Serving over HTTP", "plot_serving_http.png"),
+    "ray": ("## Serving with Ray", "plot_serving_ray.png"),
+}
 N_CTX = 1024  # per stream: a ~100-token prompt and 128 new tokens fit easily
 
 #: One user message per stream (K ≤ 8 take the first K): short chat requests
@@ -249,6 +256,88 @@ class LlamaServer(Engine):
             self._cm = None
 
 
+class OpenAIServer(Engine):
+    """A server process driven with the official ``openai`` client (streamed
+    /v1/completions with the templated prompt): ours (``specdec-cpu serve``,
+    optionally through Ray Serve) or llama-cpp-python's ``llama_cpp.server``."""
+
+    def __init__(self, id: str, label: str, kind: str, *, replicas: int = 0, threads: Optional[int] = None) -> None:
+        self.id, self.label, self.kind = id, label, kind
+        self.replicas, self.fixed_threads = replicas, threads
+        self.proc = None
+
+    def _command(self, k: int, threads: int, port: int) -> List[str]:
+        from specdec_cpu.models import ensure_model
+
+        target, draft = str(ensure_model(F32)), str(ensure_model(Q4_0))
+        if self.kind == "lcp":
+            # llama-cpp-python's server decodes one request at a time; plain decoding (its prompt
+            # lookup drafts from the prompt, which these chat requests barely repeat).
+            return [sys.executable, "-m", "llama_cpp.server", "--model", target, "--n_ctx", str(N_CTX),
+                    "--n_threads", str(threads), "--n_threads_batch", str(threads), "--port", str(port),
+                    "--host", "127.0.0.1"]
+        cmd = [sys.executable, "-m", "specdec_cpu.cli", "serve", target, draft, "--port", str(port),
+               "--threads", str(threads), "--n-ctx", str(N_CTX), "--max-sequences", str(k),
+               "--model-name", "bench", "--log-level", "warning"]
+        if self.replicas:
+            cmd += ["--ray", "--replicas", str(self.replicas)]
+        return cmd
+
+    def start(self, k, threads):
+        import subprocess
+
+        import httpx
+        import openai
+
+        t = self.fixed_threads or threads
+        port = peers.free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = open(HERE / f".serving-{self.id}.log", "w")
+        self.proc = subprocess.Popen(self._command(k, t, port), stdout=self.log, stderr=subprocess.STDOUT)
+        health = "/health" if self.kind != "lcp" else "/v1/models"
+        end = time.monotonic() + 600
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.id} exited with {self.proc.returncode}; see {self.log.name}")
+            try:
+                if httpx.get(self.url + health, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise RuntimeError(f"{self.id} not ready after 600 s")
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="bench", max_retries=0, timeout=900)
+
+    def request(self, prompt, setting, max_tokens, seed, rec, t0):
+        t_sent = time.perf_counter()
+        stream = self.client.completions.create(
+            model="bench", prompt=prompt, max_tokens=max_tokens, temperature=setting.temperature,
+            top_p=setting.top_p, seed=seed, stream=True, stream_options={"include_usage": True},
+            extra_body={"top_k": setting.top_k, "min_p": setting.min_p})
+        tokens = 0
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].text:
+                now = time.perf_counter()
+                if rec.first is None:
+                    rec.first = now - t0
+                rec.arrivals.append(now - t_sent)
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+        rec.tokens = tokens or len(rec.arrivals)
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            import signal
+
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(120)
+            except Exception:
+                self.proc.kill()
+        self.proc = None
+
+
 ENGINES: Dict[str, Callable[[], Engine]] = {
     "batched-auto": lambda: OursBatched("auto"),
     "batched-g0": lambda: OursBatched(0),
@@ -257,8 +346,21 @@ ENGINES: Dict[str, Callable[[], Engine]] = {
     "server-plain": lambda: LlamaServer(None),
     "server-md4": lambda: LlamaServer(4),
     "server-md8": lambda: LlamaServer(8),
+    # --http: the same decoder behind our HTTP server, and llama-cpp-python's server
+    "http-batched-auto": lambda: OpenAIServer("http-batched-auto", "ours over HTTP (specdec-cpu serve, openai client)",
+                                              "ours"),
+    "lcp-server": lambda: OpenAIServer("lcp-server", "llama-cpp-python server (python -m llama_cpp.server)", "lcp"),
+    # --ray: one thread per replica
+    "bare-t1": lambda: OpenAIServer("bare-t1", "ours over HTTP, 1 thread (no Ray)", "ours", threads=1),
+    "ray-1": lambda: OpenAIServer("ray-1", "ours through Ray Serve, 1 replica × 1 thread", "ours", replicas=1,
+                                  threads=1),
+    "ray-2": lambda: OpenAIServer("ray-2", "ours through Ray Serve, 2 replicas × 1 thread", "ours", replicas=2,
+                                  threads=1),
 }
-DEFAULT_ENGINES = tuple(ENGINES)
+DEFAULT_ENGINES = ("batched-auto", "batched-g0", "pool-auto", "single-auto", "server-plain", "server-md4",
+                   "server-md8")
+HTTP_ENGINES = ("batched-auto", "http-batched-auto", "server-plain", "server-md4", "lcp-server")
+RAY_ENGINES = ("bare-t1", "ray-1", "ray-2")
 
 
 # ---------------------------------------------------------------------------
@@ -347,6 +449,7 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "machine": machine_info(args.threads),
         "tokens": args.tokens, "stagger_s": args.stagger, "threads": args.threads,
+        "mode": "http" if args.http else "ray" if args.ray else "direct", "output": args.output.name,
         "engines": {}, "runs": [],
     }
     block = 0
@@ -439,12 +542,14 @@ def best_server(results, **match) -> Optional[str]:
 
 
 def render(results) -> str:
+    mode = results.get("mode", "direct")
+    section, plot_file = MODES[mode]
     ks = sorted({r["k"] for r in results["runs"]})
     settings = [s for s in SETTINGS if any(r["setting"] == s for r in results["runs"])]
     arrivals = [a for a in ("burst", "staggered") if any(r["arrival"] == a for r in results["runs"])]
-    L = [SECTION, "",
+    L = [section, "",
          "Generated by `bench/serving.py`; every number comes from the run described here "
-         "(every request is in [serving_results.json](serving_results.json)).", "",
+         f"(every request is in [{results['output']}]({results['output']})).", "",
          "```", results["command"], "```", "",
          f"- Run: {results['started']} → {results.get('finished', '(unfinished)')}; "
          f"machine: {results['machine'].get('cpu')}, {results['machine'].get('cores')} cores, "
@@ -484,9 +589,14 @@ def render(results) -> str:
                     + f" | {_fmt(st('tokens_per_pass'), 2)} | {_fmt(st('rows_per_pass'), 1)}"
                     + f" | {_fmt(st('acceptance'), 2)} | {ratio_text(vs0) if e != 'batched-g0' else '1.00×'} |")
             L.append("")
-    L += goals(results, ks, settings, arrivals)
-    L += where_time_goes(results, ks, settings)
-    L += ["![Aggregate tokens/s against K](plot_serving.png)", ""]
+    if mode == "direct":
+        L += goals(results, ks, settings, arrivals)
+        L += where_time_goes(results, ks, settings)
+    elif mode == "http":
+        L += http_goals(results, ks, settings, arrivals)
+    else:
+        L += ray_goals(results, ks, settings, arrivals)
+    L += [f"![Aggregate tokens/s against K]({plot_file})", ""]
     return "\n".join(L)
 
 
@@ -510,6 +620,66 @@ def goals(results, ks, settings, arrivals) -> List[str]:
                 L.append(f"| {SETTINGS[sid].label} | {arrival} | {k} | " + " | ".join(cells) + " |")
     L += ["", "Goals of the batched-decoding issue: at every K, auto ≥ 1.2× the faster llama-server mode and "
           "≥ 0.97× batched γ=0; at K = 4, ≥ 2.4× DecoderPool(4); at K = 1, ≥ 0.97× SpeculativeDecoder.", ""]
+    return L
+
+
+def _ttft_diffs(results, a: str, b: str, **match) -> List[float]:
+    """Per block: median TTFT of a − median TTFT of b, in ms."""
+    by_block: Dict[int, Dict[str, float]] = {}
+    for r in _runs(results, **match):
+        if r["ttft_p50"] is not None:
+            by_block.setdefault(r["block"], {})[r["engine"]] = r["ttft_p50"]
+    return [1000.0 * (d[a] - d[b]) for d in by_block.values() if a in d and b in d]
+
+
+def _diff_text(diffs: Sequence[float]) -> str:
+    if not diffs:
+        return "–"
+    ci = bootstrap_ci(diffs)
+    return f"{statistics.median(diffs):+.1f} ms" + (f" [{ci[0]:+.1f}, {ci[1]:+.1f}]" if ci else "")
+
+
+def http_goals(results, ks, settings, arrivals) -> List[str]:
+    L = ["### The HTTP layer's cost (ours through `specdec-cpu serve` and the openai client, against "
+         "BatchedDecoder called directly; medians of per-block values [95% interval])", "",
+         "| setting | arrivals | K | aggregate tok/s, HTTP / direct | TTFT p50, HTTP − direct | "
+         "ours over HTTP / llama-server (faster mode) | ours over HTTP / llama-cpp-python server |",
+         "|---|---|---|---|---|---|---|"]
+    for sid in settings:
+        for arrival in arrivals:
+            for k in ks:
+                m = dict(k=k, setting=sid, arrival=arrival)
+                if not _runs(results, engine="http-batched-auto", **m):
+                    continue
+                srv = best_server(results, **m)
+                L.append(f"| {SETTINGS[sid].label} | {arrival} | {k} | "
+                         f"{ratio_text(block_ratios(results, 'http-batched-auto', 'batched-auto', **m))} | "
+                         f"{_diff_text(_ttft_diffs(results, 'http-batched-auto', 'batched-auto', **m))} | "
+                         + (f"{ratio_text(block_ratios(results, 'http-batched-auto', srv, **m))} (vs {srv})"
+                            if srv else "–")
+                         + f" | {ratio_text(block_ratios(results, 'http-batched-auto', 'lcp-server', **m))} |")
+    L += ["", "Goal of the server issue: the HTTP layer costs under 2% of aggregate throughput (ratio ≥ 0.98) "
+          "and adds under 5 ms to time to first token.", ""]
+    return L
+
+
+def ray_goals(results, ks, settings, arrivals) -> List[str]:
+    L = ["### Ray Serve: scaling and overhead (1 thread per replica; medians of per-block values "
+         "[95% interval])", "",
+         "| setting | arrivals | K | 2 replicas / 1 replica (aggregate tok/s) | 1 replica / bare server | "
+         "TTFT p50, 1 replica − bare server |", "|---|---|---|---|---|---|"]
+    for sid in settings:
+        for arrival in arrivals:
+            for k in ks:
+                m = dict(k=k, setting=sid, arrival=arrival)
+                if not _runs(results, engine="ray-1", **m):
+                    continue
+                L.append(f"| {SETTINGS[sid].label} | {arrival} | {k} | "
+                         f"{ratio_text(block_ratios(results, 'ray-2', 'ray-1', **m))} | "
+                         f"{ratio_text(block_ratios(results, 'ray-1', 'bare-t1', **m))} | "
+                         f"{_diff_text(_ttft_diffs(results, 'ray-1', 'bare-t1', **m))} |")
+    L += ["", "Goals of the Ray issue: Ray adds under 10 ms per request at 1 client; 2 replicas ≥ 1.6× one "
+          "replica's aggregate throughput on a machine with cores to spare.", ""]
     return L
 
 
@@ -571,13 +741,13 @@ def plot(results, path: Path) -> None:
     plt.close(fig)
 
 
-def write_section(path: Path, section: str) -> None:
+def write_section(path: Path, section: str, heading: str) -> None:
     """Replace (or add) this module's "## " section of RESULTS.md, keeping the others."""
     text = path.read_text() if path.exists() else "# Benchmark results\n"
     out, skipping = [], False
     for line in text.splitlines():
         if line.startswith("## "):
-            skipping = line.strip() == SECTION
+            skipping = line.strip() == heading
         if not skipping:
             out.append(line)
     path.write_text("\n".join(out).rstrip() + "\n\n" + section.rstrip() + "\n")
@@ -602,11 +772,24 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--stagger", type=float, default=1.0, help="seconds between staggered arrivals (default 1)")
     ap.add_argument("--threads", type=int, default=2, help="threads per engine (default 2)")
     ap.add_argument("--quick", action="store_true", help="K = 1, 4; T = 1; burst; one block")
+    ap.add_argument("--http", action="store_true",
+                    help=f"through HTTP: engines {','.join(HTTP_ENGINES)} (the HTTP layer's cost, and the servers)")
+    ap.add_argument("--ray", action="store_true",
+                    help=f"Ray Serve scaling at K = 1,2,4,8, 1 thread per replica: engines {','.join(RAY_ENGINES)}")
     ap.add_argument("--output", type=Path, default=HERE / "serving_results.json")
     ap.add_argument("--results-md", type=Path, default=HERE / "RESULTS.md")
     ap.add_argument("--report-only", type=Path, default=None, metavar="RESULTS_JSON",
                     help="re-render the section and plot from a results file")
     args = ap.parse_args(argv)
+    explicit_engines = any(a.startswith("--engines") for a in (argv if argv is not None else sys.argv[1:]))
+    if args.http and not explicit_engines:
+        args.engines = list(HTTP_ENGINES)
+    if args.ray and not explicit_engines:
+        args.engines = list(RAY_ENGINES)
+    if args.http or args.ray:
+        default_out = "serving_http" if args.http else "serving_ray"
+        if args.output == HERE / "serving_results.json":
+            args.output = HERE / f"{default_out}_results.json"
     if args.quick:
         args.ks, args.settings, args.arrivals, args.repeats = [1, 4], ["t1"], ["burst"], 1
     unknown = [e for e in args.engines if e not in ENGINES] + [s for s in args.settings if s not in SETTINGS]
@@ -621,9 +804,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results = json.loads(args.report_only.read_text())
     else:
         results = sweep(args)
-    plot(results, args.results_md.parent / "plot_serving.png")
-    write_section(args.results_md, render(results))
-    _say(f"wrote {args.results_md} ({SECTION}) and plot_serving.png")
+    heading, plot_file = MODES[results.get("mode", "direct")]
+    plot(results, args.results_md.parent / plot_file)
+    write_section(args.results_md, render(results), heading)
+    _say(f"wrote {args.results_md} ({heading}) and {plot_file}")
     return 0
 
 

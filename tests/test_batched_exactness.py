@@ -65,29 +65,30 @@ def test_each_request_follows_its_own_target_distribution(tiny_target, tiny_draf
     for kind, (prompt, params, gamma, _) in kinds.items():
         gs = by_kind[kind]
         toks = prompt_ids[kind]
-        first = np.array([g.tokens[0] if g.tokens else -1 for g in gs])
+        # A request whose prompt was not cached yet samples its first token from
+        # the prompt's own pass (a plain step); the others from a drafted step.
+        # Which path a request takes is decided before anything is sampled, so
+        # the drafted subset is an unbiased sample and is checked on its own too.
+        drafted_first = [g for g in gs if g.stats.gammas and g.stats.gammas[0] == gamma]
         if kind == "greedy":
             want = int(np.argmax(reference(toks, params)))
-            assert np.all(first == want), f"{kind}: greedy requests disagree"
-            assert all(g.stats.gammas[0] == gamma for g in gs)
+            assert all(g.tokens and g.tokens[0] == want for g in gs), f"{kind}: greedy requests disagree"
+            assert len(drafted_first) > 0.75 * N
             continue
         p1 = reference(toks, params)
         drafted = sum(g.stats.drafted for g in gs)
         rejected = sum(g.stats.drafted - g.stats.accepted for g in gs)
         assert rejected > 100, f"{kind}: only {rejected} rejections in {drafted} drafts: residual path untested"
         if kind == "ngram":
-            assert all(g.stats.by_drafter.get("ngram", [0])[0] > 0 for g in gs), "not every request drafted by lookup"
+            n_lookup = sum(g.stats.by_drafter.get("ngram", [0])[0] > 0 for g in gs)
+            assert n_lookup > 0.75 * N, f"only {n_lookup} requests drafted by lookup"
+            drafted_first = [g for g in gs if g.stats.gammas and g.stats.gammas[0] > 0]
         else:
-            assert all(g.stats.gammas[0] == gamma for g in gs), f"{kind}: γ = {gamma} did not run"
-            assert all(g.stats.by_drafter.get("model", [0])[0] > 0 for g in gs)
-        ended = first < 0  # an end-of-generation token first: counted on its id
-        counts = np.bincount(first[~ended], minlength=p1.size).astype(float)
-        if ended.any():
-            counts[eog[0]] += ended.sum()
-            p1 = p1.copy()
-            p1[eog[0]] += p1[eog[1:]].sum()
-            p1[eog[1:]] = 0.0
-        assert_matches_distribution(counts, p1, what=f"{kind}: first tokens")
+            assert len(drafted_first) > 0.75 * N, f"{kind}: γ = {gamma} ran first in {len(drafted_first)} requests"
+            assert all(g.stats.by_drafter.get("model", [0])[0] > 0 for g in drafted_first)
+        for label, subset in (("all requests", gs), ("first step drafted", drafted_first)):
+            assert_matches_distribution(_first_counts(subset, p1.size, eog), _merge_eog(p1, eog),
+                                        what=f"{kind}, {label}: first tokens")
         if kind == "topk-joint":
             support = np.flatnonzero(p1 > 0)
             joint = np.zeros((p1.size, p1.size))
@@ -102,3 +103,19 @@ def test_each_request_follows_its_own_target_distribution(tiny_target, tiny_draf
                 observed[a, b] += 1
             joint[:, eog] = 0.0  # a request whose second token ended it has no pair
             assert_matches_distribution(observed, joint / joint.sum(), what=f"{kind}: first two tokens")
+
+
+def _first_counts(gens, size: int, eog: list[int]) -> np.ndarray:
+    """How often each id came first; a generation that ended at once (an
+    end-of-generation token first) counts on the first EOG id."""
+    counts = np.zeros(size)
+    for g in gens:
+        counts[g.tokens[0] if g.tokens else eog[0]] += 1
+    return counts
+
+
+def _merge_eog(p: np.ndarray, eog: list[int]) -> np.ndarray:
+    p = p.copy()
+    p[eog[0]] += p[eog[1:]].sum()
+    p[eog[1:]] = 0.0
+    return p

@@ -239,9 +239,13 @@ class Scheduler:
             if req.prefilled or budget <= 0:
                 continue
             have = self.target.n_past(req.slot)
-            n = min(len(req.seq) - 1 - have, budget)
+            n = min(len(req.seq) - have, budget)
             if n > 0:
-                parts.append(Rows(req.slot, req.seq[have:have + n]))
+                # The chunk that ends the prompt also asks for the last row's
+                # logits: the first token is sampled from the prompt's own pass
+                # (one pass less before the first token than a decoding step).
+                last = have + n == len(req.seq)
+                parts.append(Rows(req.slot, req.seq[have:have + n], 1 if last else 0))
                 budget -= n
         return parts
 
@@ -448,13 +452,35 @@ class Scheduler:
             self.metrics.target_passes += 1
             self.metrics.target_rows += n_rows
             self.metrics.target_seconds += dt
-        for req in self._active:
-            if not req.prefilled:
-                self._check_prefilled(req)
         emitted = 0
+        for part, r in zip(prefill, rows):
+            if r is not None:
+                emitted += self._first_token(part, r, dt)
         for w, r in zip(work, rows[len(prefill):]):
             emitted += self._verify(w, r, dt)
         return emitted
+
+    def _first_token(self, part: Rows, rows, target_seconds: float) -> int:
+        """The request's prompt is in: sample its first token from the
+        prompt's last row (a plain step) and start decoding."""
+        req = self._request_in(part.seq)
+        if req is None or req.finished:
+            return 0
+        self._start_decoding(req)
+        t0 = time.perf_counter()
+        try:
+            token = sampling.sample(rows.view()[0], req.params, req.rng_verify)
+        except InvalidLogitsError as exc:
+            self._end(req, None, InvalidLogitsError(
+                f"the target model produced invalid logits for request {req.id} at the end of its prompt "
+                f"(position {len(req.seq) - 1}): {exc}"))
+            return 0
+        stats = req.stats
+        stats.steps += 1
+        stats.gammas.append(0)
+        stats.target_seconds += target_seconds
+        stats.sampling_seconds += time.perf_counter() - t0
+        return self._emit(req, [token])
 
     def _verify(self, w: _Work, rows, target_seconds: float) -> int:
         req = w.req
@@ -556,14 +582,17 @@ class Scheduler:
 
     # ------------------------------------------------------------ bookkeeping
     def _check_prefilled(self, req: Request) -> None:
-        """Start decoding once the target holds all of the prompt but its last token."""
-        if req.prefilled or self.target.n_past(req.slot) < len(req.seq) - 1:
-            return
+        """A request admitted with all of its prompt but the last token cached
+        decodes at once (its first step evaluates that token)."""
+        if not req.prefilled and self.target.n_past(req.slot) >= len(req.seq) - 1:
+            self._start_decoding(req)
+
+    def _start_decoding(self, req: Request) -> None:
         req.prefilled = True
         req.stats.prompt_seconds = time.perf_counter() - req.admitted
         if req.ngram is not None:
             if req.ngram.unwrap_lines:
-                req.ngram.set_reference(unwrapped_reference(req.seq, self.tokenizer))
+                req.ngram.set_reference(unwrapped_reference(req.prompt, self.tokenizer))
             req.ngram.begin(req.seq)
 
     def _request_in(self, slot: int) -> Optional[Request]:
