@@ -20,7 +20,7 @@ from .drafters.unwrap import unwrapped_reference
 from .errors import GenerationCancelled, InvalidLogitsError, UnsupportedModelError
 from .model import CausalLM, Tokenizer
 from .params import SamplingParams
-from .request_args import GAMMA_LIMIT, Prompt, check_gamma, check_request, prompt_tokens
+from .request_args import GAMMA_LIMIT, Prompt, chat_prompt, check_gamma, check_request, prompt_tokens
 from .stats import GenerationStats
 from .text import TextAssembler
 
@@ -278,10 +278,7 @@ class SpeculativeDecoder:
 
     def chat_prompt(self, messages: Sequence[dict]) -> str:
         """The target's chat template applied to ``messages``."""
-        text = self.tokenizer.chat_prompt(messages, add_generation_prompt=True)
-        if text is None:
-            raise ValueError("the target model has no chat template; use generate() with a raw prompt")
-        return text
+        return chat_prompt(self.tokenizer, messages)
 
     def reset(self) -> None:
         """Forget the cached conversation."""

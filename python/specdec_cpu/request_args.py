@@ -15,7 +15,7 @@ from .errors import ContextOverflowError, InvalidPromptError
 from .model import Tokenizer
 from .params import SamplingParams
 
-__all__ = ["GAMMA_LIMIT", "Prompt", "check_gamma", "check_request", "prompt_tokens"]
+__all__ = ["GAMMA_LIMIT", "Prompt", "chat_prompt", "check_gamma", "check_request", "prompt_tokens"]
 
 GAMMA_LIMIT = 64
 Prompt = Union[str, bytes, Sequence[int]]
@@ -107,3 +107,11 @@ def _token_ids(prompt: object, n_vocab: int) -> list[int]:
             raise InvalidPromptError(f"prompt token id {t} (prompt[{i}]) is outside the vocabulary [0, {n_vocab})")
     return tokens
 
+
+
+def chat_prompt(tokenizer: Tokenizer, messages: Sequence[dict]) -> str:
+    """The model's chat template applied to ``messages`` (``ValueError`` without one)."""
+    text = tokenizer.chat_prompt(messages, add_generation_prompt=True)
+    if text is None:
+        raise ValueError("the target model has no chat template; use generate() with a raw prompt")
+    return text

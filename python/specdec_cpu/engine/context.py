@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 import numpy as np
 
 from ..errors import ContextOverflowError, ModelLoadError, SpecDecError, UnsupportedModelError
+from .lifetime import Closable
 from .backend import clear_log_errors, describe_failure, lib
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def _check_int(name: str, value: object, *, minimum: int = 1) -> int:
     return value
 
 
-class LlamaContext:
+class LlamaContext(Closable):
     """A llama.cpp context over :class:`LlamaWeights`: one sequence, one KV cache.
 
     Implements :class:`specdec_cpu.model.CausalLM`.  Not thread-safe: use one
@@ -376,18 +377,6 @@ class LlamaContext:
             if ctx is not None:
                 lib.llama_free(ctx)
         except Exception:  # interpreter shutdown
-            pass
-
-    def __enter__(self) -> "LlamaContext":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
             pass
 
     def __repr__(self) -> str:

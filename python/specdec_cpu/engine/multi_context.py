@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import ContextOverflowError, ModelLoadError, UnsupportedModelError
 from .backend import clear_log_errors, describe_failure, lib
+from .lifetime import Closable
 from .context import _DECODE_ERRORS, _KV_TYPES, DecodeError, _check_int, _get_logits_ith_addr
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ class LogitRows:
         return arr
 
 
-class LlamaMultiContext:
+class LlamaMultiContext(Closable):
     """A llama.cpp context over :class:`LlamaWeights` holding ``n_seq`` sequences.
 
     Each sequence may hold up to ``n_ctx`` tokens; the unified KV cache has
@@ -335,18 +336,6 @@ class LlamaMultiContext:
                 lib.llama_free(ctx)
             except Exception:  # interpreter shutdown
                 pass
-
-    def __enter__(self) -> "LlamaMultiContext":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __repr__(self) -> str:
         state = "closed" if self._ctx is None else f"{self._n_seq} sequences of {self._n_ctx}"

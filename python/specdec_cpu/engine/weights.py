@@ -10,6 +10,7 @@ import weakref
 from typing import TYPE_CHECKING, Optional, Union
 
 from ..errors import ModelLoadError
+from .lifetime import Closable
 from .backend import clear_log_errors, describe_failure, ensure_backend, lib
 
 if TYPE_CHECKING:
@@ -57,7 +58,7 @@ def check_gguf_file(path: Union[str, "os.PathLike[str]"]) -> str:
     return spath
 
 
-class LlamaWeights:
+class LlamaWeights(Closable):
     """A GGUF model's weights and vocabulary, loaded once (mmap) and shared.
 
     Several :class:`LlamaContext` objects (each with its own KV cache) may be
@@ -253,18 +254,6 @@ class LlamaWeights:
                 lib.llama_model_free(model)
             except Exception:  # interpreter shutdown
                 pass
-
-    def __enter__(self) -> "LlamaWeights":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def _optional_call(name: str, *args: object) -> object:

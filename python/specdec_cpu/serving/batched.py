@@ -16,7 +16,7 @@ from ..params import SamplingParams
 from ..planning.batch_planner import BatchPlanner
 from ..planning.calibration import BATCH_ROWS, starting_costs
 from ..planning.costmodel import CostModel
-from ..request_args import GAMMA_LIMIT, Prompt, check_gamma, check_request, prompt_tokens
+from ..request_args import GAMMA_LIMIT, Prompt, chat_prompt, check_gamma, check_request, prompt_tokens
 from ..text import TextAssembler
 from .metrics import MetricsSnapshot, ServingMetrics
 from .request import AsyncRequestStream, Request, RequestStream
@@ -234,10 +234,7 @@ class BatchedDecoder:
 
     def chat_prompt(self, messages: Sequence[dict]) -> str:
         """The target's chat template applied to ``messages``."""
-        text = self.tokenizer.chat_prompt(messages, add_generation_prompt=True)
-        if text is None:
-            raise ValueError("the target model has no chat template; use generate() with a raw prompt")
-        return text
+        return chat_prompt(self.tokenizer, messages)
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """The token ids a request with this prompt would decode (checked
