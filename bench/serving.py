@@ -445,7 +445,7 @@ _TOKENIZER = None
 
 def sweep(args: argparse.Namespace) -> Dict[str, Any]:
     results: Dict[str, Any] = {
-        "command": "python -m bench.serving " + " ".join(sys.argv[1:]),
+        "command": args.command,
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "machine": machine_info(args.threads),
         "tokens": args.tokens, "stagger_s": args.stagger, "threads": args.threads,
@@ -781,7 +781,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--report-only", type=Path, default=None, metavar="RESULTS_JSON",
                     help="re-render the section and plot from a results file")
     args = ap.parse_args(argv)
-    explicit_engines = any(a.startswith("--engines") for a in (argv if argv is not None else sys.argv[1:]))
+    given = list(argv if argv is not None else sys.argv[1:])
+    args.command = " ".join(["python -m bench.serving", *given])
+    explicit_engines = any(a.startswith("--engines") for a in given)
     if args.http and not explicit_engines:
         args.engines = list(HTTP_ENGINES)
     if args.ray and not explicit_engines:

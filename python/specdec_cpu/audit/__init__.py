@@ -19,6 +19,7 @@ argmax.  End-of-generation ids are one merged outcome, so a sequence that
 stopped at one can be audited although the token is not in its text.
 
 Entry points: :func:`audit_sequences` (a target GGUF and sequences),
+:class:`AuditSession` (the same, fed in batches until enough is audited),
 :class:`AuditAccumulator` (distributions you computed yourself),
 :func:`read_jsonl` (the input format), and ``specdec-cpu audit``.
 """
@@ -33,6 +34,7 @@ from .samples import AuditInputError, GeneratedSequence, parse_lines, read_jsonl
 
 __all__ = [
     "audit_sequences",
+    "AuditSession",
     "AuditAccumulator",
     "AuditStatistics",
     "AuditReport",
@@ -60,6 +62,10 @@ def __getattr__(name: str):
         from .run import audit_sequences
 
         return audit_sequences
+    if name == "AuditSession":
+        from .run import AuditSession
+
+        return AuditSession
     if name == "TargetModel":
         from .target import TargetModel
 

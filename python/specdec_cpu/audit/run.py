@@ -14,7 +14,7 @@ from .report import DEFAULT_THRESHOLD, AuditReport
 from .samples import TEXT_WARNING, AuditInputError, GeneratedSequence
 from .target import TargetModel
 
-__all__ = ["audit_sequences"]
+__all__ = ["audit_sequences", "AuditSession"]
 
 #: Rows turned into distributions at a time (a float64 (32, V) block is
 #: ~40 MB at a 152k vocabulary).
@@ -39,6 +39,19 @@ def audit_sequences(
     ``threshold`` is the verdict's p-value threshold, and 1 − ``threshold``
     the TV interval's confidence level.
     """
+    _check_args(params, chain, threshold, tie_tolerance)
+    if not sequences:
+        raise ValueError("no sequences to audit")
+    session = AuditSession(target, params, chain=chain, threshold=threshold, tie_tolerance=tie_tolerance,
+                           min_expected=min_expected)
+    try:
+        session.add(list(sequences))
+        return session.report()
+    finally:
+        session.close()
+
+
+def _check_args(params: SamplingParams, chain: str, threshold: float, tie_tolerance: float) -> None:
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
     check_chain(chain)
@@ -46,47 +59,95 @@ def audit_sequences(
         raise ValueError(f"threshold must be in (0, 1), got {threshold}")
     if not tie_tolerance >= 0.0:
         raise ValueError(f"tie_tolerance must be >= 0, got {tie_tolerance}")
-    if not sequences:
-        raise ValueError("no sequences to audit")
-    model = target if isinstance(target, TargetModel) else TargetModel(target)
-    try:
-        return _audit(model, list(sequences), params, chain, threshold, tie_tolerance, min_expected)
-    finally:
-        if model is not target:
-            model.close()
 
 
-def _audit(model: TargetModel, sequences: List[GeneratedSequence], params: SamplingParams, chain: str,
-           threshold: float, tie_tolerance: float, min_expected: float) -> AuditReport:
-    prepared = [(model.prompt_ids(s), model.emitted_ids(s), s.stopped) for s in sequences]
-    if any(stopped for _, _, stopped in prepared) and not model.eog_ids:
-        first = next(s for s in sequences if s.stopped)
-        where = f"{first.source}: " if first.source else ""
-        raise AuditInputError(f"{where}'stopped' is true but {model.path} has no end-of-generation token")
-    warnings: List[str] = []
-    n_text = sum(s.text is not None for s in sequences)
-    if n_text:
-        warnings.append(TEXT_WARNING.format(n=n_text, total=len(sequences)))
+class AuditSession:
+    """An audit fed in batches: :meth:`add` scores sequences into one pool,
+    :meth:`report` reports over everything added so far.
 
-    acc = AuditAccumulator()
-    n_ctx = max(len(p) + len(e) for p, e, _ in prepared)
-    eog_rep = model.eog_ids[0] if model.eog_ids else -1
-    positions = 0
-    for index, (prompt, emitted, stopped) in enumerate(prepared):
-        outcomes = np.asarray(list(emitted) + ([eog_rep] if stopped else []), dtype=np.int64)
-        positions += outcomes.size
-        for first, logits in model.rows(prompt, emitted, stopped, n_ctx):
-            for lo in range(0, logits.shape[0], _ROWS_PER_BLOCK):
-                block = logits[lo:lo + _ROWS_PER_BLOCK]
-                where = np.arange(first + lo, first + lo + block.shape[0])
-                probs = chain_distribution(block, params, chain)
-                probs, outs, merged_logits = merge_eog(probs, outcomes[where], model.eog_ids, block)
-                acc.add(probs, outs, logits=merged_logits, sequence=index, positions=where)
+    For generating until enough positions are audited (the informative share
+    of the positions is only known once they are scored)::
 
-    return AuditReport(
-        target=model.path, params=params, chain=chain, sequences=len(sequences),
-        stopped=sum(stopped for _, _, stopped in prepared), positions=positions,
-        point_mass=acc.point_mass, statistics=acc.statistics(1.0 - threshold, min_expected),
-        mismatches=list(acc.mismatches), impossible=list(acc.impossible),
-        tie_tolerance=tie_tolerance, threshold=threshold, warnings=warnings,
-    )
+        with AuditSession(target, params) as session:
+            while session.tokens < 20000:
+                session.add(more_sequences())
+            report = session.report()
+
+    Arguments are those of :func:`audit_sequences`, which is one ``add``
+    followed by ``report``.  Sequences are numbered across batches (the
+    ``sequence`` of a mismatch counts from the first sequence ever added).
+    """
+
+    def __init__(self, target: Union[str, TargetModel], params: SamplingParams, *,
+                 chain: str = TEMPERATURE_FIRST, threshold: float = DEFAULT_THRESHOLD,
+                 tie_tolerance: float = 0.05, min_expected: float = MIN_EXPECTED) -> None:
+        _check_args(params, chain, threshold, tie_tolerance)
+        self.model = target if isinstance(target, TargetModel) else TargetModel(target)
+        self._own = self.model is not target
+        self.params = params
+        self.chain = chain
+        self.threshold = threshold
+        self.tie_tolerance = tie_tolerance
+        self.min_expected = min_expected
+        self.accumulator = AuditAccumulator()
+        self.sequences = 0
+        self.stopped = 0
+        self.positions = 0
+        self.text_sequences = 0
+
+    @property
+    def tokens(self) -> int:
+        """Informative positions pooled so far (what the report calls ``tokens``)."""
+        return self.accumulator.tokens
+
+    def add(self, sequences: Sequence[GeneratedSequence]) -> None:
+        """Score ``sequences`` (each in one batched pass of the target) into the pool."""
+        model = self.model
+        prepared = [(model.prompt_ids(s), model.emitted_ids(s), s.stopped) for s in sequences]
+        if any(stopped for _, _, stopped in prepared) and not model.eog_ids:
+            first = next(s for s in sequences if s.stopped)
+            where = f"{first.source}: " if first.source else ""
+            raise AuditInputError(f"{where}'stopped' is true but {model.path} has no end-of-generation token")
+        if not prepared:
+            return
+        acc = self.accumulator
+        n_ctx = max(len(p) + len(e) for p, e, _ in prepared)
+        eog_rep = model.eog_ids[0] if model.eog_ids else -1
+        for offset, (prompt, emitted, stopped) in enumerate(prepared):
+            outcomes = np.asarray(list(emitted) + ([eog_rep] if stopped else []), dtype=np.int64)
+            self.positions += outcomes.size
+            for first, logits in model.rows(prompt, emitted, stopped, n_ctx):
+                for lo in range(0, logits.shape[0], _ROWS_PER_BLOCK):
+                    block = logits[lo:lo + _ROWS_PER_BLOCK]
+                    where = np.arange(first + lo, first + lo + block.shape[0])
+                    probs = chain_distribution(block, self.params, self.chain)
+                    probs, outs, merged_logits = merge_eog(probs, outcomes[where], model.eog_ids, block)
+                    acc.add(probs, outs, logits=merged_logits, sequence=self.sequences + offset, positions=where)
+        self.sequences += len(prepared)
+        self.stopped += sum(stopped for _, _, stopped in prepared)
+        self.text_sequences += sum(s.text is not None for s in sequences)
+
+    def report(self) -> AuditReport:
+        """The report over every sequence added so far."""
+        acc = self.accumulator
+        warnings: List[str] = []
+        if self.text_sequences:
+            warnings.append(TEXT_WARNING.format(n=self.text_sequences, total=self.sequences))
+        return AuditReport(
+            target=self.model.path, params=self.params, chain=self.chain, sequences=self.sequences,
+            stopped=self.stopped, positions=self.positions, point_mass=acc.point_mass,
+            statistics=acc.statistics(1.0 - self.threshold, self.min_expected),
+            mismatches=list(acc.mismatches), impossible=list(acc.impossible),
+            tie_tolerance=self.tie_tolerance, threshold=self.threshold, warnings=warnings,
+        )
+
+    def close(self) -> None:
+        """Close the target model when this session opened it."""
+        if self._own:
+            self.model.close()
+
+    def __enter__(self) -> "AuditSession":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,1354 @@
+"""Is it exact?  Every engine's sampled token ids audited against the target.
+
+    python -m bench audit                  # the full run: >= 20,000 audited tokens per engine and setting
+    python -m bench audit --quick          # ~1,000 per engine and setting, to check the pipeline
+    python -m bench audit --dry-run        # the engines, settings and estimated duration
+    python -m bench audit --report-only    # re-render the section and plot from bench/audit/results.json
+
+The pair is the demo pair (F32 target, Q4_0 draft).  Every engine generates
+sequences from many chat prompts (``AUDIT_PROMPTS``: open requests, and
+grounded ones whose answer copies text of the prompt, where prompt-lookup
+drafters draft), each sequence with its own seed and at most
+``--max-tokens`` new tokens, and reports the token ids it **sampled** —
+never its text tokenized again (a sampler may emit a non-canonical split of a
+text; tokenizing the text again would give other ids at other ranks, a fake
+bias).  ``specdec_cpu.audit`` then scores the ids against the F32 target's
+own distribution at every position, with the engine's own sampler chain.
+
+Two settings: T = 1 untruncated, where every chain is the plain softmax, and
+T = 0.7 with top-p 0.95, where each engine's chain order is modelled
+(``temperature-first`` for ours and llama.cpp's tools, which are given
+``--samplers temperature;top_k;top_p;min_p``; ``temperature-last`` for
+llama-cpp-python's ``Llama``).  Positions where the target's distribution is
+a single token (common at T = 0.7 with top-p) carry no information and are
+only checked, so sequences are generated in rounds until at least
+``--tokens`` informative positions are audited.
+
+How each engine's ids are obtained:
+
+- ours: ``Generation.tokens`` (and ``finish_reason == "stop"`` for an EOG);
+- llama-server (with ``-md`` or without a draft): the ``tokens`` of its
+  ``/completion`` answer (``return_tokens``);
+- llama-cpp-python: the ids ``Llama.generate`` yields;
+- ``llama-speculative`` and ``llama-speculative-simple`` print only text, so
+  they run with ``-lv 5`` and the ids are read from their debug log:
+  ``llama-speculative`` logs every accepted draft token as ``draft token i of
+  sequence s (ID, '...') accepted`` and the token that ends each round as
+  ``the sampled target token (ID, ...)``; ``llama-speculative-simple`` logs
+  each round's draft (``draft candidate 0, pos i: ID``) and ``accepted N/M
+  draft tokens, the last target token is: (ID)``, so a round emits the
+  first N draft ids and that last id.  Both reconstructions are checked
+  against the text the tool printed (the ids' pieces must give it byte for
+  byte).
+
+A sequence that ends at an end-of-generation token is cut before it and
+marked ``"stopped": true``; every sequence that was started is kept, whole,
+whatever its length.  Raw samples go to ``bench/audit/samples/<setting>/
+<engine>.jsonl.gz`` (the audit's input format), results to
+``bench/audit/results.json``, the table to the "## Is it exact?" section of
+bench/RESULTS.md (other sections are kept) and the plot to
+bench/plot_audit.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import gzip
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+try:  # python -m bench audit, or bench/ on sys.path
+    from . import peers
+    from .prompts import PROMPTS as SUITE_PROMPTS
+    from .serving import write_section
+    from .suite import F32, Q4_0, SETTINGS, Setting
+except ImportError:  # pragma: no cover - run as a plain script
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench import peers  # type: ignore[no-redef]
+    from bench.prompts import PROMPTS as SUITE_PROMPTS  # type: ignore[no-redef]
+    from bench.serving import write_section  # type: ignore[no-redef]
+    from bench.suite import F32, Q4_0, SETTINGS, Setting  # type: ignore[no-redef]
+
+HERE = Path(__file__).resolve().parent
+SECTION = "## Is it exact?"
+FORMAT = 1
+
+#: Tokens of context per sequence (the longest prompt is ~520 tokens).
+N_CTX = 1024
+#: Draft length of every engine with a draft model (ours γ = 4 and the peers' --spec-draft-n-max).
+DRAFT_MAX = 4
+#: Settings audited, in order: T = 1 untruncated, then T = 0.7 with top-p.
+AUDIT_SETTINGS: Tuple[str, ...] = ("t1", "t0.7")
+#: Chains (specdec_cpu.audit.chains).
+FIRST, LAST = "temperature-first", "temperature-last"
+
+
+# ---------------------------------------------------------------------------
+# prompts
+# ---------------------------------------------------------------------------
+
+_CSV = """\
+date,store,item,units,unit_price
+2024-03-01,north,notebook,12,2.50
+2024-03-01,south,pen,40,0.80
+2024-03-02,north,stapler,3,7.25
+2024-03-02,east,notebook,9,2.50
+2024-03-03,south,folder,25,1.10
+2024-03-03,east,pen,31,0.80
+"""
+
+_BUGGY = '''\
+def moving_average(values, window):
+    """Return the list of averages of each run of `window` consecutive values."""
+    if window <= 0:
+        raise ValueError("window must be positive")
+    averages = []
+    total = sum(values[:window])
+    averages.append(total / window)
+    for i in range(window, len(values)):
+        total += values[i] - values[i - window + 1]
+        averages.append(total / window)
+    return averages
+'''
+
+_JS_SOURCE = '''\
+def parse_duration(text):
+    """Parse strings such as '1h30m', '45s' or '2h' into a number of seconds."""
+    units = {"h": 3600, "m": 60, "s": 1}
+    total = 0
+    number = ""
+    for char in text.strip():
+        if char.isdigit():
+            number += char
+        elif char in units and number:
+            total += int(number) * units[char]
+            number = ""
+        else:
+            raise ValueError(f"bad duration: {text!r}")
+    if number:
+        raise ValueError(f"missing unit in {text!r}")
+    return total
+'''
+
+_NOTES = (
+    "Meeting notes, 14 May. Attendees: Priya, Tom, Aiko, Marcus. Priya reported that the beta "
+    "signup form went live on Monday and collected 312 signups by Wednesday, well above the 200 "
+    "expected. Tom said the email confirmation step fails for addresses with a plus sign and "
+    "promised a fix by Friday. Aiko proposed moving the launch from 3 June to 10 June so that the "
+    "onboarding videos can be re-recorded with the new interface; Marcus agreed but asked for the "
+    "press release to stay on 3 June with the date corrected. The team decided to drop the dark "
+    "mode from the first release. Next meeting: 21 May, same time."
+)
+
+#: One user message per prompt: open requests (nothing in the prompt to copy)
+#: and grounded ones (the answer repeats text given in the prompt).
+AUDIT_PROMPTS: Tuple[Tuple[str, str, str], ...] = tuple(
+    (p.name, p.kind, p.user) for p in SUITE_PROMPTS
+) + (
+    ("merge-sorted", "open", "Write a Python function that merges two sorted lists into one sorted list, "
+     "with a docstring and comments."),
+    ("hash-table", "open", "Explain how a hash table works and what happens when two keys collide."),
+    ("lighthouse", "open", "Write a short story about a lighthouse keeper who finds a message in a bottle."),
+    ("clean-code", "open", "List ten practical tips for writing clean, maintainable code, with one "
+     "sentence on each."),
+    ("sql-top5", "open", "Write a SQL query that finds the five customers with the highest total order "
+     "value, and explain it."),
+    ("tcp-udp", "open", "Describe the differences between TCP and UDP and when to use each."),
+    ("backup-sh", "open", "Write a bash script that backs up a directory into a dated tar.gz archive and "
+     "keeps the last seven."),
+    ("closures-js", "open", "Explain what a closure is in JavaScript with two small examples."),
+    ("binary-search", "open", "Implement binary search in C and explain the loop invariant."),
+    ("rust-ownership", "open", "Explain Rust's ownership and borrowing rules to a Python programmer."),
+    ("git-rebase", "open", "When should I use git rebase instead of git merge? Give an example workflow."),
+    ("regex-email", "open", "Write a regular expression that roughly validates email addresses and explain "
+     "each part of it."),
+    ("poem-autumn", "open", "Write a poem of four stanzas about autumn in a big city."),
+    ("dialogue", "open", "Write a dialogue between a cat and a dog arguing about who is the better pet."),
+    ("recipe", "open", "Give me a simple recipe for a vegetable curry that serves four people."),
+    ("trip-plan", "open", "Plan a three-day trip to Lisbon for someone who loves history and food."),
+    ("interview", "open", "What are good questions to ask at the end of a job interview for a software "
+     "engineering role?"),
+    ("big-o", "open", "Explain big-O notation with examples of O(1), O(log n), O(n) and O(n^2) code."),
+    ("docker", "open", "Write a Dockerfile for a small Flask application and explain each line."),
+    ("unit-tests", "open", "Write pytest unit tests for a function `is_palindrome(s)` that ignores case "
+     "and punctuation."),
+    ("async-io", "open", "Explain the difference between threads and asyncio in Python, and when each "
+     "is the better choice."),
+    ("email-late", "open", "Write a polite email to a client explaining that their project will be "
+     "delivered one week late."),
+    ("photosynthesis", "open", "Explain photosynthesis to a ten-year-old."),
+    ("linked-list", "open", "Implement a singly linked list in Java with add, remove and reverse "
+     "methods."),
+    ("kv-store", "open", "Design a simple key-value store: which data structures and which trade-offs "
+     "would you choose, and why?"),
+    ("numbers-game", "open", "Write a Python program for a number-guessing game in the terminal."),
+    ("history-print", "open", "Summarise the history of the printing press in a few paragraphs."),
+    ("debug-tips", "open", "My Python program gets slower the longer it runs. How do I find out why?"),
+    ("riddle", "open", "Invent three riddles with their answers."),
+    ("css-center", "open", "Show three different ways to center a div horizontally and vertically in "
+     "CSS."),
+    ("matrix-mult", "open", "Write a function that multiplies two matrices in Go, with error handling "
+     "for incompatible sizes."),
+    ("habits", "open", "How can I build a habit of reading every day? Give practical advice."),
+    ("fix-bug", "grounded", "This function returns wrong averages. Find the bug, explain it in one "
+     "sentence, and reply with the corrected function.\n\n```python\n" + _BUGGY + "```"),
+    ("to-js", "grounded", "Translate this Python function to JavaScript, keeping the names and the "
+     "docstring as a comment.\n\n```python\n" + _JS_SOURCE + "```"),
+    ("type-hints", "grounded", "Add type hints to this function and reply with the complete function.\n\n"
+     "```python\n" + _JS_SOURCE + "```"),
+    ("csv-json", "grounded", "Convert this CSV data to a JSON array of objects, one object per row.\n\n"
+     + _CSV),
+    ("csv-table", "grounded", "Reformat this CSV data as a Markdown table.\n\n" + _CSV),
+    ("notes-actions", "grounded", "List the decisions and the action items from these meeting notes, "
+     "quoting the notes.\n\n" + _NOTES),
+    ("notes-email", "grounded", "Rewrite these meeting notes as an email to the team, keeping every "
+     "fact.\n\n" + _NOTES),
+)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One sequence to generate: a prompt (templated text and its ids) and a seed."""
+
+    index: int
+    prompt: str  # prompt name
+    text: str  # the chat-templated prompt, exactly what the engine is given
+    ids: Tuple[int, ...]  # the text tokenized as every engine tokenizes it
+    seed: int
+
+
+class Jobs:
+    """The endless job list every engine draws from: job j is prompt j mod P
+    (replicate-major, so consecutive sequences come from different contexts)
+    with its own seed."""
+
+    def __init__(self, tokenizer, seed: int, setting_index: int) -> None:
+        self.prompts = []
+        for name, _kind, user in AUDIT_PROMPTS:
+            text = tokenizer.chat_prompt([{"role": "user", "content": user}], add_generation_prompt=True)
+            if text is None:
+                raise RuntimeError("the target has no chat template")
+            ids = tuple(tokenizer.tokenize(text, add_special=True, parse_special=True))
+            self.prompts.append((name, text, ids))
+        self.seed = seed + 100_000 * setting_index
+
+    def __getitem__(self, j: int) -> Job:
+        name, text, ids = self.prompts[j % len(self.prompts)]
+        return Job(j, name, text, ids, self.seed + j)
+
+    def take(self, start: int, n: int) -> List[Job]:
+        return [self[j] for j in range(start, start + n)]
+
+
+# ---------------------------------------------------------------------------
+# samples
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    """One generated sequence: the ids sampled (EOG excluded) and what the engine said about it."""
+
+    job: int
+    prompt: str  # prompt name
+    text: str  # templated prompt
+    seed: int
+    tokens: List[int]
+    stopped: bool
+    produced: int = 0  # ids the engine produced (before the cut at EOG / max_tokens)
+    drafted: Optional[int] = None
+    accepted: Optional[int] = None
+    passes: Optional[int] = None  # target passes (ours)
+    text_check: Optional[bool] = None  # tools: the parsed ids render the printed text exactly
+    error: Optional[str] = None
+
+    def record(self) -> Dict[str, Any]:
+        """The audit's input format (one JSONL line)."""
+        return {"prompt": self.text, "tokens": self.tokens, "stopped": self.stopped}
+
+    def meta(self) -> List[Any]:
+        return [self.job, self.prompt, self.seed, len(self.tokens), self.stopped, self.produced,
+                self.drafted, self.accepted, self.text_check]
+
+
+META_FIELDS = ["job", "prompt", "seed", "tokens", "stopped", "produced", "drafted", "accepted", "text_check"]
+
+
+def cut(ids: Sequence[int], max_tokens: int, is_eog: Callable[[int], bool]) -> Tuple[List[int], bool]:
+    """The ids up to the first EOG (stopped) or the first ``max_tokens`` ids.
+
+    Cutting at a fixed length or at the first EOG depends on nothing after
+    it, so every kept position is still a draw from the engine's law.
+    """
+    for i, t in enumerate(ids[:max_tokens]):
+        if is_eog(int(t)):
+            return [int(x) for x in ids[:i]], True
+    return [int(x) for x in ids[:max_tokens]], False
+
+
+# ---------------------------------------------------------------------------
+# engines
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class Ctx:
+    """What engines need: model files, threads, lengths, the target's tokenizer."""
+
+    target: Path
+    draft: Path
+    threads: int
+    parallel: int
+    max_tokens: int
+    tokenizer: Any  # specdec_cpu.engine.LlamaTokenizer of the target
+
+    def is_eog(self, t: int) -> bool:
+        return self.tokenizer.is_eog(t)
+
+    def render(self, ids: Sequence[int]) -> bytes:
+        return b"".join(self.tokenizer.token_bytes(int(t)) for t in ids)
+
+
+class Engine:
+    """One way of generating.  ``run`` returns one Sample per job, in job order."""
+
+    id = "?"
+    label = "?"
+    chain = FIRST
+    ids_from = "?"
+    control = False
+    parallel = 1  # sequences generated at once
+
+    def start(self, ctx: Ctx) -> None:
+        self.ctx = ctx
+
+    def run(self, jobs: List[Job], setting: Setting) -> List[Sample]:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        pass
+
+    def command(self) -> str:
+        return ""
+
+
+class OursSingle(Engine):
+    """SpeculativeDecoder (one sequence at a time), fixed γ or auto."""
+
+    ids_from = "`Generation.tokens`"
+
+    def __init__(self, gamma: Any) -> None:
+        self.gamma = gamma
+        self.id = f"ours-g{gamma}" if gamma != "auto" else "ours-auto"
+        self.label = f"ours, SpeculativeDecoder γ={gamma}"
+
+    def start(self, ctx: Ctx) -> None:
+        from specdec_cpu import SpeculativeDecoder
+
+        super().start(ctx)
+        self.dec = SpeculativeDecoder.from_gguf(str(ctx.target), str(ctx.draft), gamma=self.gamma, n_ctx=N_CTX,
+                                                n_threads=ctx.threads)
+
+    def run(self, jobs, setting):
+        out = []
+        for job in jobs:
+            gen = self.dec.generate(list(job.ids), max_tokens=self.ctx.max_tokens, params=setting.params(job.seed))
+            out.append(_ours_sample(job, gen, self.ctx))
+        return out
+
+    def stop(self) -> None:
+        self.dec.close()
+
+    def command(self) -> str:
+        return (f"SpeculativeDecoder.from_gguf(F32, Q4_0, gamma={self.gamma!r}, n_ctx={N_CTX}, "
+                f"n_threads={self.ctx.threads}).generate(prompt_ids, max_tokens={self.ctx.max_tokens}, "
+                "params=SamplingParams(temperature, top_p, seed))")
+
+
+class OursBatched(Engine):
+    """BatchedDecoder: ``parallel`` sequences share every target pass (exact too)."""
+
+    ids_from = "`Generation.tokens`"
+
+    def __init__(self, draft: bool, ngram: bool, gamma: Any, control: bool = False) -> None:
+        self.use_draft, self.ngram, self.gamma, self.control = draft, ngram, gamma, control
+        if ngram:
+            self.id, what = "ours-ngram", "n-gram lookup (no draft model)"
+        elif gamma == 0:
+            self.id, what = "ours-plain", "plain (γ=0)"
+        else:
+            self.id, what = f"ours-batched-{gamma}", f"draft model, γ={gamma}"
+        self.label = f"ours, BatchedDecoder, {what}"
+
+    def start(self, ctx: Ctx) -> None:
+        from specdec_cpu import BatchedDecoder
+
+        super().start(ctx)
+        self.parallel = ctx.parallel
+        self.label += f", {ctx.parallel} sequences at once"
+        self.dec = BatchedDecoder.from_gguf(str(ctx.target), str(ctx.draft) if self.use_draft else None,
+                                            ngram=self.ngram, gamma=self.gamma, max_sequences=ctx.parallel,
+                                            n_ctx=N_CTX, n_threads=ctx.threads)
+
+    def run(self, jobs, setting):
+        def one(job: Job) -> Sample:
+            gen = self.dec.generate(list(job.ids), max_tokens=self.ctx.max_tokens,
+                                    params=setting.params(job.seed))
+            return _ours_sample(job, gen, self.ctx)
+
+        with ThreadPoolExecutor(self.parallel) as pool:
+            return list(pool.map(one, jobs))
+
+    def stop(self) -> None:
+        self.dec.close()
+
+    def command(self) -> str:
+        draft = "Q4_0" if self.use_draft else "None"
+        return (f"BatchedDecoder.from_gguf(F32, {draft}, ngram={self.ngram}, gamma={self.gamma!r}, "
+                f"max_sequences={self.parallel}, n_ctx={N_CTX}, n_threads={self.ctx.threads}), "
+                f"{self.parallel} client threads calling .generate(prompt_ids, max_tokens={self.ctx.max_tokens}, "
+                "params=SamplingParams(temperature, top_p, seed))")
+
+
+def _ours_sample(job: Job, gen, ctx: Ctx) -> Sample:
+    st = gen.stats
+    tokens, cut_eog = cut(list(gen.tokens), ctx.max_tokens, ctx.is_eog)
+    return Sample(job.index, job.prompt, job.text, job.seed, tokens, st.finish_reason == "stop" or cut_eog,
+                  produced=len(gen.tokens), drafted=st.drafted, accepted=st.accepted, passes=st.steps)
+
+
+class SpeculativeTool(Engine):
+    """llama.cpp's ``llama-speculative`` / ``llama-speculative-simple``, one process per sequence,
+    ids read from their ``-lv 5`` debug log."""
+
+    def __init__(self, variant: str) -> None:
+        self.variant = variant
+        self.id = f"llama-{variant}"
+        self.label = f"llama.cpp llama-{variant} (draft-n-max {DRAFT_MAX})"
+        if variant == "speculative":
+            self.ids_from = ("debug log (`-lv 5`): `draft token … (ID, …) accepted` and "
+                             "`the sampled target token (ID, …)` lines")
+        else:
+            self.ids_from = ("debug log (`-lv 5`): each round's `draft candidate 0, pos i: ID` lines and "
+                             "`accepted N/M draft tokens, the last target token is: (ID)`")
+
+    def start(self, ctx: Ctx) -> None:
+        super().start(ctx)
+        self.exe = peers.ensure_peers()[self.variant]
+        self._last_cmd: List[str] = []
+
+    def cmd(self, job: Job, setting: Setting) -> List[str]:
+        t = str(self.ctx.threads)
+        cmd = [
+            str(self.exe), "-m", str(self.ctx.target), "-md", str(self.ctx.draft), "-p", job.text,
+            "-n", str(self.ctx.max_tokens), "-t", t, "-tb", t, "-td", t, "-tbd", t, "-c", str(N_CTX),
+            *peers._sampling_args(setting.temperature, setting.top_k, setting.top_p, setting.min_p, job.seed),
+            "--no-escape", "--spec-draft-n-max", str(DRAFT_MAX), "--spec-draft-n-min", "0",
+        ]
+        if self.variant == "speculative-simple":
+            cmd += ["--spec-type", "draft-simple"]
+        return cmd + ["-lv", "5"]
+
+    def run(self, jobs, setting):
+        if setting.temperature <= 0:
+            raise ValueError("the log parsers follow the stochastic paths (T > 0) only")
+        return [self._one(job, setting) for job in jobs]
+
+    def _one(self, job: Job, setting: Setting) -> Sample:
+        cmd = self.cmd(job, setting)
+        self._last_cmd = cmd
+        env = dict(os.environ)
+        env.setdefault("LC_ALL", "C")
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=env, timeout=1800)
+        if proc.returncode != 0:
+            tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-5:]
+            return Sample(job.index, job.prompt, job.text, job.seed, [], False,
+                          error=f"exit {proc.returncode}: {' | '.join(tail)[:300]}")
+        parse = parse_speculative_log if self.variant == "speculative" else parse_simple_log
+        ids = parse(proc.stderr)
+        check = printed_text_matches(proc.stdout, job, ids, self.ctx, self.variant)
+        tokens, stopped = cut(ids, self.ctx.max_tokens, self.ctx.is_eog)
+        try:
+            nums = peers.parse_speculative_output(proc.stderr.decode("utf-8", "replace"))
+        except peers.PeerRunError:
+            nums = {}
+        return Sample(job.index, job.prompt, job.text, job.seed, tokens, stopped, produced=len(ids),
+                      drafted=int(nums["n_drafted"]) if "n_drafted" in nums else None,
+                      accepted=int(nums["n_accept"]) if "n_accept" in nums else None, text_check=check)
+
+    def command(self) -> str:
+        cmd = list(self._last_cmd)
+        if not cmd:
+            return ""
+        cmd[cmd.index("-p") + 1] = "<chat-templated prompt>"
+        return " ".join(_abbrev(peers._quote(c)) for c in cmd)
+
+
+def _abbrev(arg: str) -> str:
+    """A command-line argument with the package's cache directory written ``<cache>``."""
+    from specdec_cpu.paths import cache_dir
+
+    return arg.replace(str(cache_dir()), "<cache>")
+
+
+_RE_SPEC = re.compile(
+    rb"draft token \d+ of sequence \d+ \((\d+), '.*?'\) (accepted|rejected)\n"
+    rb"|the sampled target token \((\d+), '", re.S)
+
+_RE_SIMPLE = re.compile(
+    rb"draft candidate\s+(\d+), pos\s+(\d+):\s+(\d+) \("
+    rb"|accepted (\d+)/(\d+) draft tokens, the last target token is: \((\d+)\)")
+
+
+def parse_speculative_log(stderr: bytes) -> List[int]:
+    """The ids ``llama-speculative`` emitted (T > 0), in order, from its ``-lv 5`` log.
+
+    examples/speculative/speculative.cpp, stochastic branch: each round emits
+    the draft tokens it accepts (``draft token i of sequence s (ID, '…')
+    accepted``) and ends with one token sampled from the target or the
+    residual (``the sampled target token (ID, '…') did not match, or we ran
+    out of drafted tokens``).  Rejected draft tokens are logged too and are
+    not emitted.
+    """
+    ids: List[int] = []
+    for m in _RE_SPEC.finditer(stderr):
+        if m.group(1) is not None:
+            if m.group(2) == b"accepted":
+                ids.append(int(m.group(1)))
+        else:
+            ids.append(int(m.group(3)))
+    return ids
+
+
+def parse_simple_log(stderr: bytes) -> List[int]:
+    """The ids ``llama-speculative-simple`` emitted, in order, from its ``-lv 5`` log.
+
+    Each round drafts greedily (common/speculative.cpp, draft-simple: the
+    top candidate at each position, logged as ``draft candidate 0, pos i:
+    ID``), the target samples every position
+    (``common_sampler_sample_and_accept_n``) and the round emits the first N
+    draft tokens it matched and its own last sample: ``accepted N/M draft
+    tokens, the last target token is: (ID)``.
+    """
+    ids: List[int] = []
+    draft: List[int] = []
+    for m in _RE_SIMPLE.finditer(stderr):
+        if m.group(1) is not None:
+            if int(m.group(1)) == 0:
+                pos = int(m.group(2))
+                if pos != len(draft):
+                    raise ValueError(f"draft candidate at position {pos} after {len(draft)} drafted tokens")
+                draft.append(int(m.group(3)))
+        else:
+            n, size, last = int(m.group(4)), int(m.group(5)), int(m.group(6))
+            if n > size or (size > 0 and len(draft) < size):
+                raise ValueError(f"round accepts {n}/{size} draft tokens but {len(draft)} were logged")
+            ids += draft[:n] + [last]
+            draft = []
+    return ids
+
+
+def printed_text_matches(stdout: bytes, job: Job, ids: Sequence[int], ctx: Ctx, variant: str) -> bool:
+    """Whether the ids' pieces give exactly the text the tool printed.
+
+    Both tools print "\\n\\n", the prompt's pieces, the generated pieces and
+    "\\n\\n" twice.  ``llama-speculative`` prints every token it emits (an
+    EOG's text and what follows it in the same round included);
+    ``llama-speculative-simple`` stops printing at an EOG.
+    """
+    if variant == "speculative-simple":
+        shown = []
+        for t in ids:
+            if ctx.is_eog(t):
+                break
+            shown.append(t)
+    else:
+        shown = list(ids)
+    expected = b"\n\n" + ctx.render(job.ids) + ctx.render(shown) + b"\n\n\n\n"
+    return stdout == expected
+
+
+class ServerEngine(Engine):
+    """llama-server with ``parallel`` slots, with a draft model (-md) or without (control)."""
+
+    ids_from = "`tokens` of the `/completion` answer (`return_tokens`)"
+
+    def __init__(self, draft: bool) -> None:
+        self.use_draft = draft
+        self.control = not draft
+        self.id = "llama-server-md" if draft else "llama-server-plain"
+
+    def start(self, ctx: Ctx) -> None:
+        super().start(ctx)
+        self.parallel = ctx.parallel
+        self.label = (f"llama.cpp llama-server -md --spec-type draft-simple (draft-n-max {DRAFT_MAX}, "
+                      f"{ctx.parallel} slots)" if self.use_draft
+                      else f"llama.cpp llama-server, no draft ({ctx.parallel} slots)")
+        self._cm = peers.llama_server(
+            str(ctx.target), draft=str(ctx.draft) if self.use_draft else None,
+            draft_max=DRAFT_MAX if self.use_draft else None, draft_min=0 if self.use_draft else None,
+            parallel=ctx.parallel, ctx=N_CTX * ctx.parallel, threads=ctx.threads, startup_timeout=600.0)
+        self.url = self._cm.__enter__()
+
+    def run(self, jobs, setting):
+        def one(job: Job) -> Sample:
+            r = peers.server_complete(self.url, list(job.ids), self.ctx.max_tokens,
+                                      temperature=setting.temperature, top_k=setting.top_k,
+                                      top_p=setting.top_p, min_p=setting.min_p, seed=job.seed,
+                                      cache_prompt=True, timeout=1800.0)
+            tokens, stopped = cut(r.token_ids, self.ctx.max_tokens, self.ctx.is_eog)
+            if r.stop_type == "eos" and not stopped:
+                raise peers.PeerRunError(f"job {job.index}: stop_type eos but no EOG id in the answer's tokens")
+            return Sample(job.index, job.prompt, job.text, job.seed, tokens, stopped, produced=len(r.token_ids),
+                          drafted=r.draft_n or 0, accepted=r.draft_n_accepted or 0)
+
+        with ThreadPoolExecutor(self.parallel) as pool:
+            return list(pool.map(one, jobs))
+
+    def stop(self) -> None:
+        self._cm.__exit__(None, None, None)
+
+    def command(self) -> str:
+        cmd = list(self.url.command)
+        port = cmd.index("--port")
+        cmd[port + 1] = "PORT"
+        return (" ".join(_abbrev(peers._quote(c)) for c in cmd)
+                + f"; POST /completion with the prompt's ids, n_predict {self.ctx.max_tokens}, temperature, "
+                "top_k 0, top_p, min_p 0, seed, samplers [temperature, top_k, top_p, min_p], "
+                "return_tokens true")
+
+
+class LcpPromptLookup(Engine):
+    """llama-cpp-python's ``Llama`` with ``LlamaPromptLookupDecoding`` (its default 10 tokens)."""
+
+    id = "lcp-pld"
+    label = "llama-cpp-python Llama + LlamaPromptLookupDecoding (10 tokens)"
+    chain = LAST
+    ids_from = "the ids `Llama.generate` yields"
+
+    def start(self, ctx: Ctx) -> None:
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        try:
+            from .run import LcpRunner
+        except ImportError:  # pragma: no cover
+            from bench.run import LcpRunner  # type: ignore[no-redef]
+        super().start(ctx)
+        self.runner = LcpRunner(ctx.target, ctx.threads, N_CTX)
+        self.runner.llm.draft_model = LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=10)
+
+    def run(self, jobs, setting):
+        import llama_cpp
+
+        llm = self.runner.llm
+        out = []
+        for job in jobs:
+            llm.set_seed(job.seed)
+            ids: List[int] = []
+            stopped = False
+            gen = llm.generate(list(job.ids), top_k=setting.top_k, top_p=setting.top_p, min_p=setting.min_p,
+                               typical_p=1.0, temp=setting.temperature, repeat_penalty=1.0,
+                               frequency_penalty=0.0, presence_penalty=0.0)
+            try:
+                for tok in gen:
+                    if llama_cpp.llama_vocab_is_eog(llm._model.vocab, tok):
+                        stopped = True
+                        break
+                    ids.append(int(tok))
+                    if len(ids) >= self.ctx.max_tokens:
+                        break
+            finally:
+                gen.close()
+            out.append(Sample(job.index, job.prompt, job.text, job.seed, ids, stopped,
+                              produced=len(ids) + int(stopped)))
+        return out
+
+    def stop(self) -> None:
+        try:
+            self.runner.llm.close()
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+
+    def command(self) -> str:
+        return (f"Llama(F32, n_ctx={N_CTX}, n_batch=512, n_threads={self.ctx.threads}, logits_all=True, "
+                "draft_model=LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=10)); "
+                "set_seed(seed); generate(prompt_ids, temp=T, top_k=0, top_p=P, min_p=0, typical_p=1, "
+                "repeat_penalty=1) until an EOG id or max_tokens")
+
+
+ENGINES: Dict[str, Callable[[], Engine]] = {
+    "ours-g4": lambda: OursSingle(DRAFT_MAX),
+    "ours-auto": lambda: OursSingle("auto"),
+    "ours-batched-auto": lambda: OursBatched(True, False, "auto"),
+    "ours-ngram": lambda: OursBatched(False, True, "auto"),
+    "ours-plain": lambda: OursBatched(False, False, 0, control=True),
+    "llama-speculative": lambda: SpeculativeTool("speculative"),
+    "llama-speculative-simple": lambda: SpeculativeTool("speculative-simple"),
+    "llama-server-md": lambda: ServerEngine(True),
+    "lcp-pld": LcpPromptLookup,
+    "llama-server-plain": lambda: ServerEngine(False),
+}
+
+#: Rough generation rates at 2 threads on the 2-core reference machine (tokens/s,
+#: all sequences together) and seconds of fixed cost per sequence, for --dry-run.
+RATES: Dict[str, Tuple[float, float]] = {
+    "ours-g4": (25.0, 0.1), "ours-auto": (25.0, 0.1), "ours-batched-auto": (40.0, 0.0),
+    "ours-ngram": (35.0, 0.0), "ours-plain": (35.0, 0.0),
+    "llama-speculative": (18.0, 4.5), "llama-speculative-simple": (20.0, 4.5),
+    "llama-server-md": (35.0, 0.0), "lcp-pld": (15.0, 0.2), "llama-server-plain": (35.0, 0.0),
+}
+#: Informative share of the emitted positions (the rest are single-token
+#: distributions), per setting, for --dry-run and the first round's size.
+INFORMATIVE: Dict[str, float] = {"t1": 1.0, "t0.7": 0.55}
+#: Mean new tokens per sequence, as a share of --max-tokens (sequences that
+#: stop at an EOG are shorter), for the first round's size.
+MEAN_LENGTH = 0.7
+#: Rows per second the audit scores (F32 target pass + distributions), for --dry-run.
+SCORE_RATE = 60.0
+
+
+# ---------------------------------------------------------------------------
+# running
+# ---------------------------------------------------------------------------
+
+
+def _say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def _mmss(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def retokenization(ctx: Ctx, samples: Sequence[Sample]) -> Dict[str, Any]:
+    """How often tokenizing the emitted text again gives other ids than were sampled."""
+    seqs = changed_seqs = tokens = changed = 0
+    for s in samples:
+        if not s.tokens:
+            continue
+        text = ctx.render(s.tokens).decode("utf-8", "replace")
+        again = ctx.tokenizer.tokenize(text, add_special=False, parse_special=True)
+        seqs += 1
+        tokens += len(s.tokens)
+        if again != s.tokens:
+            changed_seqs += 1
+            sm = difflib.SequenceMatcher(a=s.tokens, b=again, autojunk=False)
+            changed += sum(i2 - i1 for tag, i1, i2, _, _ in sm.get_opcodes() if tag != "equal")
+    return {"sequences": seqs, "sequences_changed": changed_seqs, "tokens": tokens, "tokens_changed": changed}
+
+
+def write_samples(path: Path, samples: Sequence[Sample]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as fh:
+        for s in samples:
+            fh.write(json.dumps(s.record(), ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def read_samples(path: Path):
+    """The audit's GeneratedSequence objects of a samples file (plain or gzipped JSONL)."""
+    from specdec_cpu.audit import parse_lines
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        return parse_lines(fh.readlines(), str(path))
+
+
+def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx: Ctx, model, args,
+                       out_dir: Path) -> Dict[str, Any]:
+    """Generate rounds of sequences until ``args.tokens`` positions are audited; score as we go."""
+    from specdec_cpu.audit import AuditSession, GeneratedSequence
+
+    jobs = Jobs(ctx.tokenizer, args.seed, setting_index)
+    session = AuditSession(model, setting.params(), chain=engine.chain)
+    samples: List[Sample] = []
+    errors: List[str] = []
+    gen_s = score_s = 0.0
+    rounds = 0
+    next_job = 0
+    emitted = 0
+    path = out_dir / "samples" / setting.id / f"{engine.id}.jsonl.gz"
+    while session.tokens < args.tokens:
+        remaining = args.tokens - session.tokens
+        if session.tokens > 0 and next_job > 0:
+            per_job = session.tokens / next_job
+            n = math.ceil(1.05 * remaining / max(per_job, 1.0))
+        else:  # first round: ~80% of the estimate, the next rounds use what was measured
+            per_job = MEAN_LENGTH * args.max_tokens * INFORMATIVE.get(setting.id, 0.6)
+            n = math.ceil(0.8 * remaining / per_job)
+        n = max(n, 1)
+        if engine.parallel > 1:
+            n = engine.parallel * math.ceil(n / engine.parallel)
+        batch = jobs.take(next_job, n)
+        next_job += n
+        rounds += 1
+        t0 = time.monotonic()
+        new = engine.run(batch, setting)
+        dt = time.monotonic() - t0
+        gen_s += dt
+        failed = [s for s in new if s.error]
+        errors += [f"job {s.job}: {s.error}" for s in failed]
+        if len(failed) > max(2, len(new) // 10):
+            raise RuntimeError(f"{engine.id}: {len(failed)} of {len(new)} sequences failed: {failed[0].error}")
+        new = [s for s in new if not s.error]
+        samples += new
+        n_new = sum(len(s.tokens) for s in new)
+        emitted += n_new
+        write_samples(path, samples)
+        t0 = time.monotonic()
+        # Sequences of one prompt scored back to back: the audit's context keeps the prompt between them.
+        session.add([GeneratedSequence(prompt=s.text, tokens=s.tokens, stopped=s.stopped,
+                                       source=f"{path.name}:{s.job}")
+                     for s in sorted(new, key=lambda s: (s.job % len(jobs.prompts), s.job))])
+        score_s += time.monotonic() - t0
+        _say(f"{engine.id} {setting.id} round {rounds}: {len(new)} sequences, {n_new} tokens in {dt:.0f} s "
+             f"({n_new / dt if dt > 0 else 0:.1f} tok/s); audited {session.tokens} / {args.tokens} "
+             f"({session.positions} positions, {session.accumulator.point_mass} single-token)")
+    report = session.report()
+    rep = report.to_dict()
+    for key in ("mismatches", "impossible"):
+        rep[key + "_count"] = len(rep[key])
+        rep[key] = rep[key][:20]
+    drafted = [s.drafted for s in samples if s.drafted is not None]
+    accepted = [s.accepted for s in samples if s.accepted is not None]
+    checks = [s.text_check for s in samples if s.text_check is not None]
+    passes = [s.passes for s in samples if s.passes is not None]
+    return {
+        "engine": engine.id, "label": engine.label, "setting": setting.id, "setting_label": setting.label,
+        "chain": engine.chain, "ids_from": engine.ids_from, "control": engine.control,
+        "command": engine.command(),
+        "report": rep, "verdict": report.verdict,
+        "sequences": len(samples), "stopped": sum(s.stopped for s in samples), "emitted": emitted,
+        "drafted": sum(drafted) if drafted else None, "accepted": sum(accepted) if accepted else None,
+        "target_passes": sum(passes) if passes else None,
+        "text_checks": len(checks), "text_mismatches": sum(1 for c in checks if not c),
+        "failed_sequences": errors,
+        "rounds": rounds, "generate_seconds": round(gen_s, 1), "score_seconds": round(score_s, 1),
+        "tokens_per_second": emitted / gen_s if gen_s > 0 else None,
+        "retokenization": retokenization(ctx, samples),
+        "samples_file": str(path.relative_to(out_dir)),
+        "sequence_fields": META_FIELDS,
+        "sequence_meta": [s.meta() for s in samples],
+        "tokens_target": args.tokens, "max_tokens": args.max_tokens,
+        "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+
+
+def load_results(path: Path) -> Dict[str, Any]:
+    if path.is_file():
+        return json.loads(path.read_text())
+    return {}
+
+
+def save_results(results: Dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(results, indent=1, ensure_ascii=False, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
+    from specdec_cpu.audit import TargetModel
+    from specdec_cpu.models import ensure_model
+
+    try:
+        from .run import machine_info
+    except ImportError:  # pragma: no cover
+        from bench.run import machine_info  # type: ignore[no-redef]
+
+    out_dir: Path = args.output_dir
+    res_path = out_dir / "results.json"
+    old = load_results(res_path) if args.resume else {}
+    done = {(r["engine"], r["setting"]): r for r in old.get("runs", [])
+            if r.get("tokens_target") == args.tokens and r.get("max_tokens") == args.max_tokens}
+    target, draft = ensure_model(F32), ensure_model(Q4_0)
+    results: Dict[str, Any] = {
+        "format": FORMAT, "command": command, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "config": {"tokens": args.tokens, "max_tokens": args.max_tokens, "threads": args.threads,
+                   "parallel": args.parallel, "seed": args.seed, "engines": args.engines,
+                   "settings": args.settings, "draft_max": DRAFT_MAX, "n_ctx": N_CTX,
+                   "target": F32, "draft": Q4_0, "prompts": [p[0] for p in AUDIT_PROMPTS]},
+        "settings": {s: asdict(SETTINGS[s]) for s in args.settings},
+        "machine": machine_info(args.threads),
+        "versions": _versions(),
+        "runs": [], "errors": [],
+    }
+    t_start = time.monotonic()
+    model = TargetModel(target, n_threads=args.threads)
+    try:
+        ctx = Ctx(target, draft, args.threads, args.parallel, args.max_tokens, model.tokenizer)
+        for eid in args.engines:
+            todo = [s for s in args.settings if (eid, s) not in done]
+            for s in args.settings:
+                if (eid, s) in done:
+                    _say(f"{eid} {s}: kept from {res_path} (--resume)")
+                    results["runs"].append(done[(eid, s)])
+            if not todo:
+                continue
+            engine = ENGINES[eid]()
+            t0 = time.monotonic()
+            try:
+                engine.start(ctx)
+            except Exception as exc:  # noqa: BLE001 - record and go on with the other engines
+                _say(f"{eid}: could not start: {exc}")
+                results["errors"].append(f"{eid}: could not start: {str(exc).splitlines()[0][:300]}")
+                continue
+            _say(f"{eid}: started in {time.monotonic() - t0:.0f} s ({engine.label})")
+            try:
+                for sid in todo:
+                    setting = SETTINGS[sid]
+                    try:
+                        rec = run_engine_setting(engine, setting, AUDIT_SETTINGS.index(sid), ctx, model, args,
+                                                 out_dir)
+                    except Exception as exc:  # noqa: BLE001
+                        _say(f"{eid} {sid}: FAILED: {exc}")
+                        results["errors"].append(f"{eid} {sid}: {str(exc).splitlines()[0][:300]}")
+                        continue
+                    results["runs"].append(rec)
+                    r = rec["report"]
+                    _say(f"{eid} {sid}: {rec['verdict']} — {r['tokens']} tokens audited, chi-square p = "
+                         f"{_p(r['chi2_p'])}, z = {r['z']:+.2f}, TV [{r['tv'][0]:.4f}, {r['tv'][1]:.4f}] "
+                         f"(generated {rec['generate_seconds']:.0f} s, scored {rec['score_seconds']:.0f} s; "
+                         f"elapsed {_mmss(time.monotonic() - t_start)})")
+                    results["duration_seconds"] = round(time.monotonic() - t_start, 1)
+                    save_results(results, res_path)
+            finally:
+                engine.stop()
+    finally:
+        model.close()
+    results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    results["duration_seconds"] = round(time.monotonic() - t_start, 1)
+    save_results(results, res_path)
+    return results
+
+
+def _versions() -> Dict[str, Any]:
+    """Package versions, the checkout's commit and the peers' llama.cpp build (read-only git calls)."""
+    import llama_cpp
+    import numpy
+    import specdec_cpu
+
+    out: Dict[str, Any] = {
+        "specdec_cpu": getattr(specdec_cpu, "__version__", "?"),
+        "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
+        "numpy": numpy.__version__,
+        "peers_built_from": f"vendored llama.cpp of the llama-cpp-python {peers.LLAMA_CPP_PYTHON_VERSION} sdist",
+    }
+    env = dict(os.environ, GIT_OPTIONAL_LOCKS="0")
+    try:
+        head = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=30, env=env).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(HERE.parent), "status", "--porcelain", "--untracked-files=no",
+                                "--", "python", "csrc"], capture_output=True, text=True, timeout=30,
+                               env=env).stdout.strip()
+        if head:
+            out["specdec_cpu_git"] = head + (" with uncommitted changes in python/ or csrc/" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        exe = peers.ensure_peers(log=None)["server"]
+        proc = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=30)
+        lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+        out["llama_cpp"] = next((ln for ln in lines if ln.startswith("version")), lines[0] if lines else "?")
+    except (OSError, subprocess.SubprocessError, peers.PeerBuildError):
+        out["llama_cpp"] = "?"
+    return out
+
+
+# ---------------------------------------------------------------------------
+# estimate
+# ---------------------------------------------------------------------------
+
+
+def estimate(args: argparse.Namespace) -> Tuple[float, List[str]]:
+    """Seconds the run should take on the idle 2-core reference machine, and a line per engine."""
+    lines = []
+    total = 0.0
+    mean_len = MEAN_LENGTH * args.max_tokens
+    for eid in args.engines:
+        rate, fixed = RATES[eid]
+        secs = 0.0
+        for sid in args.settings:
+            emitted = args.tokens / INFORMATIVE.get(sid, 0.6) * 1.05
+            seqs = emitted / mean_len
+            gen = emitted / rate + seqs * fixed
+            score = (emitted + seqs * 150) / SCORE_RATE
+            secs += gen + score
+        secs += 20.0  # loading
+        total += secs
+        lines.append(f"  {eid:26s} ≈ {secs / 60:5.1f} min")
+    return total, lines
+
+
+# ---------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------
+
+
+def _p(x: Optional[float]) -> str:
+    if x is None:
+        return "–"
+    if x == 0.0:
+        return "< 1e-300"
+    return f"{x:.2g}" if x < 0.01 else f"{x:.2f}"
+
+
+def _runs(results, engine=None, setting=None) -> List[Dict[str, Any]]:
+    return [r for r in results.get("runs", []) if (engine is None or r["engine"] == engine)
+            and (setting is None or r["setting"] == setting)]
+
+
+def _engine_order(results) -> List[str]:
+    seen: List[str] = []
+    for eid in list(ENGINES) + [r["engine"] for r in results.get("runs", [])]:
+        if eid not in seen and _runs(results, eid):
+            seen.append(eid)
+    return seen
+
+
+def _setting_text(r) -> str:
+    return "T = 1" if r["setting"] == "t1" else "T = 0.7, top-p 0.95"
+
+
+def render(results: Dict[str, Any], plot_name: Optional[str]) -> str:
+    cfg = results.get("config", {})
+    L = [SECTION, ""]
+    L.append(f"Command: `{results.get('command', 'python -m bench audit')}` (started {results.get('started', '?')}, "
+             f"{(results.get('duration_seconds') or 0) / 3600:.1f} h; re-render with "
+             "`python -m bench audit --report-only`).")
+    L.append("")
+    L.append(
+        "Every engine's **sampled token ids** scored by `specdec_cpu.audit` against the F32 target's own "
+        "distribution at each position (docs/audit.md): rank-bin chi-square with the counts' exact "
+        "covariance, surprisal z (negative: the engine picks likely tokens too often), and the 99.9% interval "
+        "of the total-variation gap between the engine's and the target's pooled rank-bin laws; the verdict "
+        "fails when either p-value is below 1e-3 (the audit's defaults). F32 target, Q4_0 draft "
+        f"(Qwen2.5-Coder-0.5B-Instruct); {len(cfg.get('prompts', []))} chat prompts (open requests and "
+        "grounded ones whose answer copies the prompt), sequences of at most "
+        f"{cfg.get('max_tokens', '?')} new tokens, each with its own seed, until at least "
+        f"{cfg.get('tokens', 0):,} informative positions are audited per engine and setting (positions "
+        "where the target's distribution is a single token are only checked). *chain*: the sampler order the "
+        "audit models — temperature → top-k → top-p → min-p for ours and llama.cpp's tools (run with "
+        "`--samplers temperature;top_k;top_p;min_p`), top-k → top-p → min-p → temperature for "
+        "llama-cpp-python's `Llama`; at T = 1 untruncated both are the plain softmax.")
+    L.append("")
+    L += ["| engine | setting | chain | tokens audited | χ² p | z (p) | TV gap, 99.9% interval | verdict |",
+          "|---|---|---|---|---|---|---|---|"]
+    for eid in _engine_order(results):
+        for r in _runs(results, eid):
+            rep = r["report"]
+            label = r["label"] + (" *(control)*" if r.get("control") else "")
+            verdict = "pass" if r["verdict"] == "pass" else "**fail**"
+            extra = ""
+            if rep.get("impossible_count"):
+                extra = f", {rep['impossible_count']} impossible tokens"
+            tv = rep.get("tv") or [0.0, 1.0]
+            z = rep.get("z")
+            z_text = "–" if z is None else f"{z:+.2f} ({_p(rep.get('z_p'))})"
+            L.append(f"| {label} | {_setting_text(r)} | {r['chain'].replace('temperature-', 'temp-')} | "
+                     f"{rep['tokens']:,} | {_p(rep.get('chi2_p'))} | {z_text} | "
+                     f"[{tv[0]:.4f}, {tv[1]:.4f}] | {verdict}{extra} |")
+    L.append("")
+    if plot_name:
+        L += [f"![surprisal z and TV gap per engine]({plot_name})", ""]
+    L += findings(results)
+    L += ["### How the ids were obtained", "",
+          "| engine | setting | ids from | sequences (stopped at EOG) | new tokens | drafted / accepted | "
+          "generation tok/s | ids re-render the printed text |",
+          "|---|---|---|---|---|---|---|---|"]
+    for eid in _engine_order(results):
+        for r in _runs(results, eid):
+            da = "–" if not r.get("drafted") else f"{r['drafted']:,} / {r['accepted']:,}"
+            chk = "–" if not r.get("text_checks") else f"{r['text_checks'] - r['text_mismatches']} of {r['text_checks']}"
+            tps = "–" if not r.get("tokens_per_second") else f"{r['tokens_per_second']:.1f}"
+            L.append(f"| {r['label']} | {_setting_text(r)} | {r['ids_from']} | {r['sequences']} ({r['stopped']}) | "
+                     f"{r['emitted']:,} | {da} | {tps} | {chk} |")
+    L.append("")
+    rt = [r["retokenization"] for r in results.get("runs", []) if r["engine"].startswith("ours")]
+    if rt:
+        seqs = sum(x["sequences"] for x in rt)
+        ch = sum(x["sequences_changed"] for x in rt)
+        toks = sum(x["tokens"] for x in rt)
+        cht = sum(x["tokens_changed"] for x in rt)
+        L += [f"Why ids and not text: tokenizing our own engines' emitted text again gives other ids than "
+              f"were sampled in {ch} of {seqs} sequences ({cht:,} of {toks:,} ids, "
+              f"{100 * cht / max(toks, 1):.2f}%, in the differing stretches); an audit of re-tokenized text "
+              "would score those stretches at the wrong ranks.", ""]
+    drafting = [r for r in results.get("runs", []) if r.get("drafted")]
+    if drafting:
+        L += ["Drafted / accepted show that speculation really ran (for llama-cpp-python's prompt lookup the "
+              "library reports no counts).", ""]
+    errs = results.get("errors") or []
+    failed = [f"{r['engine']} {r['setting']}: {len(r['failed_sequences'])} sequences failed and were left out "
+              f"({r['failed_sequences'][0]})" for r in results.get("runs", []) if r.get("failed_sequences")]
+    if errs or failed:
+        L += ["### Problems", ""] + [f"- {e}" for e in errs + failed] + [""]
+    L += ["### Method", "",
+          "- Engines: ours — `SpeculativeDecoder` γ = 4 and γ = auto (one sequence at a time), and "
+          "`BatchedDecoder` (several sequences share each target pass; exact too) with the draft model at "
+          "γ = auto, with prompt lookup and no draft model (`ngram=True`), and plain (γ = 0, control); "
+          f"llama.cpp's `llama-speculative` and `llama-speculative-simple` (`--spec-draft-n-max {DRAFT_MAX} "
+          "--spec-draft-n-min 0`, one process per sequence), `llama-server -md` (`--spec-type draft-simple`) "
+          "and `llama-server` without a draft (control), several slots at once; llama-cpp-python's "
+          "`LlamaPromptLookupDecoding`. All from the vendored llama.cpp of the pinned llama-cpp-python, "
+          "with their default flash-attention and KV-cache settings; the audit's own pass uses an F16 KV cache "
+          "without flash attention (the rounding differences this leaves are far below what 20,000 tokens can "
+          "see: docs/audit.md, last section).",
+          "- A sequence that drew an end-of-generation token is cut before it and audited with the outcome "
+          "'any EOG token' at that position; sequences are cut at the first EOG or at max-tokens, nothing "
+          "else, and every sequence started is kept whole.",
+          "- Samples: `bench/audit/samples/<setting>/<engine>.jsonl.gz`, the audit's input format (`gunzip -k` "
+          "it and run `specdec-cpu audit --target F32.gguf --input FILE --temperature … [--top-p 0.95] "
+          "[--chain temperature-last]` to re-score one); per-sequence prompt, seed and counts in "
+          "`bench/audit/results.json`.", ""]
+    lines = [r.get("command") for r in results.get("runs", []) if r.get("command")]
+    if lines:
+        L += ["Engine command lines (one per engine, prompt and seed abbreviated):", ""]
+        seen = set()
+        for r in results.get("runs", []):
+            if r["engine"] in seen or not r.get("command"):
+                continue
+            seen.add(r["engine"])
+            cmd = re.sub(r"(-s) \d+", r"\1 SEED", r["command"])
+            L.append(f"- {r['engine']}: `{cmd}`")
+        L.append("")
+    return "\n".join(L).rstrip() + "\n"
+
+
+def findings(results) -> List[str]:
+    """What the numbers say, engine by engine, with what the source says where it matters."""
+    L = ["### Findings", ""]
+    by = {(r["engine"], r["setting"]): r for r in results.get("runs", [])}
+
+    def verdicts(eid):
+        return [by[(eid, s)] for s in AUDIT_SETTINGS if (eid, s) in by]
+
+    def summary(rs):
+        parts = []
+        for r in rs:
+            rep = r["report"]
+            parts.append(f"{_setting_text(r)}: χ² p = {_p(rep['chi2_p'])}, z = {rep['z']:+.2f}, "
+                         f"TV gap [{rep['tv'][0]:.3f}, {rep['tv'][1]:.3f}] over {rep['tokens']:,} tokens")
+        return "; ".join(parts)
+
+    spec = verdicts("llama-speculative")
+    if spec:
+        failed = [r for r in spec if r["verdict"] != "pass"]
+        head = ("**`llama-speculative` is biased.**" if failed else
+                "`llama-speculative` passed here, although its source is not exact:")
+        L.append(
+            f"- {head} {summary(spec)}. In examples/speculative/speculative.cpp (`main`, drafting loop) the "
+            "draft's sampler draws a token (`common_sampler_sample`) but the token proposed is "
+            "`cur_p->data[0]`, the draft's *most likely* token after `common_sampler_get_candidates(…, true)` "
+            "sorts the candidates — a greedy proposal — while verification accepts it with probability "
+            "min(1, p(x)/q(x)), the rule for a *sampled* proposal x ~ q, and resamples from max(0, p − q). "
+            "With a greedy proposal x* the emitted law at a drafted position is P(x*) = min(1, p(x*)/q(x*)) "
+            "instead of p(x*): whenever the target gives the draft's favourite at least the draft's "
+            "probability it is emitted with certainty (and never sampled away), so the output leans to likely "
+            "tokens (z < 0). At T < 1 with top-p a second error adds to it: after a rejection both candidate "
+            "arrays are sorted by token id and subtracted element by element (`dist_tgt.data[i].p - "
+            "dist_dft.data[i].p`), which pairs different tokens as soon as the two nuclei differ. "
+            "(The stochastic verification came with llama.cpp PR #5625, whose description already noted that "
+            "the drafting stayed greedy.)")
+    simple = verdicts("llama-speculative-simple")
+    if simple:
+        ok = all(r["verdict"] == "pass" for r in simple)
+        L.append(
+            f"- `llama-speculative-simple`: {'no bias detected' if ok else '**biased**'} ({summary(simple)}). "
+            "Its draft is greedy (common/speculative.cpp, `common_speculative_impl_draft_simple::draft`: "
+            "the top candidate), and `common_sampler_sample_and_accept_n` (common/sampling.cpp) samples the "
+            "target at every drafted position and keeps a draft token only when the target's own sample "
+            "equals it, stopping at the first difference: every emitted token is the target's own sample "
+            "given the tokens before it, which is exact whatever the draft proposes (the draft only "
+            "decides how many samples one pass yields).")
+    server = verdicts("llama-server-md")
+    if server:
+        ok = all(r["verdict"] == "pass" for r in server)
+        L.append(
+            f"- `llama-server -md`: {'no bias detected' if ok else '**biased**'} ({summary(server)}). "
+            "tools/server/server-context.cpp verifies a slot's draft with the same "
+            "`common_sampler_sample_and_accept_n` (draft from common/speculative.cpp's draft-simple), so at "
+            "T > 0 it is the match rule of `llama-speculative-simple`: exact, with a lower acceptance than "
+            "rejection sampling would give.")
+    lcp = verdicts("lcp-pld")
+    if lcp:
+        ok = all(r["verdict"] == "pass" for r in lcp)
+        L.append(
+            f"- llama-cpp-python `LlamaPromptLookupDecoding`: {'no bias detected' if ok else '**biased**'} "
+            f"({summary(lcp)}). `Llama.generate` (llama_cpp/llama.py) evaluates the prompt-lookup draft with "
+            "the target, samples each row with the request's sampler and drops the rest of the draft at the "
+            "first sampled token that differs from it: the same match rule, exact, with llama-cpp-python's "
+            "temperature-last chain (audited with that chain).")
+    ours = [r for eid in ENGINES if eid.startswith("ours") for r in verdicts(eid)]
+    if ours:
+        bad = [r for r in ours if r["verdict"] != "pass"]
+        L.append(f"- Ours: {len(ours) - len(bad)} of {len(ours)} engine × setting audits pass"
+                 + (" (" + "; ".join(f"{r['engine']} {_setting_text(r)} fails: {', '.join(r['report']['reasons'])}"
+                                     for r in bad) + ")" if bad else "")
+                 + ". Rejection sampling with sampled drafts and the residual max(0, p − q) over the whole "
+                 "vocabulary (docs/math.md), the n-gram drafts as the one-hot case.")
+    controls = [r for eid in ("ours-plain", "llama-server-plain") for r in verdicts(eid)]
+    if controls:
+        bad = [r for r in controls if r["verdict"] != "pass"]
+        L.append(f"- Controls (plain decoding, ours and llama.cpp's): {len(controls) - len(bad)} of "
+                 f"{len(controls)} pass" + (" — a failing control means the audit itself, not the engine, is "
+                                             "off: read the other rows with care" if bad else "")
+                 + ". With two tests at 1e-3, an exact engine fails about 2 audits in 1,000.")
+    L.append("")
+    return L
+
+
+def plot(results: Dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    engines = _engine_order(results)
+    if not engines:
+        return
+    label = {r["engine"]: r["engine"] for r in results.get("runs", [])}
+    fig, (ax_z, ax_tv) = plt.subplots(1, 2, figsize=(12, 0.45 * len(engines) + 1.6), sharey=True)
+    ys = {e: len(engines) - 1 - i for i, e in enumerate(engines)}
+    marks = {"t1": ("o", "C0", -0.12), "t0.7": ("s", "C1", 0.12)}
+    zlim = 3.29  # two-sided p = 1e-3
+    ax_z.axvspan(-zlim, zlim, color="0.9", zorder=0, label="|z| < 3.29 (p > 1e-3)")
+    for r in results.get("runs", []):
+        rep = r["report"]
+        if rep.get("z") is None:
+            continue
+        m, c, dy = marks.get(r["setting"], ("^", "C2", 0.0))
+        y = ys[r["engine"]] + dy
+        z = rep["z"]
+        shown = max(min(z, 12.0), -12.0)
+        face = c if r["verdict"] == "pass" else "none"
+        ax_z.plot([shown], [y], marker=m, color=c, markerfacecolor=face, markersize=8, linestyle="none")
+        if shown != z:
+            ax_z.annotate(f"{z:+.0f}", (shown, y), textcoords="offset points", xytext=(0, 6), ha="center",
+                          fontsize=7)
+        lo, hi = rep["tv"]
+        ax_tv.plot([lo, hi], [y, y], color=c, linewidth=2)
+        ax_tv.plot([rep.get("tv_estimate", lo)], [y], marker=m, color=c, markerfacecolor=face, markersize=6,
+                   linestyle="none")
+    for s, (m, c, _) in marks.items():
+        ax_z.plot([], [], marker=m, color=c, linestyle="none", label=SETTINGS[s].label)
+    ax_z.plot([], [], marker="o", color="0.3", markerfacecolor="none", linestyle="none", label="verdict: fail")
+    ax_z.set_yticks(list(ys.values()))
+    ax_z.set_yticklabels([label[e] for e in ys])
+    ax_z.set_xlim(-12.5, 12.5)
+    ax_z.axvline(0, color="0.5", linewidth=0.8)
+    ax_z.set_xlabel("surprisal z (< 0: likely tokens too often; clipped at ±12)")
+    ax_z.legend(fontsize=7, loc="lower left")
+    ax_z.grid(axis="x", alpha=0.3)
+    ax_tv.set_xlabel("TV gap of the pooled rank-bin laws: 99.9% interval and estimate")
+    ax_tv.set_xlim(left=0)
+    ax_tv.grid(axis="x", alpha=0.3)
+    fig.suptitle("Is it exact? Each engine's sampled ids against the F32 target", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench audit", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokens", type=int, default=None,
+                    help="informative positions to audit per engine and setting (default 20000; --quick 1000)")
+    ap.add_argument("--quick", action="store_true",
+                    help="~1,000 audited tokens per engine and setting, 128 tokens per sequence, written under "
+                         "bench/audit/quick/ (RESULTS.md untouched)")
+    ap.add_argument("--engines", default=",".join(ENGINES),
+                    help=f"comma-separated (default all: {','.join(ENGINES)})")
+    ap.add_argument("--settings", default=",".join(AUDIT_SETTINGS),
+                    help=f"comma-separated (default {','.join(AUDIT_SETTINGS)})")
+    ap.add_argument("--max-tokens", type=int, default=None, help="new tokens per sequence (default 256)")
+    ap.add_argument("--threads", type=int, default=2, help="threads of every engine and of the audit (default 2)")
+    ap.add_argument("--parallel", type=int, default=4,
+                    help="sequences at once for BatchedDecoder and llama-server slots (default 4)")
+    ap.add_argument("--seed", type=int, default=1, help="base seed (sequence j of setting i: seed + 100000 i + j)")
+    ap.add_argument("--output-dir", type=Path, default=None,
+                    help="samples and results.json (default bench/audit, --quick bench/audit/quick)")
+    ap.add_argument("--results-md", type=Path, default=None,
+                    help="the RESULTS.md whose section is written (default bench/RESULTS.md; --quick: in the "
+                         "output directory)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the engine × setting results already in results.json (same --tokens and "
+                         "--max-tokens) and run the others")
+    ap.add_argument("--report-only", action="store_true", help="re-render the section and plot from results.json")
+    ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and estimated duration")
+    args = ap.parse_args(argv)
+    args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    args.settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+    bad = [e for e in args.engines if e not in ENGINES] + [s for s in args.settings if s not in AUDIT_SETTINGS]
+    if bad:
+        ap.error(f"unknown engine(s)/setting(s): {', '.join(bad)}")
+    args.tokens = args.tokens or (1000 if args.quick else 20000)
+    args.max_tokens = args.max_tokens or (128 if args.quick else 256)
+    if args.tokens < 1 or args.max_tokens < 1 or args.threads < 1 or args.parallel < 1:
+        ap.error("--tokens, --max-tokens, --threads and --parallel must be >= 1")
+    if args.max_tokens + 600 > N_CTX:
+        ap.error(f"--max-tokens must leave room for the prompts in the {N_CTX}-token context (at most {N_CTX - 600})")
+    if args.output_dir is None:
+        args.output_dir = HERE / "audit" / ("quick" if args.quick else "")
+    if args.results_md is None:
+        args.results_md = (args.output_dir / "RESULTS.md") if args.quick else HERE / "RESULTS.md"
+    return args
+
+
+def command_line(argv: Optional[Sequence[str]]) -> str:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["audit"]:
+        args = args[1:]
+    return " ".join(["python -m bench audit", *(peers._quote(a) for a in args)])
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.dry_run:
+        total, lines = estimate(args)
+        print(f"{len(args.engines)} engines × {len(args.settings)} settings, >= {args.tokens} audited tokens each, "
+              f"sequences of <= {args.max_tokens} tokens, {args.threads} threads")
+        print("\n".join(lines))
+        print(f"estimated duration on the idle 2-core reference machine: {_mmss(total)}")
+        return 0
+    res_path = args.output_dir / "results.json"
+    if args.report_only:
+        results = load_results(res_path)
+        if not results:
+            print(f"no results in {res_path}", file=sys.stderr)
+            return 1
+    else:
+        results = run(args, command_line(argv))
+    plot_path = args.results_md.parent / "plot_audit.png"
+    name = None
+    if not args.no_plot:
+        try:
+            plot(results, plot_path)
+            name = os.path.relpath(plot_path, args.results_md.parent)
+        except ImportError:
+            _say("matplotlib is missing: no plot")
+    write_section(args.results_md, render(results, name), SECTION)
+    _say(f"wrote {args.results_md} ({SECTION})" + (f" and {plot_path}" if name else ""))
+    return 0 if not results.get("errors") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
