@@ -163,7 +163,9 @@ def _fetch_sdist(root: Path, version: str, log: Optional[TextIO]) -> Path:
         return found[0]
     sdist_dir.mkdir(parents=True, exist_ok=True)
     _run_logged(
-        [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+        # Only this package as source: ":all:" would also build its build
+        # dependencies (cmake among them) from source to read its metadata.
+        [sys.executable, "-m", "pip", "download", "--no-binary", "llama-cpp-python", "--no-deps",
          f"llama-cpp-python=={version}", "-d", str(sdist_dir)],
         log,
     )

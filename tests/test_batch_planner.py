@@ -94,6 +94,18 @@ def test_plain_batching_wins_when_drafting_cannot_pay() -> None:
     assert all(g == 0 for _, g in p.plan([PlanRequest([model_option(0.97)]) for _ in range(3)]))
 
 
+def test_a_probe_is_worth_it_alone_and_not_in_a_full_batch() -> None:
+    """A probe re-measures α̂ after a plain stretch: worth it only where a good
+    draft could pay.  Alone, rows are free; in a batch of 8 they are not, and
+    no acceptance repays drafting."""
+    p = planner()
+    assert p.drafting_could_pay(1, 2, catch_up=1, alpha=0.95)
+    assert not p.drafting_could_pay(1, 2, catch_up=1, alpha=0.1)
+    assert not p.drafting_could_pay(1, 2, catch_up=40, alpha=0.95)  # a one-off catch-up judged on one step
+    assert not p.drafting_could_pay(8, 2, catch_up=1, alpha=0.95)
+    assert not p.drafting_could_pay(1, 0, catch_up=1, alpha=0.95)
+
+
 def test_pass_times_learn_and_follow_drift() -> None:
     t = PassTimes(16, [10.0, 11.0, 12.0])
     assert t.time(2) == pytest.approx(11.0) and t.time(8) > 12.0

@@ -279,3 +279,32 @@ def test_async_streams_for_asyncio_servers(batched) -> None:
 
     asyncio.run(main())
     wait_idle(batched)
+
+
+def test_a_full_batch_spends_nothing_on_the_draft_where_it_cannot_pay(tiny_target, tiny_draft) -> None:
+    """Costs where rows are cheap for one request but not for a batch (T(k) =
+    10 + 6(k − 1) ms, a draft row 1 ms): alone, a good draft pays; with two or
+    more requests decoding it does not, so no draft pass runs then at all — no
+    drafts, no probes re-measuring α̂, no catch-up of the draft's cache after
+    the prompts.  The planner keeps the given costs (nothing is learnt from the
+    tiny model's passes)."""
+    from specdec_cpu.planning.costmodel import CostModel
+
+    costs = CostModel(target_ms=[10.0 + 6.0 * (k - 1) for k in range(1, 513)], draft_ms=1.0,
+                      draft_batch_ms=[1.0 * b for b in range(1, 513)], alpha=0.95)
+    with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=4, n_ctx=256, n_threads=1, seed=3,
+                                  calibration=costs) as dec:
+        sch = dec._scheduler
+        sch.planner.observe_target = sch.planner.observe_draft = lambda rows, seconds: None
+        busy = []  # requests decoding at each draft pass
+        decode = sch.draft.decode
+        sch.draft.decode = lambda parts: (busy.append(sum(r.prefilled for r in sch._active)), decode(parts))[1]
+        params = SamplingParams(temperature=1.0, seed=1)
+        with ThreadPoolExecutor(4) as pool:
+            gens = list(pool.map(lambda p: dec.generate(p, max_tokens=80, params=params), PROMPTS[:4]))
+        assert all(g.stats.tokens > 0 for g in gens)
+        assert not [b for b in busy if b >= 2], busy
+        # Alone, the same costs make drafting pay (the test can fail the other way too).
+        busy.clear()
+        gen = dec.generate(PROMPTS[4], max_tokens=40, params=params)
+        assert busy and gen.stats.drafted > 0

@@ -210,6 +210,19 @@ class BatchPlanner:
         k = np.arange(self.max_draft_rows + 1, dtype=float)
         return self.cost_prior * t[1] * np.maximum(k, 1.0)
 
+    def drafting_could_pay(self, batch: int, gamma: int, catch_up: int, alpha: float,
+                           fixed_target_rows: int = 0, margin: Optional[float] = None) -> bool:
+        """Whether one request of a ``batch`` of plain requests drafting ``gamma``
+        tokens with the draft model (after taking in ``catch_up`` rows), each
+        accepted with probability ``alpha``, would raise the batch's expected
+        rate above plain continuous batching by ``margin`` (default ``min_speedup``)."""
+        if batch < 1 or gamma < 1:
+            return False
+        plain = [((), 0, False, 0)] * batch
+        drafting = [([alpha] * gamma, gamma, True, max(catch_up, 1))] + plain[1:]
+        margin = self.min_speedup if margin is None else margin
+        return self.rate(drafting, fixed_target_rows) > margin * self.rate(plain, fixed_target_rows)
+
     def rate(self, requests_gammas: Sequence[tuple[Sequence[float], int, bool, int]],
              fixed_target_rows: int = 0, fixed_draft_rows: int = 0) -> float:
         """Expected tokens per millisecond of a given plan (for statistics and

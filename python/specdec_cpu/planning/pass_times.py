@@ -12,9 +12,11 @@ Two things make the estimates track a shared, noisy machine:
 - one wild reading (a page fault, another process) moves an estimate by at
   most a bounded step;
 - a change of machine load moves every pass time together: when a count is
-  observed, the counts *not* observed lately are scaled by the same factor
-  (``follow drift``), so T(1) measured in a busy minute does not stay
-  inflated while only k > 1 passes run.
+  observed, the counts *not* observed lately (or never: only seeded) are
+  scaled by the same factor (``follow drift``), so T(1) measured in a busy
+  minute does not stay inflated while only k > 1 passes run, and a
+  calibration taken on a quiet machine with a short cache is corrected at
+  every count as soon as one is observed.
 """
 
 from __future__ import annotations
@@ -131,5 +133,8 @@ class PassTimes:
         horizon = self.observations - self.stale_after
         t, seen = self._t, self._seen
         for j in range(1, t.shape[0]):
-            if j != k and seen[j] < horizon and math.isfinite(t[j]):
+            # Counts only seeded (never observed) follow from the first observation:
+            # a calibration's curve is off by the same load (or the same cache size)
+            # at the counts a plan compares with those it is running at.
+            if j != k and (seen[j] == 0 or seen[j] < horizon) and math.isfinite(t[j]):
                 t[j] *= factor

@@ -44,13 +44,31 @@ __all__ = ["DecoderClosedError", "Scheduler"]
 
 log = logging.getLogger("specdec_cpu.serving")
 
-#: A draft cache lagging further than this catches up in prompt-sized chunks
-#: (without drafting) before the request may draft with the model again.
+#: A draft cache lagging by at most IN_STEP_LAG tokens (as after a drafting
+#: step) takes them in within the step's first draft pass, charged to the
+#: plan.  Further behind (after a prompt, or plain or lookup steps), it first
+#: catches up in prompt-sized chunks, when that pays (``Scheduler._catch_up``);
+#: only a probe or a request with a fixed γ takes in up to CATCH_UP_LIMIT
+#: tokens within its drafting step.
+IN_STEP_LAG = 4
 CATCH_UP_LIMIT = 64
 #: ... and only when the drafting it enables saves this many times its cost
 #: over the request's remaining tokens (at most EXPECTED_TOKENS of them).
 CATCH_UP_PAYBACK = 1.5
 EXPECTED_TOKENS = 256
+#: A catch-up or a probe is an investment made on a predicted gain: it is made
+#: only when drafting is predicted to beat plain batching by this factor, the
+#: accuracy of the cost model on a busy machine (measured/predicted step rates
+#: within about ±10%).  A marginal prediction would spend a catch-up of tens of
+#: draft rows on drafts that do not pay.
+INVESTMENT_GAIN = 1.05
+#: The draft's lag after catching up, as the plan charges it: the step's own token.
+CAUGHT_UP_LAG = 2
+#: A probe (a request re-measuring its draft's acceptance after a plain
+#: stretch) drafts this many tokens, and happens only if it could pay at
+#: an acceptance of OPTIMISTIC_ALPHA.
+PROBE_GAMMA = 2
+OPTIMISTIC_ALPHA = 0.95
 MODEL, NGRAM = "model", "ngram"
 
 
@@ -258,7 +276,7 @@ class Scheduler:
         stretch of plain or lookup steps) leaves its cache behind, and
         catching up costs draft passes that pay only if the request then
         drafts with the model.  So a request whose draft lags by more than
-        CATCH_UP_LIMIT tokens is planned as it is (no model route), and
+        IN_STEP_LAG tokens is planned as it is (no model route), and
         planned again as if caught up: when that plan drafts for it with the
         model and the saving repays the catch-up (see ``_catch_up``), its
         draft catches up in prompt-sized chunks.  (At a full batch the rows
@@ -268,7 +286,7 @@ class Scheduler:
         work = [_Work(r) for r in decoding]
         fixed_rows = sum(len(p.tokens) for p in target_parts)
         lagging: dict[int, int] = {}  # index in work -> tokens its draft lacks
-        plans = [self._options(w, i, lagging) for i, w in enumerate(work)]
+        plans = [self._options(w, i, lagging, len(work), fixed_rows) for i, w in enumerate(work)]
         choice = self.planner.plan(plans, fixed_rows)
         catch_up = self._catch_up(work, plans, lagging, fixed_rows) if lagging else []
         if catch_up:  # plan again with the catch-up rows in the first draft pass
@@ -286,20 +304,21 @@ class Scheduler:
         lives, r₀ and r₁ the planned rates without and with its model drafts
         (the batch's tokens over its remaining life: about its remaining
         tokens, capped at EXPECTED_TOKENS, times the batch size).  A request
-        catches up when the saving repays the cost CATCH_UP_PAYBACK times,
-        then keeps at it until its draft has caught up; a request that asked
-        for a fixed γ always does.
+        catches up when r₁ beats r₀ by INVESTMENT_GAIN and the saving repays
+        the cost CATCH_UP_PAYBACK times, then keeps at it until its draft has
+        caught up; a request that asked for a fixed γ always does.
         """
         r0 = self.planner.last_rate
         hypothetical = list(plans)
         for i in lagging:
             n = self._model_rows(work[i].req)
-            model = DraftOption(MODEL, self._alphas(work[i].req).row_alphas(n), costly=True, catch_up=1)
+            model = DraftOption(MODEL, self._alphas(work[i].req).row_alphas(n), costly=True, catch_up=CAUGHT_UP_LAG)
             hypothetical[i] = PlanRequest(options=[*plans[i].options, model], fixed=plans[i].fixed)
         alt = self.planner.plan(hypothetical, fixed_rows)
         r1 = self.planner.last_rate
         drafting = [i for i in lagging if alt[i][0] == MODEL and alt[i][1] > 0]
-        saving_per_token = (1.0 / r0 - 1.0 / r1) / len(drafting) if drafting and r0 > 0 and r1 > r0 else 0.0
+        pays = drafting and r0 > 0 and r1 > INVESTMENT_GAIN * r0
+        saving_per_token = (1.0 / r0 - 1.0 / r1) / len(drafting) if pays else 0.0
         budget = min(self.prefill_chunk, self.draft.n_batch - len(work))
         parts: list[Rows] = []
         for i in drafting:
@@ -328,7 +347,7 @@ class Scheduler:
         room = self.target.n_ctx - len(req.seq)
         return max(1, min(req.max_tokens - req.stats.tokens - 1, room, self.gamma_max))
 
-    def _options(self, w: _Work, index: int, lagging: dict[int, int]) -> PlanRequest:
+    def _options(self, w: _Work, index: int, lagging: dict[int, int], batch: int, fixed_rows: int) -> PlanRequest:
         req = w.req
         room = self.target.n_ctx - len(req.seq)
         cap = max(0, min(req.max_tokens - req.stats.tokens - 1, room))
@@ -342,26 +361,39 @@ class Scheduler:
                 n = min(cap, req.ngram.max_draft)
                 options.append(DraftOption(NGRAM, self.match_alphas.row_alphas(m.length, m.unanimous, n),
                                            costly=False, catch_up=0))
+        fixed = req.gamma if isinstance(req.gamma, int) else None
+        probe = False
         if self.draft is not None:
             lag = len(req.seq) - self.draft.n_past(req.slot)  # the last token included
-            if lag <= CATCH_UP_LIMIT:
+            probe = (fixed is None and req.plain_run >= req.probe_interval and lag <= CATCH_UP_LIMIT
+                     and self._probe_could_pay(batch, fixed_rows))
+            if lag <= IN_STEP_LAG or (lag <= CATCH_UP_LIMIT and (fixed is not None or probe)):
                 req.catching_up = False
                 n = min(cap, self.gamma_max)
-                # The few tokens it lags by are taken in once, by the first pass that drafts;
-                # charged to every step's plan they would only grow with each plain step.
-                options.append(DraftOption(MODEL, self._alphas(req).row_alphas(n), costly=True, catch_up=1))
+                # The first pass that drafts takes in every token the draft lacks: the plan is
+                # charged for them (a few after drafting steps; after plain steps, the
+                # catch-up is judged on its own in _catch_up).
+                options.append(DraftOption(MODEL, self._alphas(req).row_alphas(n), costly=True, catch_up=lag))
             else:
                 lagging[index] = lag - 1
-        fixed = req.gamma if isinstance(req.gamma, int) else None
         if not options:
             return PlanRequest(fixed=fixed)
         if fixed is not None:
             return PlanRequest(options=options, fixed=fixed)
         model = [o for o in options if o.route == MODEL]
-        if model and req.plain_run >= req.probe_interval:
+        if model and probe:
             w.probe = True  # α̂ may be stale after a plain stretch: measure it again
-            return PlanRequest(options=model, fixed=min(2, len(model[0].row_alphas)))
+            return PlanRequest(options=model, fixed=min(PROBE_GAMMA, len(model[0].row_alphas)))
         return PlanRequest(options=options)
+
+    def _probe_could_pay(self, batch: int, fixed_rows: int) -> bool:
+        """Whether drafting could pay in this batch even at an acceptance as good
+        as drafts get (judged at the steady state: the catch-up a probe needs is
+        a one-off).  At a full batch the rows are not free and no acceptance
+        repays the draft passes: a probe there would spend a draft pass over
+        every token the draft missed to measure an α̂ no plan uses."""
+        return self.planner.drafting_could_pay(batch, PROBE_GAMMA, CAUGHT_UP_LAG, OPTIMISTIC_ALPHA, fixed_rows,
+                                               margin=INVESTMENT_GAIN)
 
     # ------------------------------------------------------------ drafting
     def _draft(self, work: list[_Work], prefill: list[Rows]) -> None:
