@@ -40,13 +40,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 try:  # python -m bench.serving, or bench/ on sys.path
     from . import peers
     from .report import bootstrap_ci
-    from .run import CpuMeter, machine_info
+    from .run import CpuMeter, machine_info, versions
     from .suite import F32, Q4_0, SETTINGS, Setting
 except ImportError:  # pragma: no cover - run as a plain script
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from bench import peers  # type: ignore[no-redef]
     from bench.report import bootstrap_ci  # type: ignore[no-redef]
-    from bench.run import CpuMeter, machine_info  # type: ignore[no-redef]
+    from bench.run import CpuMeter, machine_info, versions  # type: ignore[no-redef]
     from bench.suite import F32, Q4_0, SETTINGS, Setting  # type: ignore[no-redef]
 
 HERE = Path(__file__).resolve().parent
@@ -448,6 +448,7 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
         "command": args.command,
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "machine": machine_info(args.threads),
+        "git": versions(None).get("specdec_cpu_git"),
         "tokens": args.tokens, "stagger_s": args.stagger, "threads": args.threads,
         "mode": "http" if args.http else "ray" if args.ray else "direct", "output": args.output.name,
         "engines": {}, "runs": [],
@@ -460,7 +461,7 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
         replaced = [r for r in earlier["runs"] if r["k"] in args.ks and r["arrival"] in args.arrivals]
         earlier["runs"] = [r for r in earlier["runs"] if r not in replaced]
         earlier.setdefault("updates", []).append({
-            "command": args.command, "started": results["started"],
+            "command": args.command, "started": results["started"], "git": results["git"],
             "replaced": f"K = {', '.join(map(str, args.ks))}, {', '.join(args.arrivals)} arrivals "
                         f"({len(replaced)} runs)"})
         results = earlier
@@ -568,8 +569,10 @@ def render(results) -> str:
          f"(every request is in [{results['output']}]({results['output']})).", "",
          "```", results["command"], "```", "",
          *[f"- Re-measured later, replacing that run's {u['replaced']} ({u['started']} → "
-           f"{u.get('finished', '(unfinished)')}): `{u['command']}`." for u in results.get("updates", [])],
-         f"- Run: {results['started']} → {results.get('finished', '(unfinished)')}; "
+           f"{u.get('finished', '(unfinished)')}, code at git {u.get('git') or '?'}): `{u['command']}`."
+           for u in results.get("updates", [])],
+         f"- Run: {results['started']} → {results.get('finished', '(unfinished)')}"
+         + (f" (code at git {results['git']})" if results.get("git") else "") + "; "
          f"machine: {results['machine'].get('cpu')}, {results['machine'].get('cores')} cores, "
          f"{results['threads']} threads for every engine (DecoderPool(K): max(1, threads // K) per decoder, "
          "its documented setting).",

@@ -64,7 +64,6 @@ class Request:
         self.alpha = AlphaTracker()  # this request's acceptance of the draft model
         self.ngram: Optional["NgramDrafter"] = None
         self.plain_run = 0  # consecutive plain steps (for probes)
-        self.catching_up = False  # its draft cache is taking in text it lagged behind on
         self.probe_interval = 0
         # Draft rows for the model route, preallocated once per request.
         self._q: Optional[np.ndarray] = None

@@ -57,10 +57,10 @@ CATCH_UP_LIMIT = 64
 CATCH_UP_PAYBACK = 1.5
 EXPECTED_TOKENS = 256
 #: A catch-up or a probe is an investment made on a predicted gain: it is made
-#: only when drafting is predicted to beat plain batching by this factor, the
-#: accuracy of the cost model on a busy machine (measured/predicted step rates
-#: within about ±10%).  A marginal prediction would spend a catch-up of tens of
-#: draft rows on drafts that do not pay.
+#: only when drafting is predicted to beat plain batching by this factor (a
+#: margin for the cost model's error: traced step rates of drafting batches came
+#: out 0–10% below prediction).  A marginal prediction would spend a catch-up
+#: of tens of draft rows on drafts that do not pay.
 INVESTMENT_GAIN = 1.05
 #: The draft's lag after catching up, as the plan charges it: the step's own token.
 CAUGHT_UP_LAG = 2
@@ -305,9 +305,17 @@ class Scheduler:
         (the batch's tokens over its remaining life: about its remaining
         tokens, capped at EXPECTED_TOKENS, times the batch size).  A request
         catches up when r₁ beats r₀ by INVESTMENT_GAIN and the saving repays
-        the cost CATCH_UP_PAYBACK times, then keeps at it until its draft has
-        caught up; a request that asked for a fixed γ always does.
+        the cost CATCH_UP_PAYBACK times, judged again every step (a batch
+        that fills up meanwhile stops a catch-up that no longer pays); a
+        request that asked for a fixed γ always does.  Nobody else does while
+        other requests are taking in their prompt or waiting: the batch is
+        about to grow, and the plan of the requests decoding now would invest
+        in drafts a full batch does not use.
         """
+        with self._cond:
+            joining = len(self._active) - len(work) + len(self._waiting)
+        if joining and not any(isinstance(work[i].req.gamma, int) for i in lagging):
+            return []
         r0 = self.planner.last_rate
         hypothetical = list(plans)
         for i in lagging:
@@ -325,7 +333,9 @@ class Scheduler:
             req, lag = work[i].req, lagging[i]
             if budget <= 0:
                 break
-            if not (req.catching_up or isinstance(req.gamma, int)):
+            if not isinstance(req.gamma, int):
+                if joining:
+                    continue
                 remaining = min(req.max_tokens - req.stats.tokens, self.target.n_ctx - len(req.seq),
                                 EXPECTED_TOKENS)
                 chunk = min(lag, self.prefill_chunk)
@@ -335,7 +345,6 @@ class Scheduler:
             have = self.draft.n_past(req.slot)
             n = min(lag, budget)
             parts.append(Rows(req.slot, req.seq[have:have + n]))
-            req.catching_up = True
             budget -= n
         return parts
 
@@ -368,7 +377,6 @@ class Scheduler:
             probe = (fixed is None and req.plain_run >= req.probe_interval and lag <= CATCH_UP_LIMIT
                      and self._probe_could_pay(batch, fixed_rows))
             if lag <= IN_STEP_LAG or (lag <= CATCH_UP_LIMIT and (fixed is not None or probe)):
-                req.catching_up = False
                 n = min(cap, self.gamma_max)
                 # The first pass that drafts takes in every token the draft lacks: the plan is
                 # charged for them (a few after drafting steps; after plain steps, the
