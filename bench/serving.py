@@ -680,7 +680,11 @@ def http_goals(results, ks, settings, arrivals) -> List[str]:
                             if srv else "–")
                          + f" | {ratio_text(block_ratios(results, 'http-batched-auto', 'lcp-server', **m))} |")
     L += ["", "Goal of the server issue: the HTTP layer costs under 2% of aggregate throughput (ratio ≥ 0.98) "
-          "and adds under 5 ms to time to first token.", ""]
+          "and adds under 5 ms to time to first token.", "",
+          "Both sides use the same decoder, threads and settings; what differs is CPU: over HTTP the "
+          "server's event loop formats every token as a server-sent event and the `openai` client parses "
+          "it (a pydantic object per chunk) in the benchmark process, on the same two cores as llama.cpp's "
+          "two threads, which stall whenever one of them is preempted.", ""]
     return L
 
 
@@ -700,7 +704,13 @@ def ray_goals(results, ks, settings, arrivals) -> List[str]:
                          f"{ratio_text(block_ratios(results, 'ray-1', 'bare-t1', **m))} | "
                          f"{_diff_text(_ttft_diffs(results, 'ray-1', 'bare-t1', **m))} |")
     L += ["", "Goals of the Ray issue: Ray adds under 10 ms per request at 1 client; 2 replicas ≥ 1.6× one "
-          "replica's aggregate throughput on a machine with cores to spare.", ""]
+          "replica's aggregate throughput on a machine with cores to spare.", "",
+          "On a 2-core machine there are no cores to spare: two 1-thread replicas take both cores, "
+          "and Ray's HTTP proxy, its controller, the replicas' event loops and the benchmark's clients "
+          "run on the same two cores, preempting llama.cpp's threads (which wait for each other at every "
+          "operation of a pass); both replicas also share one memory bus, which bounds a memory-bound "
+          "F32 target. The scaling measured here is therefore a floor, not what a machine with a core "
+          "per replica thread gives.", ""]
     return L
 
 
