@@ -70,13 +70,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 try:  # python -m bench audit, or bench/ on sys.path
     from . import peers
     from .prompts import PROMPTS as SUITE_PROMPTS
-    from .serving import write_section
+    from .serving import USER_PROMPTS, write_section
     from .suite import F32, Q4_0, SETTINGS, Setting
 except ImportError:  # pragma: no cover - run as a plain script
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from bench import peers  # type: ignore[no-redef]
     from bench.prompts import PROMPTS as SUITE_PROMPTS  # type: ignore[no-redef]
-    from bench.serving import write_section  # type: ignore[no-redef]
+    from bench.serving import USER_PROMPTS, write_section  # type: ignore[no-redef]
     from bench.suite import F32, Q4_0, SETTINGS, Setting  # type: ignore[no-redef]
 
 HERE = Path(__file__).resolve().parent
@@ -154,19 +154,10 @@ _NOTES = (
 #: and grounded ones (the answer repeats text given in the prompt).
 AUDIT_PROMPTS: Tuple[Tuple[str, str, str], ...] = tuple(
     (p.name, p.kind, p.user) for p in SUITE_PROMPTS
+) + tuple(  # the serving benchmark's chat requests
+    (name, "open", text) for name, text in zip(("merge-sorted", "hash-table", "lighthouse", "clean-code", "sql-top5",
+                                                "tcp-udp", "backup-sh", "closures-js"), USER_PROMPTS)
 ) + (
-    ("merge-sorted", "open", "Write a Python function that merges two sorted lists into one sorted list, "
-     "with a docstring and comments."),
-    ("hash-table", "open", "Explain how a hash table works and what happens when two keys collide."),
-    ("lighthouse", "open", "Write a short story about a lighthouse keeper who finds a message in a bottle."),
-    ("clean-code", "open", "List ten practical tips for writing clean, maintainable code, with one "
-     "sentence on each."),
-    ("sql-top5", "open", "Write a SQL query that finds the five customers with the highest total order "
-     "value, and explain it."),
-    ("tcp-udp", "open", "Describe the differences between TCP and UDP and when to use each."),
-    ("backup-sh", "open", "Write a bash script that backs up a directory into a dated tar.gz archive and "
-     "keeps the last seven."),
-    ("closures-js", "open", "Explain what a closure is in JavaScript with two small examples."),
     ("binary-search", "open", "Implement binary search in C and explain the loop invariant."),
     ("rust-ownership", "open", "Explain Rust's ownership and borrowing rules to a Python programmer."),
     ("git-rebase", "open", "When should I use git rebase instead of git merge? Give an example workflow."),
