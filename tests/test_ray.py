@@ -29,6 +29,9 @@ def cluster(tiny_target, tiny_draft, tmp_path_factory):
     with ServerProcess(args, tmp_path_factory.mktemp("ray"), timeout=240) as s:
         ray.init(address="auto", log_to_driver=False)
         try:
+            # /health answers through the proxy as soon as one replica runs; the
+            # tests need both (on a loaded machine the second can lag by seconds).
+            wait_until_both_replicas_answer(s, timeout=180)
             yield s
         finally:
             ray.shutdown()
@@ -49,6 +52,23 @@ def stream_once(s, prompt: str, max_tokens: int = 24) -> tuple[str, str]:
                                                          temperature=0, stream=True)
     replica = raw.headers.get(HEADER)
     return "".join(ch.choices[0].text for ch in raw.parse()), replica
+
+
+def wait_until_both_replicas_answer(s, timeout: float) -> None:
+    """Until ``serve --ray`` says it serves and the proxy has routed to two
+    distinct replicas (``/health`` responses carry the replica header)."""
+    import httpx
+
+    end = time.monotonic() + timeout
+    seen: set = set()
+    while time.monotonic() < end:
+        if "through Ray Serve" in s.logs():
+            seen |= {httpx.get(s.url + "/health", timeout=10).headers.get(HEADER) for _ in range(8)}
+            seen.discard(None)
+            if len(seen) >= 2:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"replicas seen through the proxy: {seen}\n{s.logs()}")
 
 
 def replica_actors() -> list[str]:

@@ -28,7 +28,7 @@ def emit(text: str, stream: Optional[TextIO] = None) -> None:
         text.encode(encoding)
     except (UnicodeEncodeError, LookupError):
         text = text.translate(_ASCII).encode(encoding, errors="replace").decode(encoding)
-    print(text, file=stream)
+    print(text, file=stream, flush=True)  # a server's status lines reach its log file at once
 
 
 def probability(text: str) -> float:
