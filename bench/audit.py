@@ -83,6 +83,8 @@ HERE = Path(__file__).resolve().parent
 SECTION = "## Is it exact?"
 FORMAT = 1
 
+#: Audited tokens per engine and setting of the full run.
+FULL_TOKENS = 20000
 #: Tokens of context per sequence (the longest prompt is ~520 tokens).
 N_CTX = 1024
 #: Draft length of every engine with a draft model (ours γ = 4 and the peers' --spec-draft-n-max).
@@ -877,7 +879,13 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
         "versions": _versions(),
         "runs": [], "errors": [],
     }
-    t_start = time.monotonic()
+    # --resume keeps every earlier run of these sizes, of the engines and settings named now or not
+    # (a full audit can be run piecewise), and adds their time to the total.
+    kept = [r for key, r in done.items() if key[0] not in args.engines or key[1] not in args.settings]
+    results["runs"] += kept
+    for r in kept:
+        results["settings"].setdefault(r["setting"], old["settings"][r["setting"]])
+    t_start = time.monotonic() - (old.get("duration_seconds") or 0 if done else 0)
     model = TargetModel(target, n_threads=args.threads)
     try:
         ctx = Ctx(target, draft, args.threads, args.parallel, args.max_tokens, model.tokenizer)
@@ -1017,6 +1025,12 @@ def _setting_text(r) -> str:
 def render(results: Dict[str, Any], plot_name: Optional[str]) -> str:
     cfg = results.get("config", {})
     L = [SECTION, ""]
+    if cfg.get("tokens", FULL_TOKENS) < FULL_TOKENS:
+        L += [f"**A reduced run: {cfg['tokens']:,} audited tokens per engine and setting, not the "
+              f"{FULL_TOKENS:,} of the full audit.** Its power is lower: a pass rules out only a total-variation "
+              "gap above the upper end of its interval (the power test in tests/ flags a 0.02 gap within "
+              f"{FULL_TOKENS:,} tokens; the interval's width shrinks as one over the square root of the tokens). "
+              "`python -m bench audit` runs the full one.", ""]
     L.append(f"Command: `{results.get('command', 'python -m bench audit')}` (started {results.get('started', '?')}, "
              f"{(results.get('duration_seconds') or 0) / 3600:.1f} h; re-render with "
              "`python -m bench audit --report-only`).")
@@ -1291,7 +1305,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     bad = [e for e in args.engines if e not in ENGINES] + [s for s in args.settings if s not in AUDIT_SETTINGS]
     if bad:
         ap.error(f"unknown engine(s)/setting(s): {', '.join(bad)}")
-    args.tokens = args.tokens or (1000 if args.quick else 20000)
+    args.tokens = args.tokens or (1000 if args.quick else FULL_TOKENS)
     args.max_tokens = args.max_tokens or (128 if args.quick else 256)
     if args.tokens < 1 or args.max_tokens < 1 or args.threads < 1 or args.parallel < 1:
         ap.error("--tokens, --max-tokens, --threads and --parallel must be >= 1")

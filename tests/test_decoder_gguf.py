@@ -168,3 +168,68 @@ def test_gamma_max_bounds_auto_for_the_draft_model_not_lookup_nor_a_fixed_gamma(
     lookup = SpeculativeDecoder.from_gguf(tiny_target, None, gamma="auto", ngram=True, **kw)
     copied = lookup.generate(_REPEATING, max_tokens=64, params=GREEDY).stats
     assert max(copied.gammas) > 3, copied.gamma_runs()  # bounded by max_draft instead
+
+
+def test_close_frees_the_models_and_refuses_later_calls(tiny_target, tiny_draft) -> None:
+    import threading
+
+    from specdec_cpu import DecoderClosedError
+
+    with SpeculativeDecoder.from_gguf(tiny_target, tiny_draft, gamma=2, n_ctx=256, n_threads=1) as dec:
+        left_open = dec.stream("hello", max_tokens=50)
+        next(left_open)  # a stream this thread left open is ended by close()
+        weights = dec._owned
+    assert dec.closed and dec.target.closed and dec.draft.closed
+    assert len(weights) == 2 and all(w.closed for w in weights)
+    with pytest.raises(DecoderClosedError, match="closed"):
+        dec.generate("hello", max_tokens=3)
+    dec.close()  # idempotent
+
+    # A call that passed its checks and waits for the lock while the decoder
+    # closes ends with the error (it must not run on freed contexts).
+    dec = SpeculativeDecoder.from_gguf(tiny_target, tiny_draft, gamma=2, n_ctx=256, n_threads=1)
+    gate = _GatedLock(dec._lock)
+    dec._lock = gate
+    outcome: list = []
+    waiter = threading.Thread(target=lambda: outcome.append(_error_of(lambda: dec.generate("hi", max_tokens=3))))
+    gate.waiter = waiter
+    waiter.start()
+    assert gate.reached.wait(30)
+    dec.close()
+    gate.open.set()
+    waiter.join(30)
+    assert outcome and isinstance(outcome[0], DecoderClosedError), outcome
+
+
+class _GatedLock:
+    """The decoder's lock, but the thread ``waiter`` gets it only after ``open``."""
+
+    def __init__(self, lock) -> None:
+        import threading
+
+        self.lock, self.waiter = lock, None
+        self.reached, self.open = threading.Event(), threading.Event()
+
+    def acquire(self, *args, **kwargs) -> bool:
+        import threading
+
+        if threading.current_thread() is self.waiter:
+            self.reached.set()
+            self.open.wait()
+        return self.lock.acquire(*args, **kwargs)
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> None:
+        self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _error_of(call) -> object:
+    try:
+        return call()
+    except Exception as exc:
+        return exc

@@ -11,6 +11,7 @@ from typing import Any
 
 from .errors import (
     ContextOverflowError,
+    DecoderClosedError,
     GenerationCancelled,
     InvalidLogitsError,
     InvalidPromptError,
@@ -31,7 +32,6 @@ _LAZY = {
     "GenerationStats": "stats",
     "DecoderPool": "serving.pool",
     "BatchedDecoder": "serving.batched",
-    "DecoderClosedError": "serving.scheduler",
 }
 
 

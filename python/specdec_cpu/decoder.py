@@ -17,7 +17,7 @@ from .cache import CachedSequence
 from .planning import GammaController, MatchLengthController
 from .drafters import CombinedDrafter, Draft, Drafter, ModelDrafter, NgramDrafter
 from .drafters.unwrap import unwrapped_reference
-from .errors import GenerationCancelled, InvalidLogitsError, UnsupportedModelError
+from .errors import DecoderClosedError, GenerationCancelled, InvalidLogitsError, UnsupportedModelError
 from .model import CausalLM, Tokenizer
 from .params import SamplingParams
 from .request_args import GAMMA_LIMIT, Prompt, chat_prompt, check_gamma, check_request, prompt_tokens
@@ -121,6 +121,8 @@ class SpeculativeDecoder:
         self.target_path: Optional[str] = None
         self.draft_path: Optional[str] = None
         self.n_threads: Optional[int] = None
+        self._owned: tuple = ()  # what close() frees besides the contexts: from_gguf's weights
+        self._closed = False
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -179,6 +181,7 @@ class SpeculativeDecoder:
                 draft_w.close()
             raise
         dec._weights = (target_w, draft_w)  # keep the models alive with their contexts
+        dec._owned = tuple(w for w in dec._weights if w is not None)
         return dec
 
     @classmethod
@@ -280,6 +283,34 @@ class SpeculativeDecoder:
         """The target's chat template applied to ``messages``."""
         return chat_prompt(self.tokenizer, messages)
 
+    def close(self) -> None:
+        """Free the llama.cpp contexts, and the models if :meth:`from_gguf`
+        loaded them (idempotent).  A call running on another thread finishes
+        first; a stream this thread left open is closed.  Later calls raise
+        ``DecoderClosedError``.  Also ends a ``with`` block."""
+        if self._active is not None and self._active.thread == threading.get_ident():
+            self._active.close()
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for ctx in (self.target, self.draft):
+                close = getattr(ctx, "close", None)  # in-process test models have nothing to free
+                if close is not None:
+                    close()
+            for w in self._owned:
+                w.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "SpeculativeDecoder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def reset(self) -> None:
         """Forget the cached conversation."""
         if self._active is not None and self._active.thread == threading.get_ident():
@@ -296,6 +327,8 @@ class SpeculativeDecoder:
 
     def _prepare(self, prompt, max_tokens, params, stop, gamma, cancel, timeout):
         """Check a request's arguments: (prompt token ids, TextAssembler, γ)."""
+        if self._closed:
+            raise DecoderClosedError("this SpeculativeDecoder is closed")
         if gamma is None:
             gamma = self.gamma
         check_request(max_tokens=max_tokens, params=params, gamma=gamma, has_drafter=self.drafter is not None,
@@ -401,6 +434,10 @@ class _Run:
         if not self._acquire(dec._lock):
             self._finish(None)
             return
+        if dec._closed:  # closed while this call waited for the lock
+            dec._lock.release()
+            self._finish(None)
+            raise DecoderClosedError("the SpeculativeDecoder was closed while this call waited", self.result)
         try:
             dec._active, self.thread = self, threading.get_ident()
             start = time.perf_counter()

@@ -74,3 +74,14 @@ class QueueFullError(SpecDecError):
 
     def __reduce__(self):
         return (type(self), (str(self), self.waiting))
+
+
+class DecoderClosedError(SpecDecError):
+    """The decoder was closed before or while the request ran.
+
+    ``partial`` is the Generation produced before the close (possibly empty).
+    """
+
+    def __init__(self, message: str, partial: Optional[object] = None) -> None:
+        super().__init__(message)
+        self.partial = partial

@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import (
     ContextOverflowError,
+    DecoderClosedError,
     GenerationCancelled,
     InvalidLogitsError,
     InvalidPromptError,
@@ -41,7 +42,6 @@ from .batched import BatchedDecoder
 from .openai_schema import ChatCompletionRequest, CompletionRequest, RequestError, chat_text
 from .prometheus import metrics_response
 from .request import AsyncRequestStream
-from .scheduler import DecoderClosedError
 
 __all__ = ["ServerOptions", "ServerState", "create_app"]
 

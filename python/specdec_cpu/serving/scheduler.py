@@ -32,7 +32,7 @@ from .. import sampling
 from ..drafters import NgramDrafter
 from ..drafters.unwrap import unwrapped_reference
 from ..engine.multi_context import LlamaMultiContext, Rows
-from ..errors import InvalidLogitsError, QueueFullError, SpecDecError
+from ..errors import DecoderClosedError, InvalidLogitsError, QueueFullError, SpecDecError
 from ..model import Tokenizer
 from ..planning.batch_planner import AlphaTracker, BatchPlanner, DraftOption, PlanRequest
 from ..planning.match_controller import MatchAlphas
@@ -70,20 +70,6 @@ CAUGHT_UP_LAG = 2
 PROBE_GAMMA = 2
 OPTIMISTIC_ALPHA = 0.95
 MODEL, NGRAM = "model", "ngram"
-
-
-class DecoderClosedError(SpecDecError):
-    """The decoder was closed while the request was queued or running.
-
-    ``partial`` is the Generation produced before the close (possibly empty).
-    """
-
-    def __init__(self, message: str, partial: Optional[object] = None) -> None:
-        super().__init__(message)
-        self.partial = partial
-
-    def __reduce__(self):
-        return (type(self), (str(self), self.partial))
 
 
 @dataclass
