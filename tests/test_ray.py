@@ -63,8 +63,13 @@ def wait_until_both_replicas_answer(s, timeout: float) -> None:
     seen: set = set()
     while time.monotonic() < end:
         if "through Ray Serve" in s.logs():
-            seen |= {httpx.get(s.url + "/health", timeout=10).headers.get(HEADER) for _ in range(8)}
-            seen.discard(None)
+            for _ in range(8):
+                try:
+                    r = httpx.get(s.url + "/health", timeout=10)
+                except httpx.HTTPError:  # the proxy can be slow to answer while replicas start
+                    continue
+                if r.status_code == 200 and r.headers.get(HEADER):
+                    seen.add(r.headers[HEADER])
             if len(seen) >= 2:
                 return
         time.sleep(0.5)
