@@ -98,6 +98,7 @@ from ray import serve
 from specdec_cpu.serving.ray_app import app_builder
 
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+serve.start(proxy_location="Disabled")  # no HTTP proxy: fewer actors to start on a loaded machine
 t0 = time.monotonic()
 try:
     serve.run(app_builder({"target": sys.argv[1], "replicas": "1"}), name="broken", route_prefix="/broken")
