@@ -883,6 +883,8 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
     # (a full audit can be run piecewise), and adds their time to the total.
     kept = [r for key, r in done.items() if key[0] not in args.engines or key[1] not in args.settings]
     results["runs"] += kept
+    if done:  # the section names every command whose runs it shows
+        results["command"], results["started"] = f"{old.get('command')}`, then `{command}", old.get("started")
     for r in kept:
         results["settings"].setdefault(r["setting"], old["settings"][r["setting"]])
     t_start = time.monotonic() - (old.get("duration_seconds") or 0 if done else 0)
