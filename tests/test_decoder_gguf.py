@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import numpy as np
 import pytest
 
-from specdec_cpu import SamplingParams, SpeculativeDecoder, VocabMismatchError
+from specdec_cpu import DecoderClosedError, SamplingParams, SpeculativeDecoder, VocabMismatchError
 from specdec_cpu.errors import UnsupportedModelError
 from specdec_cpu.planning import CostModel
 
@@ -171,10 +172,6 @@ def test_gamma_max_bounds_auto_for_the_draft_model_not_lookup_nor_a_fixed_gamma(
 
 
 def test_close_frees_the_models_and_refuses_later_calls(tiny_target, tiny_draft) -> None:
-    import threading
-
-    from specdec_cpu import DecoderClosedError
-
     with SpeculativeDecoder.from_gguf(tiny_target, tiny_draft, gamma=2, n_ctx=256, n_threads=1) as dec:
         left_open = dec.stream("hello", max_tokens=50)
         next(left_open)  # a stream this thread left open is ended by close()
@@ -205,14 +202,10 @@ class _GatedLock:
     """The decoder's lock, but the thread ``waiter`` gets it only after ``open``."""
 
     def __init__(self, lock) -> None:
-        import threading
-
         self.lock, self.waiter = lock, None
         self.reached, self.open = threading.Event(), threading.Event()
 
     def acquire(self, *args, **kwargs) -> bool:
-        import threading
-
         if threading.current_thread() is self.waiter:
             self.reached.set()
             self.open.wait()

@@ -11,6 +11,7 @@ import pytest
 
 from specdec_cpu import (
     ContextOverflowError,
+    DecoderClosedError,
     DecoderPool,
     GenerationCancelled,
     InvalidLogitsError,
@@ -64,12 +65,14 @@ def fresh_output(prompt, **kwargs):
 
 def test_error_hierarchy() -> None:
     for cls in (ModelLoadError, VocabMismatchError, ContextOverflowError, InvalidLogitsError,
-                InvalidPromptError, GenerationCancelled):
+                InvalidPromptError, GenerationCancelled, DecoderClosedError):
         assert issubclass(cls, SpecDecError)
     assert issubclass(InvalidLogitsError, ValueError) and issubclass(InvalidPromptError, ValueError)
     exc = GenerationCancelled("stopped", partial=None, reason="timeout")
     back = pickle.loads(pickle.dumps(exc))
     assert str(back) == "stopped" and back.reason == "timeout" and back.partial is None
+    back = pickle.loads(pickle.dumps(DecoderClosedError("closed", partial="so far")))
+    assert isinstance(back, DecoderClosedError) and str(back) == "closed" and back.partial == "so far"
 
 
 # ---------------------------------------------------------------------------

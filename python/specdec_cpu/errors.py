@@ -85,3 +85,4 @@ class DecoderClosedError(SpecDecError):
     def __init__(self, message: str, partial: Optional[object] = None) -> None:
         super().__init__(message)
         self.partial = partial
+
