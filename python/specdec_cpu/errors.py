@@ -85,4 +85,3 @@ class DecoderClosedError(SpecDecError):
     def __init__(self, message: str, partial: Optional[object] = None) -> None:
         super().__init__(message)
         self.partial = partial
-
