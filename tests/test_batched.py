@@ -265,12 +265,21 @@ def test_async_streams_for_asyncio_servers(batched) -> None:
 
     async def main():
         seeded = SamplingParams(temperature=0.9, seed=21)
+        # A seed reproduces a request's tokens given the same γ choices; the
+        # first request for a prompt drafts later (the draft model catches up
+        # on the prompt first) than a request whose prompt is cached, so warm
+        # the cache before comparing two runs.
+        await batched.astream("hello world", max_tokens=2, params=seeded, gamma=2).wait()
         s = batched.astream("hello world", max_tokens=10, params=seeded, gamma=2)
         pieces = [p async for p in s]
         assert "".join(pieces) == s.result.text and s.result.finish_reason in ("length", "stop")
         whole = batched.astream("hello world", max_tokens=10, params=seeded, gamma=2)
         await whole.wait()
         assert whole.result.tokens == s.result.tokens
+        # Once the request has ended, read_ready() hands over all its text at
+        # once and leaves the end for the iteration; nothing is read twice.
+        assert whole.read_ready() == s.result.text and whole.read_ready() == ""
+        assert [p async for p in whole] == []
         # Many concurrent async readers and no thread blocked on any of them.
         streams = [batched.astream(p, max_tokens=8, params=GREEDY) for p in PROMPTS]
         texts = await asyncio.gather(*[_collect(x) for x in streams])

@@ -288,6 +288,7 @@ async def _events(stream: AsyncRequestStream, body, kind: str, rid: str, created
         if chat:
             yield chunk({"role": "assistant", "content": ""})
         async for piece in stream:
+            piece += stream.read_ready()  # one event for all of a step's tokens
             yield chunk({"content": piece} if chat else piece)
         gen = stream.result
         if gen.finish_reason == "timeout":

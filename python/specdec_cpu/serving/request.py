@@ -91,12 +91,16 @@ class Request:
         return None
 
     def deliver(self, piece: str) -> None:
-        """Hand a text piece to the caller."""
+        """Queue a text piece for the caller; ``ring()`` wakes an async reader.
+
+        The scheduler rings once per step, not per piece: a speculative step
+        emits several tokens at once, and an asyncio server then reads them
+        all on one wake-up (and can send them as one event)."""
         if piece:
             self.outbox.put(piece)
-            self._ring()
 
-    def _ring(self) -> None:
+    def ring(self) -> None:
+        """Wake an async reader, if one waits (a blocking reader needs no ring)."""
         wakeup = self.wakeup
         if wakeup is not None:
             try:
@@ -121,7 +125,7 @@ class Request:
         self.error = error
         self.done.set()  # before the marker: a reader that saw the marker sees the result
         self.outbox.put(_END)
-        self._ring()
+        self.ring()
 
 
 class RequestStream:
@@ -197,6 +201,7 @@ class AsyncRequestStream:
     def __init__(self, request: Request, loop: asyncio.AbstractEventLoop) -> None:
         self._request = request
         self._ended = False
+        self._end_read = False  # read_ready() took the end marker off the queue
         self._ready = asyncio.Event()
         request.wakeup = lambda: loop.call_soon_threadsafe(self._ready.set)
         self._ready.set()  # pieces may have been delivered before the doorbell was hung
@@ -208,7 +213,7 @@ class AsyncRequestStream:
         if self._ended:
             raise StopAsyncIteration
         req = self._request
-        while True:
+        while not self._end_read:
             try:
                 item = req.outbox.get_nowait()
                 break
@@ -217,12 +222,32 @@ class AsyncRequestStream:
                 if not req.outbox.empty():  # rung between the two calls
                     continue
                 await self._ready.wait()
+        else:
+            item = _END
         if item is _END:
             self._ended = True
             if req.error is not None:
                 raise req.error
             raise StopAsyncIteration
         return item  # type: ignore[return-value]
+
+    def read_ready(self) -> str:
+        """The text of every piece already delivered and not yet read, joined,
+        without waiting ("" if none).  A server calls it after each piece so
+        that one speculative step's tokens go out as one event; the end of
+        the request, if reached, is left for the next ``__anext__``."""
+        req = self._request
+        parts = []
+        while not (self._ended or self._end_read):
+            try:
+                item = req.outbox.get_nowait()
+            except queue.Empty:
+                break
+            if item is _END:
+                self._end_read = True
+            else:
+                parts.append(item)
+        return "".join(parts)  # type: ignore[arg-type]
 
     async def wait(self) -> None:
         """Until the request has ended (pieces are kept for ``result``)."""

@@ -603,7 +603,9 @@ class Scheduler:
         if stats.finish_reason is None and len(req.seq) > self.target.n_ctx:
             stats.finish_reason = "context"
         if stats.finish_reason is not None:
-            self._end(req, stats.finish_reason)
+            self._end(req, stats.finish_reason)  # rings
+        else:
+            req.ring()
         return n
 
     # ------------------------------------------------------------ bookkeeping
