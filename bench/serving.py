@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import threading
@@ -56,6 +57,26 @@ MODES = {
     "http": ("## Serving over HTTP", "plot_serving_http.png"),
     "ray": ("## Serving with Ray", "plot_serving_ray.png"),
 }
+
+
+def section_of(results) -> tuple:
+    """The RESULTS.md heading and plot file of a run: one section per mode,
+    and one more for an HTTP run that leaves a core spare (fewer threads than
+    cores), where the server and the clients no longer preempt llama.cpp."""
+    mode = results.get("mode", "direct")
+    heading, plot_file = MODES[mode]
+    if mode == "http" and _spare_cores(results):
+        t = results["threads"]
+        return (f"{heading}, {t} thread{'s' if t > 1 else ''} (a core to spare)",
+                plot_file.replace(".png", f"_t{t}.png"))
+    return heading, plot_file
+
+
+def _spare_cores(results) -> bool:
+    cores = results.get("machine", {}).get("cores")
+    return bool(cores) and results["threads"] < cores
+
+
 N_CTX = 1024  # per stream: a ~100-token prompt and 128 new tokens fit easily
 
 #: One user message per stream (K ≤ 8 take the first K): short chat requests
@@ -560,7 +581,7 @@ def best_server(results, **match) -> Optional[str]:
 
 def render(results) -> str:
     mode = results.get("mode", "direct")
-    section, plot_file = MODES[mode]
+    section, plot_file = section_of(results)
     ks = sorted({r["k"] for r in results["runs"]})
     settings = [s for s in SETTINGS if any(r["setting"] == s for r in results["runs"])]
     arrivals = [a for a in ("burst", "staggered") if any(r["arrival"] == a for r in results["runs"])]
@@ -682,9 +703,12 @@ def http_goals(results, ks, settings, arrivals) -> List[str]:
     L += ["", "Goal of the server issue: the HTTP layer costs under 2% of aggregate throughput (ratio ≥ 0.98) "
           "and adds under 5 ms to time to first token.", "",
           "Both sides use the same decoder, threads and settings; what differs is CPU: over HTTP the "
-          "server's event loop formats every token as a server-sent event and the `openai` client parses "
-          "it (a pydantic object per chunk) in the benchmark process, on the same two cores as llama.cpp's "
-          "two threads, which stall whenever one of them is preempted.", ""]
+          "server's event loop formats each step's tokens as a server-sent event and the `openai` client "
+          "parses it (a pydantic object per chunk) in the benchmark process"
+          + (", on a core llama.cpp's threads leave free." if _spare_cores(results) else
+             ", on the same cores as llama.cpp's threads, which stall whenever one of them is preempted "
+             "(a run with fewer threads than cores, `--threads 1`, shows the layer's cost on a machine "
+             "with a core to spare)."), ""]
     return L
 
 
@@ -772,16 +796,23 @@ def plot(results, path: Path) -> None:
     plt.close(fig)
 
 
-def write_section(path: Path, section: str, heading: str) -> None:
-    """Replace (or add) this module's "## " section of RESULTS.md, keeping the others."""
+def write_section(path: Path, section: str, heading: str, after: Optional[str] = None) -> None:
+    """Replace this module's "## " section of RESULTS.md in place, keeping
+    the others where they are; a new section goes right after the section
+    ``after`` (if present), else at the end."""
     text = path.read_text() if path.exists() else "# Benchmark results\n"
-    out, skipping = [], False
-    for line in text.splitlines():
-        if line.startswith("## "):
-            skipping = line.strip() == heading
-        if not skipping:
-            out.append(line)
-    path.write_text("\n".join(out).rstrip() + "\n\n" + section.rstrip() + "\n")
+    lines = text.splitlines()
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("## ")] + [len(lines)]
+    spans = {lines[a].strip(): (a, b) for a, b in zip(starts, starts[1:])}
+    new = section.rstrip().splitlines() + [""]
+    if heading in spans:
+        a, b = spans[heading]
+    elif after in spans:
+        a = b = spans[after][1]
+    else:
+        a = b = len(lines)
+        new = [""] + new
+    path.write_text("\n".join(lines[:a] + new + lines[b:]).rstrip() + "\n")
 
 
 # ---------------------------------------------------------------------------
@@ -824,6 +855,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         args.engines = list(RAY_ENGINES)
     if args.http or args.ray:
         default_out = "serving_http" if args.http else "serving_ray"
+        if args.http and args.threads < (os.cpu_count() or 1):
+            default_out += f"_t{args.threads}"  # its own results and RESULTS.md section
         if args.output == HERE / "serving_results.json":
             args.output = HERE / f"{default_out}_results.json"
     if args.update and not args.output.is_file():
@@ -842,9 +875,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results = json.loads(args.report_only.read_text())
     else:
         results = sweep(args)
-    heading, plot_file = MODES[results.get("mode", "direct")]
+    heading, plot_file = section_of(results)
     plot(results, args.results_md.parent / plot_file)
-    write_section(args.results_md, render(results), heading)
+    write_section(args.results_md, render(results), heading, after=MODES[results.get("mode", "direct")][0])
     _say(f"wrote {args.results_md} ({heading}) and {plot_file}")
     return 0
 
