@@ -104,7 +104,37 @@ def test_plan_reads_calibrate_json_output(capsys, tmp_path):
     assert run(capsys, "plan", "--calibration", str(f))[0] == 0
 
 
+def users_rows(out: str) -> dict[int, tuple[str, float]]:
+    """K -> (γ per request, speed-up) from the --users table."""
+    table = out.split("K concurrent requests", 1)[1].splitlines()
+    return {int(p[0]): (p[1], float(p[-1].rstrip("×"))) for p in map(str.split, table)
+            if p and p[0].isdigit()}
+
+
+def test_plan_for_concurrent_users_falls_back_to_continuous_batching(capsys, tmp_path):
+    """A memory-bound target (extra rows nearly free) and a draft whose pass
+    grows with its batch: one request speculates; with many, a draft pass for
+    all of them costs more than the tokens it buys, so γ = 0."""
+    m = CostModel(target_ms=[100.0 + 2.0 * k for k in range(64)], draft_ms=20.0,
+                  draft_batch_ms=[20.0 * b for b in range(1, 33)], alpha=0.9)
+    path = str(m.save(tmp_path / "batch.json"))
+    code, out, _ = run(capsys, "plan", "--calibration", path, "--users", "1,2,16", "--gamma-max", "8")
+    rows = users_rows(out)
+    assert code == 0 and sorted(rows) == [1, 2, 16]
+    assert int(rows[1][0]) >= 3 and rows[1][1] > 1.5
+    assert rows[16] == ("0", 1.0)
+    assert int(rows[2][0]) <= int(rows[1][0])  # rows get dearer as the batch grows
+    # Without a calibration, or with one lacking the draft's batch curve, it says what is missing.
+    code, _, err = run(capsys, "plan", "--alpha", "0.9", "--cost", "0.1", "--users", "2")
+    assert code == 2 and "--users needs --calibration" in err
+    flat = str(CostModel(target_ms=[10.0, 12.0], draft_ms=1.0, alpha=0.9).save(tmp_path / "flat.json"))
+    code, _, err = run(capsys, "plan", "--calibration", flat, "--users", "2")
+    assert code == 1 and "draft_batch_ms" in err
+
+
 @pytest.mark.parametrize("argv,needle", [
+    (["plan", "--alpha", "0.8", "--cost", "0.1", "--users", "0"], "--users"),
+    (["plan", "--alpha", "0.8", "--cost", "0.1", "--users", "2,x"], "--users"),
     (["plan", "--cost", "0.1"], "--alpha is required"),
     (["plan", "--alpha", "0.8"], "--cost is required"),
     (["plan", "--alpha", "1.5", "--cost", "0.1"], "--alpha"),

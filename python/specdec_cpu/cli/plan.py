@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..planning import theory
+from ..planning.batch_planner import BatchPlanner, DraftOption, PlanRequest
 from ..planning.costmodel import CostModel
 from ._common import UsageError, emit, int_in, nonneg_float, positive_float, probability
 from ._format import plan_lines
@@ -34,6 +35,10 @@ def register(sub: "argparse._SubParsersAction") -> None:
                         "v(k) curve, and α and c unless given")
     p.add_argument("--gamma-max", type=int_in(0, 64), default=12, metavar="N",
                    help="largest γ in the table (default 12)")
+    p.add_argument("--users", type=_users, metavar="K[,K...]",
+                   help="also plan for K concurrent requests sharing each target pass (a batched "
+                        "server): the γ per request the batch planner picks and the predicted "
+                        "speed-up over continuous batching alone; needs --calibration")
     p.add_argument("--plot", metavar="OUT.png",
                    help="also draw speed-up against γ to this image (needs matplotlib)")
     p.set_defaults(func=run)
@@ -56,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
     lines = [f"α = {alpha:.4g}   c = {cost:.4g}   {v_text}", ""]
     lines += plan_lines(rows, star)
     lines += ["", continuous_line(alpha, cost, None if model else float(verify)), ceiling_line(alpha)]
+    if args.users:
+        if model is None:
+            raise UsageError("--users needs --calibration FILE (the measured pass times of both models)")
+        lines += [""] + users_lines(model, alpha, args.users, args.gamma_max)
     emit("\n".join(lines))
     if args.plot:
         from ._plot import plot_plan
@@ -63,6 +72,39 @@ def run(args: argparse.Namespace) -> int:
         plot_plan(Path(args.plot), alpha, cost, rows, star, None if model else float(verify))
         emit(f"plot written to {args.plot}")
     return 0
+
+
+def users_lines(model: CostModel, alpha: float, users: list[int], gamma_max: int) -> list[str]:
+    """The batch plan for each number of concurrent requests: every request
+    accepts draft rows with probability α; one target pass verifies all of
+    them, one draft pass per depth drafts for all (docs/serving.md §2)."""
+    if not model.draft_batch_ms:
+        raise ValueError("the calibration has no draft pass times by batch size (draft_batch_ms): "
+                         "run `specdec-cpu calibrate` with a draft model")
+    planner = BatchPlanner(model, max_rows=max(model.k_max, max(users) * (gamma_max + 1)),
+                           max_draft_rows=max(len(model.draft_batch_ms), max(users)))
+    option = DraftOption("model", [alpha] * gamma_max, costly=True, catch_up=1)
+    lines = [f"K concurrent requests (α = {alpha:.4g} each; measured target and draft pass times by rows):",
+             "    K   γ per request   tok/s planned   tok/s at γ = 0   speed-up over continuous batching"]
+    for k in users:
+        gammas = [g for _, g in planner.plan([PlanRequest(options=[option])] * k)]
+        planned = 1000.0 * planner.last_rate
+        plain = 1000.0 * planner.rate([((), 0, False, 0)] * k)
+        shown = str(gammas[0]) if len(set(gammas)) == 1 else ",".join(map(str, gammas))
+        lines.append(f"{k:5d}   {shown:<13s}   {planned:13.1f}   {plain:14.1f}   {planned / plain:.2f}×")
+    lines.append("(γ = 0 and 1.00×: the batch's rows are worth more as other requests' tokens than as "
+                 "drafts; the planner runs continuous batching alone)")
+    return lines
+
+
+def _users(text: str) -> list[int]:
+    try:
+        ks = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a comma-separated list of integers, got {text!r}") from None
+    if not ks or any(not 1 <= k <= 256 for k in ks):
+        raise argparse.ArgumentTypeError(f"each K must be in [1, 256], got {text!r}")
+    return ks
 
 
 def continuous_line(alpha: float, cost: float, flat_v: Optional[float]) -> str:
