@@ -633,7 +633,7 @@ def render(results) -> str:
             L.append("")
     if mode == "direct":
         L += goals(results, ks, settings, arrivals)
-        L += where_time_goes(results, ks, settings)
+        L += where_time_goes(results, ks, settings, arrivals)
     elif mode == "http":
         L += http_goals(results, ks, settings, arrivals)
     else:
@@ -738,21 +738,26 @@ def ray_goals(results, ks, settings, arrivals) -> List[str]:
     return L
 
 
-def where_time_goes(results, ks, settings) -> List[str]:
+def where_time_goes(results, ks, settings, arrivals) -> List[str]:
     L = ["### Where the time goes (ours, BatchedDecoder γ=auto; share of step time, medians over runs)", "",
-         "| setting | K | target | draft | sampling | scheduler | rows/pass | tokens/pass | mean α |",
-         "|---|---|---|---|---|---|---|---|---|"]
+         "| setting | arrivals | K | target | draft | sampling | scheduler | rows/pass | tokens/pass | "
+         "drafted tokens/run | mean α |",
+         "|---|---|---|---|---|---|---|---|---|---|---|"]
     for sid in settings:
-        for k in ks:
-            rs = [r for r in _runs(results, engine="batched-auto", k=k, setting=sid) if r.get("stats")]
-            if not rs:
-                continue
-            share = lambda key: _median([r["stats"][key] / r["stats"]["step_s"]  # noqa: E731
-                                         for r in rs if r["stats"].get("step_s")])
-            st = lambda key: _median([r["stats"].get(key) for r in rs])  # noqa: E731
-            L.append(f"| {SETTINGS[sid].label} | {k} | {_pctx(share('target_s'))} | {_pctx(share('draft_s'))} | "
-                     f"{_pctx(share('sampling_s'))} | {_pctx(share('scheduler_s'))} | {_fmt(st('rows_per_pass'), 1)} "
-                     f"| {_fmt(st('tokens_per_pass'), 2)} | {_fmt(st('mean_alpha'), 3)} |")
+        for arrival in arrivals:
+            for k in ks:
+                rs = [r for r in _runs(results, engine="batched-auto", k=k, setting=sid, arrival=arrival)
+                      if r.get("stats")]
+                if not rs:
+                    continue
+                share = lambda key: _median([r["stats"][key] / r["stats"]["step_s"]  # noqa: E731
+                                             for r in rs if r["stats"].get("step_s")])
+                st = lambda key: _median([r["stats"].get(key) for r in rs])  # noqa: E731
+                L.append(f"| {SETTINGS[sid].label} | {arrival} | {k} | {_pctx(share('target_s'))} | "
+                         f"{_pctx(share('draft_s'))} | {_pctx(share('sampling_s'))} | "
+                         f"{_pctx(share('scheduler_s'))} | {_fmt(st('rows_per_pass'), 1)} | "
+                         f"{_fmt(st('tokens_per_pass'), 2)} | {_fmt(st('drafted'), 0)} | "
+                         f"{_fmt(st('mean_alpha'), 3)} |")
     return L + [""]
 
 
