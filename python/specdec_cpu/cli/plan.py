@@ -86,14 +86,17 @@ def users_lines(model: CostModel, alpha: float, users: list[int], gamma_max: int
     option = DraftOption("model", [alpha] * gamma_max, costly=True, catch_up=1)
     lines = [f"K concurrent requests (α = {alpha:.4g} each; measured target and draft pass times by rows):",
              "    K   γ per request   tok/s planned   tok/s at γ = 0   speed-up over continuous batching"]
+    plain_somewhere = False
     for k in users:
         gammas = [g for _, g in planner.plan([PlanRequest(options=[option])] * k)]
         planned = 1000.0 * planner.last_rate
         plain = 1000.0 * planner.rate([((), 0, False, 0)] * k)
         shown = str(gammas[0]) if len(set(gammas)) == 1 else ",".join(map(str, gammas))
         lines.append(f"{k:5d}   {shown:<13s}   {planned:13.1f}   {plain:14.1f}   {planned / plain:.2f}×")
-    lines.append("(γ = 0 and 1.00×: the batch's rows are worth more as other requests' tokens than as "
-                 "drafts; the planner runs continuous batching alone)")
+        plain_somewhere |= not any(gammas)
+    if plain_somewhere:
+        lines.append("(γ = 0: the batch's rows are worth more as other requests' tokens than as drafts; "
+                     "the planner runs continuous batching alone)")
     return lines
 
 
