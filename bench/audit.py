@@ -1024,7 +1024,7 @@ def _setting_text(r) -> str:
     return "T = 1" if r["setting"] == "t1" else "T = 0.7, top-p 0.95"
 
 
-def render(results: Dict[str, Any], plot_name: Optional[str]) -> str:
+def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Optional[Path] = None) -> str:
     cfg = results.get("config", {})
     L = [SECTION, ""]
     if cfg.get("tokens", FULL_TOKENS) < FULL_TOKENS:
@@ -1071,7 +1071,7 @@ def render(results: Dict[str, Any], plot_name: Optional[str]) -> str:
     L.append("")
     if plot_name:
         L += [f"![surprisal z and TV gap per engine]({plot_name})", ""]
-    L += findings(results)
+    L += findings(results, out_dir)
     L += ["### How the ids were obtained", "",
           "| engine | setting | ids from | sequences (stopped at EOG) | new tokens | drafted / accepted | "
           "generation tok/s | ids re-render the printed text |",
@@ -1097,7 +1097,9 @@ def render(results: Dict[str, Any], plot_name: Optional[str]) -> str:
     drafting = [r for r in results.get("runs", []) if r.get("drafted")]
     if drafting:
         L += ["Drafted / accepted show that speculation really ran (for llama-cpp-python's prompt lookup the "
-              "library reports no counts).", ""]
+              "library reports no counts). Generation tok/s is what each engine ran at while audited, with "
+              "whatever else the machine did at the time: not a speed comparison (bench/serving.py and "
+              "`python -m bench` measure speed side by side).", ""]
     errs = results.get("errors") or []
     failed = [f"{r['engine']} {r['setting']}: {len(r['failed_sequences'])} sequences failed and were left out "
               f"({r['failed_sequences'][0]})" for r in results.get("runs", []) if r.get("failed_sequences")]
@@ -1135,7 +1137,24 @@ def render(results: Dict[str, Any], plot_name: Optional[str]) -> str:
     return "\n".join(L).rstrip() + "\n"
 
 
-def findings(results) -> List[str]:
+def _same_sequences(out_dir: Optional[Path], results, a: str, b: str) -> List[str]:
+    """Per setting where both engines ran: how many of their sequences (same
+    prompts, same seeds, in order) are the same token ids."""
+    out = []
+    by = {(r["engine"], r["setting"]): r for r in results.get("runs", [])}
+    for sid in AUDIT_SETTINGS:
+        if out_dir is None or (a, sid) not in by or (b, sid) not in by:
+            continue
+        try:
+            xs, ys = (read_samples(out_dir / by[(e, sid)]["samples_file"]) for e in (a, b))
+        except (OSError, KeyError, ValueError):
+            continue
+        same = sum(x.tokens == y.tokens for x, y in zip(xs, ys))
+        out.append(f"{same} of {min(len(xs), len(ys))} at {_setting_text(by[(a, sid)])}")
+    return out
+
+
+def findings(results, out_dir: Optional[Path] = None) -> List[str]:
     """What the numbers say, engine by engine, with what the source says where it matters."""
     L = ["### Findings", ""]
     by = {(r["engine"], r["setting"]): r for r in results.get("runs", [])}
@@ -1190,6 +1209,12 @@ def findings(results) -> List[str]:
             "`common_sampler_sample_and_accept_n` (draft from common/speculative.cpp's draft-simple), so at "
             "T > 0 it is the match rule of `llama-speculative-simple`: exact, with a lower acceptance than "
             "rejection sampling would give.")
+        same = _same_sequences(out_dir, results, "llama-server-md", "llama-server-plain")
+        if same:
+            L[-1] += (" It is also why, with the same seeds, its sequences are llama-server's plain ones "
+                      f"({'; '.join(same)}; a difference starts where a batched pass rounds a logit "
+                      "differently): the match rule emits the plain sampler's own draws, so these two rows are "
+                      "one piece of evidence, not two.")
     lcp = verdicts("lcp-pld")
     if lcp:
         ok = all(r["verdict"] == "pass" for r in lcp)
@@ -1352,7 +1377,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             name = os.path.relpath(plot_path, args.results_md.parent)
         except ImportError:
             _say("matplotlib is missing: no plot")
-    write_section(args.results_md, render(results, name), SECTION)
+    write_section(args.results_md, render(results, name, args.output_dir), SECTION)
     _say(f"wrote {args.results_md} ({SECTION})" + (f" and {plot_path}" if name else ""))
     return 0 if not results.get("errors") else 1
 
