@@ -59,7 +59,7 @@ MODES = {
 }
 
 
-def section_of(results) -> tuple:
+def section_of(results) -> tuple[str, str]:
     """The RESULTS.md heading and plot file of a run: one section per mode,
     and one more for an HTTP run that leaves a core spare (fewer threads than
     cores), where the server and the clients no longer preempt llama.cpp."""
@@ -595,7 +595,8 @@ def render(results) -> str:
          f"- Run: {results['started']} → {results.get('finished', '(unfinished)')}"
          + (f" (code at git {results['git']})" if results.get("git") else "") + "; "
          f"machine: {results['machine'].get('cpu')}, {results['machine'].get('cores')} cores, "
-         f"{results['threads']} threads for every engine (DecoderPool(K): max(1, threads // K) per decoder, "
+         f"{results['threads']} thread{'s' if results['threads'] != 1 else ''} for every engine "
+         "(DecoderPool(K): max(1, threads // K) per decoder, "
          "its documented setting).",
          f"- Workload: F32 target / Q4_0 draft (Qwen2.5-Coder-0.5B-Instruct); K concurrent streams with "
          f"different chat prompts (a tag unique to each block defeats prompt caches across blocks), "
@@ -605,7 +606,9 @@ def render(results) -> str:
          "processing included. TTFT: request sent → first text piece. ITL: gaps between successive "
          "pieces of a request (a piece is one token, or several when a multi-byte character spans "
          "tokens; speculation delivers tokens in bursts, so ITL p50 can be ~0 while p95 shows the "
-         "step time). Ratios: median of per-block ratios [bootstrap 95% interval over blocks].",
+         "step time" + ("; through `specdec-cpu serve` a piece is one server-sent event, all of a step's "
+                        "tokens, so its ITL is the step time" if mode == "http" else "")
+         + "). Ratios: median of per-block ratios [bootstrap 95% interval over blocks].",
          "- Engines: " + "; ".join(f"`{e}` {lab}" for e, lab in results["engines"].items()) + ".", ""]
     for sid in settings:
         for arrival in arrivals:
