@@ -1137,11 +1137,11 @@ def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Optional[
     return "\n".join(L).rstrip() + "\n"
 
 
-def _same_sequences(out_dir: Optional[Path], results, a: str, b: str) -> List[str]:
-    """Per setting where both engines ran: how many of their sequences (same
-    prompts, same seeds, in order) are the same token ids."""
+def _same_sequences(out_dir: Optional[Path], by: Dict[Tuple[str, str], Any], a: str, b: str) -> List[str]:
+    """Per setting where both engines ran (``by``: runs by engine and
+    setting): how many of their sequences (same prompts, same seeds, in
+    order) are the same token ids."""
     out = []
-    by = {(r["engine"], r["setting"]): r for r in results.get("runs", [])}
     for sid in AUDIT_SETTINGS:
         if out_dir is None or (a, sid) not in by or (b, sid) not in by:
             continue
@@ -1209,7 +1209,7 @@ def findings(results, out_dir: Optional[Path] = None) -> List[str]:
             "`common_sampler_sample_and_accept_n` (draft from common/speculative.cpp's draft-simple), so at "
             "T > 0 it is the match rule of `llama-speculative-simple`: exact, with a lower acceptance than "
             "rejection sampling would give.")
-        same = _same_sequences(out_dir, results, "llama-server-md", "llama-server-plain")
+        same = _same_sequences(out_dir, by, "llama-server-md", "llama-server-plain")
         if same:
             L[-1] += (" It is also why, with the same seeds, its sequences are llama-server's plain ones "
                       f"({'; '.join(same)}; a difference starts where a batched pass rounds a logit "

@@ -405,18 +405,13 @@ def report(results, isas, command, notes) -> str:
 
 
 def write_section(text: str, path: Path = RESULTS, heading: str = "## Kernels") -> None:
-    """Replace (or add) the ``## Kernels`` section of RESULTS.md, keeping the rest."""
-    old = path.read_text() if path.exists() else "# Benchmark results\n"
-    lines = old.splitlines(keepends=True)
-    start = next((i for i, l in enumerate(lines) if l.strip() == heading), None)
-    section = heading + "\n\n" + text
-    if start is None:
-        body = old if old.endswith("\n") else old + "\n"
-        path.write_text(body + "\n" + section)
-        return
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    rest = "".join(lines[end:])
-    path.write_text("".join(lines[:start]) + section + ("\n" + rest if rest else ""))
+    """Replace (or add) the ``## Kernels`` section of RESULTS.md in place, keeping the rest."""
+    try:  # python -m bench kernels, or bench/ on sys.path
+        from .serving import write_section as replace_section
+    except ImportError:  # pragma: no cover - run as a plain script
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+        from bench.serving import write_section as replace_section  # type: ignore[no-redef]
+    replace_section(path, heading + "\n\n" + text, heading)
 
 
 def main(argv=None) -> int:
