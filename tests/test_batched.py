@@ -280,6 +280,12 @@ def test_async_streams_for_asyncio_servers(batched) -> None:
         # once and leaves the end for the iteration; nothing is read twice.
         assert whole.read_ready() == s.result.text and whole.read_ready() == ""
         assert [p async for p in whole] == []
+        # The reader is woken as each step's text is ready, not only at the end.
+        rung = batched.astream(PROMPTS[0], max_tokens=8, params=GREEDY, gamma=0)
+        rings, ring = [], rung._request.wakeup
+        rung._request.wakeup = lambda: (rings.append(1), ring())
+        await rung.wait()
+        assert rung.result.stats.tokens >= 4 and len(rings) >= rung.result.stats.tokens - 2
         # Many concurrent async readers and no thread blocked on any of them.
         streams = [batched.astream(p, max_tokens=8, params=GREEDY) for p in PROMPTS]
         texts = await asyncio.gather(*[_collect(x) for x in streams])
