@@ -205,6 +205,49 @@ def test_a_killed_replica_is_replaced_and_the_others_finish(cluster) -> None:
     assert len(seen) == 2, seen  # both replicas serve again
 
 
+def _descendants(root: int) -> list[int]:
+    """Pids of every process below ``root`` (Linux /proc)."""
+    from pathlib import Path
+
+    parent = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        parent[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [root]
+    while frontier:
+        kids = [p for p, pp in parent.items() if pp in frontier]
+        found += kids
+        frontier = kids
+    return found
+
+
+def test_the_proxy_and_replicas_run_ray_serve_s_low_latency_settings(cluster) -> None:
+    """``serve --ray`` starts its local cluster with LOW_LATENCY_ENV, so every
+    Ray process it starts (the proxy and the replicas among them) has it."""
+    from pathlib import Path
+
+    from specdec_cpu.serving.ray_app import LOW_LATENCY_ENV
+
+    if not Path("/proc/self/environ").exists():
+        pytest.skip("needs Linux /proc to read another process's environment")
+    checked = {}
+    for pid in _descendants(cluster.proc.pid):
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv)
+        except OSError:
+            continue
+        for kind in ("ServeReplica", "ProxyActor"):
+            if title.startswith(f"ray::{kind}"):
+                checked[pid] = kind
+                for name, value in LOW_LATENCY_ENV.items():
+                    assert env.get(name.encode()) == value.encode(), (title, name, env.get(name.encode()))
+    assert sorted(checked.values()).count("ServeReplica") == 2 and "ProxyActor" in checked.values(), checked
+
+
 def test_the_documented_config_file_builds_an_application(tiny_target, tiny_draft) -> None:
     from pathlib import Path
 

@@ -1,0 +1,212 @@
+"""What each serving layer adds to one request's latency.
+
+    python -m bench.layer_latency                  # 1 and 2 threads × both Ray settings, 100 rounds each
+    python -m bench.layer_latency --threads 1 --ray-settings ours --rounds 50
+
+The serving sweep (bench/serving.py) measures time to first token under
+load, where a request's prompt pass, its place in the batch and the
+machine's noise are each worth tens of milliseconds, far more than the
+layers themselves cost.  This isolates the layers: the same decoder is
+loaded three ways at once (``BatchedDecoder`` called directly, behind
+``specdec-cpu serve`` over HTTP with the official ``openai`` client, and
+through Ray Serve's HTTP proxy with one replica), and one client sends the
+same request to each in turn, round after round (the order rotated every
+round, so a change of machine load hits all three alike): the same
+templated prompt, held in each engine's prompt cache after the first round,
+greedy, one new token.  Every request then costs one 1-row target pass plus
+whatever its path adds; the per-round differences (HTTP − direct, Ray −
+HTTP) are that addition, summarised as medians with a bootstrap 95%
+interval.  Ray runs with ``serve --ray``'s settings and, for comparison,
+with Ray Serve's defaults.  Then the floor of the two HTTP paths:
+``GET /health``, which decodes nothing, alternately bare and through Ray's
+proxy.  Writes bench/layer_latency_results.json and a section of
+bench/RESULTS.md.  Nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from specdec_cpu.serving.ray_app import LOW_LATENCY_ENV
+
+try:  # python -m bench.layer_latency
+    from .report import bootstrap_ci
+    from .run import machine_info, versions
+    from .serving import SETTINGS, OpenAIServer, OursBatched, Request, chat_prompts, write_section
+except ImportError:  # pragma: no cover - run as a plain script
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.report import bootstrap_ci  # type: ignore[no-redef]
+    from bench.run import machine_info, versions  # type: ignore[no-redef]
+    from bench.serving import (SETTINGS, OpenAIServer, OursBatched, Request, chat_prompts,  # type: ignore[no-redef]
+                               write_section)
+
+HERE = Path(__file__).resolve().parent
+HEADING = "## Serving layers' added latency"
+HEALTH_ROUNDS = 200
+#: Ray Serve's own values of the settings ``serve --ray`` changes (Ray 2.x)
+RAY_DEFAULTS = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "1", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "1",
+                "RAY_SERVE_PROXY_USE_GRPC": "0"}
+#: (engine id, what it is); each is compared with the one before it
+PATHS = (("direct", "BatchedDecoder called directly"),
+         ("http", "specdec-cpu serve, openai client"),
+         ("ray", "Ray Serve's HTTP proxy, 1 replica"))
+
+
+def _engines():
+    return {"direct": OursBatched("auto"),
+            "http": OpenAIServer("http", PATHS[1][1], "ours"),
+            "ray": OpenAIServer("ray", PATHS[2][1], "ours", replicas=1)}
+
+
+def _latency(engine, prompt: str) -> float:
+    """Seconds from sending one greedy one-token request to its token."""
+    rec = Request(stream=0, sent=0.0)
+    t0 = time.perf_counter()
+    engine.request(prompt, SETTINGS["t0"], 1, 1, rec, t0)
+    if rec.first is None:
+        raise RuntimeError(f"{engine.id}: the request returned no token")
+    return rec.first
+
+
+def measure(threads: int, rounds: int, ray_settings: str) -> Dict[str, List[float]]:
+    """Latencies (seconds) of every path, one list per path, aligned by round.
+
+    ``ray_settings``: "ours" runs Ray with ``serve --ray``'s LOW_LATENCY_ENV,
+    "defaults" with Ray Serve's own defaults (the environment wins over
+    LOW_LATENCY_ENV, and the Ray processes inherit this one's)."""
+    for name, value in LOW_LATENCY_ENV.items():
+        if ray_settings == "defaults":
+            os.environ[name] = RAY_DEFAULTS[name]
+        else:
+            os.environ.pop(name, None)
+    engines = _engines()
+    started = []
+    prompt = chat_prompts(1, "latency")[0]
+    out: Dict[str, List[float]] = {p: [] for p, _ in PATHS}
+    try:
+        for pid, e in engines.items():
+            print(f"threads={threads}, Ray settings {ray_settings}: loading {e.label}", file=sys.stderr, flush=True)
+            e.start(1, threads)
+            started.append(e)
+            for _ in range(3):  # fills the prompt cache and warms the path
+                _latency(e, prompt)
+        order = [p for p, _ in PATHS]
+        for r in range(rounds):
+            for pid in order[r % 3:] + order[:r % 3]:
+                out[pid].append(_latency(engines[pid], prompt))
+        # The HTTP paths' floor: a request that decodes nothing.
+        import httpx
+
+        with httpx.Client() as http:
+            for r in range(HEALTH_ROUNDS):
+                for pid in ("http", "ray")[r % 2:] + ("http", "ray")[:r % 2]:
+                    t0 = time.perf_counter()
+                    http.get(engines[pid].url + "/health").raise_for_status()
+                    out.setdefault(f"{pid}-health", []).append(time.perf_counter() - t0)
+    finally:
+        for e in started:
+            e.stop()
+    return out
+
+
+def summary(lat: Dict[str, List[float]]) -> List[Dict[str, Any]]:
+    """Per path: median latency, and the median added over the path before it."""
+    rows = []
+    for i, (pid, label) in enumerate(PATHS):
+        row: Dict[str, Any] = {"path": pid, "label": label, "median_ms": 1000 * statistics.median(lat[pid]),
+                               "n": len(lat[pid])}
+        if i:
+            prev = PATHS[i - 1][0]
+            diffs = [1000 * (a - b) for a, b in zip(lat[pid], lat[prev])]
+            ci = bootstrap_ci(diffs)
+            row.update(vs=prev, added_ms=statistics.median(diffs), lo=ci[0], hi=ci[1])
+        rows.append(row)
+    return rows
+
+
+def render(results: Dict[str, Any]) -> str:
+    out = [HEADING, "",
+           "Generated by `bench/layer_latency.py`; every number comes from the run described here "
+           "(every latency is in [layer_latency_results.json](layer_latency_results.json)).", "",
+           "```", results["command"], "```", "",
+           f"- Run: {results['started']} → {results['finished']} (code at git {results['git']}); machine: "
+           f"{results['machine'].get('cpu', '?')}, {results['machine'].get('cores', '?')} cores.",
+           "- Workload: F32 target / Q4_0 draft (Qwen2.5-Coder-0.5B-Instruct) loaded three ways at once; one "
+           "client sends the same greedy one-token request (a templated chat prompt held in each engine's prompt "
+           "cache) to each path in turn, the order rotated every round. Latency: request sent → its token "
+           "received. Added: median of per-round differences [bootstrap 95% interval].", "",
+           "| threads | Ray settings | path | rounds | latency p50 ms | added over | added ms, median [95% interval] |",
+           "|---|---|---|---|---|---|---|"]
+    for run in results["runs"]:
+        t, rs, lat = run["threads"], run["ray_settings"], run["latencies"]
+        rs = "serve --ray's" if rs == "ours" else "Ray's defaults"
+        for row in summary(lat):
+            added = (f"{row['added_ms']:+.1f} [{row['lo']:+.1f}, {row['hi']:+.1f}]" if "vs" in row else "–")
+            out.append(f"| {t} | {rs} | {row['label']} | {row['n']} | {row['median_ms']:.1f} | "
+                       f"{row.get('vs', '–')} | {added} |")
+        h, r = lat["http-health"], lat["ray-health"]
+        diffs = [1000 * (a - b) for a, b in zip(r, h)]
+        ci = bootstrap_ci(diffs)
+        out.append(f"| {t} | {rs} | GET /health through Ray's proxy (no decoding) | {len(r)} | "
+                   f"{1000 * statistics.median(r):.1f} | the same, bare server ({1000 * statistics.median(h):.1f} "
+                   f"ms) | {statistics.median(diffs):+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}] |")
+    out += ["", "Goals: the HTTP layer adds under 5 ms to time to first token (server issue); Ray adds under "
+            "10 ms per request at 1 client (Ray issue). Each request's own cost, one 1-row target pass, is the "
+            "same on every path; what differs is the path, whose own cost the `GET /health` row shows without "
+            "a pass's noise around it. With 2 threads llama.cpp's threads occupy both cores while the server's "
+            "event loop, Ray's proxy and the client need one too. Ray settings: those `serve --ray` gives a local "
+            "cluster (`LOW_LATENCY_ENV` in specdec_cpu/serving/ray_app.py: the replica's app and the proxy's "
+            "router on their process's main event loop, gRPC from proxy to replica), or Ray Serve's defaults."]
+    return "\n".join(out) + "\n"
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench.layer_latency", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--threads", default="1,2", help="llama.cpp threads per engine, a run for each (default 1,2)")
+    ap.add_argument("--rounds", type=int, default=100, help="requests per path and thread count (default 100)")
+    ap.add_argument("--ray-settings", default="ours,defaults",
+                    help="Ray Serve settings, a run for each: ours (serve --ray's), defaults (Ray's own)")
+    ap.add_argument("--output", type=Path, default=HERE / "layer_latency_results.json")
+    ap.add_argument("--results-md", type=Path, default=HERE / "RESULTS.md")
+    ap.add_argument("--report-only", type=Path, metavar="RESULTS_JSON")
+    args = ap.parse_args(argv)
+    args.threads = [int(t) for t in args.threads.split(",")]
+    args.ray_settings = args.ray_settings.split(",")
+    if not set(args.ray_settings) <= {"ours", "defaults"}:
+        ap.error(f"--ray-settings takes ours and/or defaults, got {','.join(args.ray_settings)}")
+    if args.rounds < 2 or any(t < 1 for t in args.threads):
+        ap.error("--rounds must be >= 2 and every --threads >= 1")
+    args.command = " ".join(["python -m bench.layer_latency", *argv])
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv if argv is not None else sys.argv[1:])
+    if args.report_only:
+        results = json.loads(args.report_only.read_text())
+    else:
+        results = {"command": args.command,
+                   "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                   "machine": machine_info(max(args.threads)), "git": versions(None).get("specdec_cpu_git"),
+                   "runs": []}
+        for t in args.threads:
+            for rs in args.ray_settings:
+                results["runs"].append({"threads": t, "ray_settings": rs,
+                                        "latencies": measure(t, args.rounds, rs)})
+        results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+        args.output.write_text(json.dumps(results, indent=1) + "\n")
+    section = render(results)
+    write_section(args.results_md, section, HEADING, after="## Serving with Ray")
+    print(section)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
