@@ -8,7 +8,9 @@
 
 For each K (concurrent streams) every engine is loaded for K streams and,
 block after block, every engine serves the same K requests (different
-prompts, 128 new tokens each), in an order rotated from block to block so
+prompts, 128 new tokens each: end-of-generation tokens are banned in every
+engine, ``ignore_eos``, so that all do the same work; ``--until-eos`` lets
+them end a stream), in an order rotated from block to block so
 that a change of machine load hits all engines alike.  Arrivals are "burst"
 (all K at once) or "staggered" (one every ``--stagger`` seconds).  Every
 prompt carries a tag unique to its block, so no engine can answer from a
@@ -27,6 +29,8 @@ asserts a time.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import math
 import os
@@ -130,7 +134,9 @@ class Engine:
         raise NotImplementedError
 
     def request(self, prompt: str, setting: Setting, max_tokens: int, seed: int, rec: Request,
-                t0: float) -> None:
+                t0: float, ignore_eos: bool = False) -> None:
+        """Serve one request, filling ``rec``; ``ignore_eos``: end-of-generation
+        tokens banned, so that the answer runs to ``max_tokens``."""
         raise NotImplementedError
 
     def stop(self) -> None:
@@ -139,6 +145,10 @@ class Engine:
     def stats(self) -> Dict[str, Any]:
         """Counters since the last call (engines that have them)."""
         return {}
+
+
+def _params(setting: Setting, seed: int, ignore_eos: bool):
+    return dataclasses.replace(setting.params(seed), ignore_eos=ignore_eos)
 
 
 def _consume(pieces, rec: Request, t_sent_abs: float, t0: float) -> None:
@@ -167,8 +177,8 @@ class OursBatched(Engine):
                                             n_ctx=N_CTX, n_threads=threads, gamma=self.gamma)
         self._last = self.dec.metrics()
 
-    def request(self, prompt, setting, max_tokens, seed, rec, t0):
-        s = self.dec.stream(prompt, max_tokens=max_tokens, params=setting.params(seed))
+    def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False):
+        s = self.dec.stream(prompt, max_tokens=max_tokens, params=_params(setting, seed, ignore_eos))
         t_sent = time.perf_counter()
         _consume(s, rec, t_sent, t0)
         rec.tokens = len(s.result.tokens)
@@ -212,8 +222,8 @@ class OursPool(Engine):
         self.pool = DecoderPool(k, str(ensure_model(F32)), str(ensure_model(Q4_0)), n_ctx=N_CTX,
                                 n_threads=max(1, threads // k))
 
-    def request(self, prompt, setting, max_tokens, seed, rec, t0):
-        s = self.pool.stream(prompt, max_tokens=max_tokens, params=setting.params(seed))
+    def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False):
+        s = self.pool.stream(prompt, max_tokens=max_tokens, params=_params(setting, seed, ignore_eos))
         t_sent = time.perf_counter()
         _consume(s, rec, t_sent, t0)
         rec.tokens = len(s.result.tokens) if s.result is not None else 0
@@ -234,8 +244,8 @@ class OursSingle(Engine):
         self.dec = SpeculativeDecoder.from_gguf(str(ensure_model(F32)), str(ensure_model(Q4_0)), n_ctx=N_CTX,
                                                 n_threads=threads)
 
-    def request(self, prompt, setting, max_tokens, seed, rec, t0):
-        s = self.dec.stream(prompt, max_tokens=max_tokens, params=setting.params(seed))
+    def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False):
+        s = self.dec.stream(prompt, max_tokens=max_tokens, params=_params(setting, seed, ignore_eos))
         t_sent = time.perf_counter()
         _consume(s, rec, t_sent, t0)
         rec.tokens = len(s.result.tokens)
@@ -260,11 +270,11 @@ class LlamaServer(Engine):
                                       threads=threads)
         self.url = self._cm.__enter__()
 
-    def request(self, prompt, setting, max_tokens, seed, rec, t0):
+    def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False):
         t_sent = time.perf_counter()
         r = peers.server_complete(self.url, prompt, max_tokens, temperature=setting.temperature,
                                   top_k=setting.top_k, top_p=setting.top_p, min_p=setting.min_p, seed=seed,
-                                  stream=True)
+                                  stream=True, extra={"ignore_eos": True} if ignore_eos else None)
         arrivals = r.arrival_s or []
         rec.arrivals = list(arrivals)
         if arrivals:
@@ -330,12 +340,12 @@ class OpenAIServer(Engine):
             raise RuntimeError(f"{self.id} not ready after 600 s")
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="bench", max_retries=0, timeout=900)
 
-    def request(self, prompt, setting, max_tokens, seed, rec, t0):
+    def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False):
         t_sent = time.perf_counter()
         stream = self.client.completions.create(
             model="bench", prompt=prompt, max_tokens=max_tokens, temperature=setting.temperature,
             top_p=setting.top_p, seed=seed, stream=True, stream_options={"include_usage": True},
-            extra_body={"top_k": setting.top_k, "min_p": setting.min_p})
+            extra_body={"top_k": setting.top_k, "min_p": setting.min_p, **self._ban_eos(ignore_eos)})
         tokens = 0
         for chunk in stream:
             if chunk.choices and chunk.choices[0].text:
@@ -346,6 +356,13 @@ class OpenAIServer(Engine):
             if chunk.usage is not None:
                 tokens = chunk.usage.completion_tokens
         rec.tokens = tokens or len(rec.arrivals)
+
+    def _ban_eos(self, ignore_eos: bool) -> Dict[str, Any]:
+        if not ignore_eos:
+            return {}
+        if self.kind == "lcp":  # llama-cpp-python's server has no ignore_eos: a bias of −100 on every end id
+            return {"logit_bias": {str(t): -100.0 for t in _tokenizer().eog_ids}}
+        return {"ignore_eos": True}
 
     def stop(self):
         if self.proc is not None and self.proc.poll() is None:
@@ -390,7 +407,7 @@ RAY_ENGINES = ("bare-t1", "ray-1", "ray-2")
 
 
 def run_once(engine: Engine, prompts: Sequence[str], setting: Setting, max_tokens: int, arrival: str,
-             stagger: float, seed: int) -> Dict[str, Any]:
+             stagger: float, seed: int, ignore_eos: bool = False) -> Dict[str, Any]:
     """K client threads (one per prompt), started together or staggered."""
     recs = [Request(stream=i, sent=0.0) for i in range(len(prompts))]
     barrier = threading.Barrier(len(prompts) + 1)
@@ -404,7 +421,7 @@ def run_once(engine: Engine, prompts: Sequence[str], setting: Setting, max_token
         rec = recs[i]
         rec.sent = time.perf_counter() - t0
         try:
-            engine.request(prompts[i], setting, max_tokens, seed + i, rec, t0)
+            engine.request(prompts[i], setting, max_tokens, seed + i, rec, t0, ignore_eos)
         except Exception as exc:  # recorded: a failed request is a result too
             rec.error = f"{type(exc).__name__}: {exc}"
         rec.done = time.perf_counter() - t0
@@ -446,17 +463,17 @@ def _pct(xs: Sequence[float], q: float) -> Optional[float]:
 
 def chat_prompts(k: int, tag: str) -> List[str]:
     """The K templated prompts of one block (each tagged, see the module docstring)."""
-    from specdec_cpu.engine import LlamaTokenizer, LlamaWeights
-    from specdec_cpu.models import ensure_model
-
-    global _TOKENIZER
-    if _TOKENIZER is None:
-        _TOKENIZER = LlamaTokenizer(LlamaWeights(str(ensure_model(Q4_0))))
-    return [_TOKENIZER.chat_prompt([{"role": "user", "content": f"(request {tag}.{i}) {USER_PROMPTS[i % 8]}"}])
+    return [_tokenizer().chat_prompt([{"role": "user", "content": f"(request {tag}.{i}) {USER_PROMPTS[i % 8]}"}])
             for i in range(k)]
 
 
-_TOKENIZER = None
+@functools.lru_cache(maxsize=1)
+def _tokenizer():
+    """The pair's vocabulary (the draft file: smaller, the same vocabulary)."""
+    from specdec_cpu.engine import LlamaTokenizer, LlamaWeights
+    from specdec_cpu.models import ensure_model
+
+    return LlamaTokenizer(LlamaWeights(str(ensure_model(Q4_0))))
 
 
 # ---------------------------------------------------------------------------
@@ -470,7 +487,7 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "machine": machine_info(args.threads),
         "git": versions(None).get("specdec_cpu_git"),
-        "tokens": args.tokens, "stagger_s": args.stagger, "threads": args.threads,
+        "tokens": args.tokens, "ignore_eos": not args.until_eos, "stagger_s": args.stagger, "threads": args.threads,
         "mode": "http" if args.http else "ray" if args.ray else "direct", "output": args.output.name,
         "engines": {}, "runs": [],
     }
@@ -479,6 +496,9 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
         # Re-measure some K (all engines, in blocks of their own) into an earlier run's
         # file: its runs at those K and arrivals are replaced, the others kept.
         earlier = json.loads(args.output.read_text())
+        if bool(earlier.get("ignore_eos")) != results["ignore_eos"]:
+            raise SystemExit(f"--update: {args.output} was measured {'with' if earlier.get('ignore_eos') else 'without'}"
+                             " ignore_eos; re-measure all of it (no --update) or match its --until-eos")
         replaced = [r for r in earlier["runs"] if r["k"] in args.ks and r["arrival"] in args.arrivals]
         earlier["runs"] = [r for r in earlier["runs"] if r not in replaced]
         earlier.setdefault("updates", []).append({
@@ -510,7 +530,7 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
                         order = engines[block % len(engines):] + engines[:block % len(engines)]
                         for e in order:
                             run = run_once(e, prompts, SETTINGS[sid], args.tokens, arrival, args.stagger,
-                                           seed=1000 * block)
+                                           seed=1000 * block, ignore_eos=not args.until_eos)
                             run.update(k=k, setting=sid, arrival=arrival, block=block, repeat=rep)
                             results["runs"].append(run)
                             _say(f"K={k} {sid} {arrival} block {block}: {e.id:13s} "
@@ -602,8 +622,12 @@ def render(results) -> str:
          "its documented setting).",
          f"- Workload: F32 target / Q4_0 draft (Qwen2.5-Coder-0.5B-Instruct); K concurrent streams with "
          f"different chat prompts (a tag unique to each block defeats prompt caches across blocks), "
-         f"{results['tokens']} new tokens each; arrivals `burst` (all at once) or `staggered` "
-         f"(one every {results['stagger_s']} s).",
+         f"{results['tokens']} new tokens each"
+         + (" (end-of-generation tokens banned, `ignore_eos`, in every engine: every stream is that long, so "
+            "every engine does the same work; a stream ending early at a random length would change the batch "
+            "the others share)" if results.get("ignore_eos") else
+            " at most (a stream ends at an end-of-generation token; streams' lengths differ between engines)")
+         + f"; arrivals `burst` (all at once) or `staggered` (one every {results['stagger_s']} s).",
          "- Aggregate tok/s: all tokens generated / (last request finished − first sent), prompt "
          "processing included. TTFT: request sent → first text piece. ITL: gaps between successive "
          "pieces of a request (a piece is one token, or several when a multi-byte character spans "
@@ -847,6 +871,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--engines", type=lambda s: s.split(","), default=list(DEFAULT_ENGINES),
                     help=f"engines (default all: {','.join(DEFAULT_ENGINES)})")
     ap.add_argument("--tokens", type=int, default=128, help="new tokens per request (default 128)")
+    ap.add_argument("--until-eos", action="store_true",
+                    help="let a request end at an end-of-generation token (default: ignore_eos in every engine, "
+                         "so every stream has --tokens tokens)")
     ap.add_argument("--repeats", type=int, default=3, help="blocks per (K, setting, arrivals) (default 3)")
     ap.add_argument("--stagger", type=float, default=1.0, help="seconds between staggered arrivals (default 1)")
     ap.add_argument("--threads", type=int, default=2, help="threads per engine (default 2)")

@@ -1,9 +1,9 @@
 """Exactness of every request of a batch, with different parameters side by side.
 
-Thousands of short requests of five kinds run through one BatchedDecoder at
+Thousands of short requests of six kinds run through one BatchedDecoder at
 once (tiny generated GGUF models, the real llama.cpp path), so every step
 mixes kinds: T = 1 with draft-model drafts, top-k with the joint law of two
-tokens, top-p, greedy, and prompt-lookup drafts.  Each kind's emitted
+tokens, top-p, greedy, prompt-lookup drafts, and ``ignore_eos``.  Each kind's emitted
 tokens must follow the target's own distribution for its parameters,
 computed independently from a one-sequence context.
 """
@@ -26,10 +26,14 @@ def reference(tiny_target):
     """p(· | tokens) from a one-sequence context, float64."""
     w = engine.LlamaWeights(tiny_target)
     ctx = w.new_context(n_ctx=512, n_batch=512, n_threads=1)
+    eog = sorted(engine.LlamaTokenizer(w).eog_ids)
 
     def p(tokens: list[int], params: SamplingParams) -> np.ndarray:
         ctx.truncate(0)
-        return expected_distribution(ctx.eval(tokens, 1)[0], params=params)
+        logits = ctx.eval(tokens, 1)[0].copy()
+        if params.ignore_eos:  # the ended-never distribution: end tokens at probability 0
+            logits[eog] = -np.inf
+        return expected_distribution(logits, params=params)
 
     yield p
     w.close()
@@ -43,6 +47,8 @@ def test_each_request_follows_its_own_target_distribution(tiny_target, tiny_draf
         "topp": ("def print", SamplingParams(temperature=1.2, top_p=0.7), 2, 3),
         "greedy": ("it is of", SamplingParams(temperature=0.0), 3, 4),
         "ngram": ("and the world and the world and the world and the", SamplingParams(temperature=1.0), 3, 4),
+        # a prompt after which the target ends 13% of the time: banned, never
+        "ignore-eos": ("to print hello in", SamplingParams(temperature=1.0, ignore_eos=True), 3, 4),
     }
     with BatchedDecoder.from_gguf(tiny_target, tiny_draft, ngram=True, max_sequences=8, n_ctx=256,
                                   n_threads=1, seed=2024, max_queue=10**6) as dec:
@@ -69,22 +75,27 @@ def test_each_request_follows_its_own_target_distribution(tiny_target, tiny_draf
         # the prompt's own pass (a plain step); the others from a drafted step.
         # Which path a request takes is decided before anything is sampled, so
         # the drafted subset is an unbiased sample and is checked on its own too.
+        # (Six kinds share eight slots: a free slot holding a kind's prompt, so
+        # that its request drafts at once, is found for about 70% of requests.)
         drafted_first = [g for g in gs if g.stats.gammas and g.stats.gammas[0] == gamma]
         if kind == "greedy":
             want = int(np.argmax(reference(toks, params)))
             assert all(g.tokens and g.tokens[0] == want for g in gs), f"{kind}: greedy requests disagree"
-            assert len(drafted_first) > 0.75 * N
+            assert len(drafted_first) > 0.6 * N
             continue
         p1 = reference(toks, params)
+        if params.ignore_eos:
+            assert reference(toks, SamplingParams(temperature=params.temperature))[eog].sum() > 0.1
+            assert p1[eog].sum() == 0 and all(len(g.tokens) == 4 for g in gs), f"{kind}: a request ended early"
         drafted = sum(g.stats.drafted for g in gs)
         rejected = sum(g.stats.drafted - g.stats.accepted for g in gs)
         assert rejected > 100, f"{kind}: only {rejected} rejections in {drafted} drafts: residual path untested"
         if kind == "ngram":
             n_lookup = sum(g.stats.by_drafter.get("ngram", [0])[0] > 0 for g in gs)
-            assert n_lookup > 0.75 * N, f"only {n_lookup} requests drafted by lookup"
+            assert n_lookup > 0.6 * N, f"only {n_lookup} requests drafted by lookup"
             drafted_first = [g for g in gs if g.stats.gammas and g.stats.gammas[0] > 0]
         else:
-            assert len(drafted_first) > 0.75 * N, f"{kind}: γ = {gamma} ran first in {len(drafted_first)} requests"
+            assert len(drafted_first) > 0.6 * N, f"{kind}: γ = {gamma} ran first in {len(drafted_first)} requests"
             assert all(g.stats.by_drafter.get("model", [0])[0] > 0 for g in drafted_first)
         for label, subset in (("all requests", gs), ("first step drafted", drafted_first)):
             assert_matches_distribution(_first_counts(subset, p1.size, eog), _merge_eog(p1, eog),

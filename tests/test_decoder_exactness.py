@@ -121,3 +121,34 @@ def test_first_three_tokens_follow_target_at_full_gamma(gamma: int, params: Samp
     print(f"γ={gamma}: first step accepted all {gamma} drafts in {all_accepted}/{n} runs")
     assert 0.1 * n < all_accepted < 0.9 * n
     assert_matches_distribution(counts, joint_of_three(target, params), what=f"γ={gamma} {params}")
+
+
+@pytest.mark.parametrize("gamma", [0, 2])
+def test_ignore_eos_follows_the_target_without_its_end_token(gamma: int) -> None:
+    """``ignore_eos``: token 4 ends generation (it would end ~12% of the 3-token runs);
+    with it banned every run emits all 3 tokens, whose joint law is the
+    target's with token 4 at probability 0 (renormalised), on the plain path
+    and on the drafted one (whose draft still proposes token 4), rejections
+    included."""
+    eog = 4
+    params = SamplingParams(temperature=1.0, ignore_eos=True)
+    target = MarkovLM(V, order=1, seed=11, scale=1.5)
+    draft = MarkovLM(V, order=1, seed=12, scale=1.5)
+    masked = MarkovLM(V, order=1, table=np.where(np.arange(V) == eog, -np.inf, target.table))
+    decoder = SpeculativeDecoder(target, ByteTokenizer(eog=eog), draft if gamma else None, gamma=gamma,
+                                 seed=99 + gamma)
+    counts = np.zeros((V, V, V))
+    drafted = accepted = 0
+    for _ in range(8000):
+        gen = decoder.generate(PROMPT, max_tokens=3, params=params)
+        assert len(gen.tokens) == 3 and gen.stats.finish_reason == "length", gen
+        counts[tuple(gen.tokens)] += 1
+        drafted += gen.stats.drafted
+        accepted += gen.stats.accepted
+    want = joint_of_three(masked, params)
+    unmasked = joint_of_three(target, params)
+    assert want[eog].sum() == want[:, eog].sum() == want[:, :, eog].sum() == 0
+    assert 1.0 - unmasked[:eog, :eog, :eog].sum() > 0.05  # without the ban, runs would end early
+    if gamma:
+        assert drafted - accepted > 1000, f"{drafted - accepted} rejections: residual path untested"
+    assert_matches_distribution(counts, want, what=f"ignore_eos γ={gamma}")

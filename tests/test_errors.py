@@ -342,3 +342,19 @@ def test_masked_row_is_an_error() -> None:
     with pytest.raises(InvalidLogitsError, match="-inf"):
         dec.generate([1, 3], max_tokens=4, params=T1)
     assert len(dec.generate([1, 2], max_tokens=1, params=T1).tokens) == 1
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    ({"temperature": -0.1}, ValueError, "temperature"),
+    ({"top_k": 1.5}, TypeError, "top_k"),
+    ({"top_p": 0.0}, ValueError, "top_p"),
+    ({"min_p": 1.0}, ValueError, "min_p"),
+    ({"seed": -1}, ValueError, "seed"),
+    ({"ignore_eos": "yes"}, TypeError, "ignore_eos"),
+    ({"ignore_eos": 1}, TypeError, "ignore_eos"),
+])
+def test_sampling_params_name_the_bad_field(kwargs, exc, match) -> None:
+    from specdec_cpu import SamplingParams
+
+    with pytest.raises(exc, match=match):
+        SamplingParams(**kwargs)

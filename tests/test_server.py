@@ -122,6 +122,24 @@ def test_stream_usage_finish_reason_and_done(server) -> None:
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
 
 
+def test_ignore_eos_runs_every_answer_to_max_tokens(server) -> None:
+    """The same seeded requests end early without ``ignore_eos`` and run to
+    ``max_tokens`` with it (finish_reason "length")."""
+    c = client(server)
+
+    def answers(**extra):
+        return [c.completions.create(model="tiny", prompt="to print hello in", max_tokens=48, temperature=1.0,
+                                     seed=seed, extra_body=extra) for seed in range(12)]
+
+    plain = answers()
+    assert any(r.choices[0].finish_reason == "stop" for r in plain), "no request ended early: test too weak"
+    for r in answers(ignore_eos=True):
+        assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 48, r
+    status = httpx.post(server.url + "/v1/completions", timeout=60,
+                        json={"model": "tiny", "prompt": "x", "ignore_eos": "maybe"})
+    assert status.status_code == 400 and status.json()["error"]["param"] == "ignore_eos"
+
+
 def test_eight_concurrent_async_streams_are_correct_and_independent(server, reference) -> None:
     want = {p: reference.generate(p, max_tokens=20, params=GREEDY).tokens for p in PROMPTS}
 

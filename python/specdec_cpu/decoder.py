@@ -18,7 +18,7 @@ from .planning import GammaController, MatchLengthController
 from .drafters import CombinedDrafter, Draft, Drafter, ModelDrafter, NgramDrafter
 from .drafters.unwrap import unwrapped_reference
 from .errors import DecoderClosedError, GenerationCancelled, InvalidLogitsError, UnsupportedModelError
-from .model import CausalLM, Tokenizer
+from .model import CausalLM, Tokenizer, eog_id_array
 from .params import SamplingParams
 from .request_args import GAMMA_LIMIT, Prompt, chat_prompt, check_gamma, check_request, prompt_tokens
 from .stats import GenerationStats
@@ -511,6 +511,7 @@ class _Run:
         seq = list(self.prompt)
         target = dec._target_cache
         n_ctx = dec._context_limit()
+        banned = eog_id_array(dec.tokenizer, dec.target.n_vocab) if params.ignore_eos else None
 
         # Prompt: reuse what the cache already holds, decode the rest but the
         # last token (its logits come with the first step), a batch at a time.
@@ -551,6 +552,8 @@ class _Run:
             if gamma == 0:
                 t0 = time.perf_counter()
                 logits = target.sync_and_eval(seq, 1)
+                if banned is not None:
+                    logits = sampling.mask_tokens(logits, banned)
                 t1 = time.perf_counter()
                 new = [sampling.sample(logits[0], params, rng_v)]
                 t2 = time.perf_counter()
@@ -560,6 +563,8 @@ class _Run:
                 draft_probs = None if draft.probs is None else draft.probs[:gamma]
                 t0 = time.perf_counter()
                 logits = target.sync_and_eval(seq + draft_tokens.tolist(), gamma + 1)
+                if banned is not None:
+                    logits = sampling.mask_tokens(logits, banned)
                 t1 = time.perf_counter()
                 res = sampling.verify(logits, draft_tokens, draft_probs, params, rng_v)
                 t2 = time.perf_counter()

@@ -57,3 +57,12 @@ class Tokenizer(Protocol):
 
     def chat_prompt(self, messages: Sequence[dict], *, add_generation_prompt: bool = True) -> Optional[str]:
         """The model's chat template applied to ``messages``; None without a template."""
+
+
+def eog_id_array(tokenizer: Tokenizer, n_vocab: int) -> np.ndarray:
+    """Every end-of-generation id below ``n_vocab``, sorted (the tokenizer's
+    own ``eog_ids`` when it has them, else one ``is_eog`` call per id)."""
+    ids = getattr(tokenizer, "eog_ids", None)
+    if ids is None:
+        ids = [t for t in range(n_vocab) if tokenizer.is_eog(t)]
+    return np.array(sorted(int(t) for t in ids if 0 <= int(t) < n_vocab), dtype=np.intp)

@@ -31,6 +31,15 @@ class SamplingParams:
             a prompt prefix cached by an earlier call is not decoded again,
             and batched passes round differently from one-row passes
             (docs/math.md §9).
+        ignore_eos: never end at an end-of-generation token: the target's
+            end-of-generation ids get probability 0 before the pipeline
+            above (logit −∞), so the output is exactly the target's
+            distribution given that generation goes on, for ``max_tokens``
+            tokens unless a stop string or the context ends it first (fixed-
+            length output, and benchmarks comparing engines on equal work;
+            llama.cpp's and vLLM's ``ignore_eos``).  Only the target's rows
+            are masked: a draft proposing an end token is rejected like any
+            token the target cannot emit.
     """
 
     temperature: float = 1.0
@@ -38,6 +47,7 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: Optional[int] = None
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         _check_real("temperature", self.temperature)
@@ -58,6 +68,9 @@ class SamplingParams:
                 raise TypeError(f"seed must be an int or None, got {self.seed!r}")
             if not 0 <= self.seed < 2**64:
                 raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
+
+        if not isinstance(self.ignore_eos, bool):
+            raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
 
     @property
     def greedy(self) -> bool:

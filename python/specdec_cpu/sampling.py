@@ -84,6 +84,15 @@ def sample_into(logits: np.ndarray, params: SamplingParams, rng: "_core.Rng", ou
     return _core.sample_into(logits, *_knobs(params), rng, out)
 
 
+def mask_tokens(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """``logits`` with columns ``ids`` set to −∞ (probability 0 under every
+    sampling pipeline): in place when the array is writeable, else a copy."""
+    if not logits.flags.writeable:
+        logits = logits.copy()
+    logits[..., ids] = -np.inf
+    return logits
+
+
 def acceptance_rate(p: np.ndarray, q: np.ndarray) -> float:
     """Σ min(p, q) = 1 − TV(p, q): the probability a draft from q is accepted."""
     return _core.acceptance_rate(p, q)

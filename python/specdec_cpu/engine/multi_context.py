@@ -67,6 +67,13 @@ class LogitRows:
         arr.flags.writeable = False
         return arr
 
+    def mask_columns(self, ids: np.ndarray) -> None:
+        """Set columns ``ids`` of every row to −∞ in llama.cpp's buffer (a
+        token banned before sampling; the rows are rewritten by the next
+        ``decode``)."""
+        buf = (ctypes.c_float * (self.n_rows * self.n_vocab)).from_address(self.address)
+        np.frombuffer(buf, dtype=np.float32).reshape(self.n_rows, self.n_vocab)[:, ids] = -np.inf
+
 
 class LlamaMultiContext(Closable):
     """A llama.cpp context over :class:`LlamaWeights` holding ``n_seq`` sequences.

@@ -57,6 +57,7 @@ class _Sampling(BaseModel):
     stream_options: Optional[StreamOptions] = None
     n: int = 1
     gamma: Union[Literal["auto"], int] = "auto"
+    ignore_eos: bool = False  # as llama-server's and vLLM's: generate max_tokens, never end at EOS
     # Defined by OpenAI, not served: refused unless left at their neutral value.
     logprobs: Optional[Union[bool, int]] = None
     presence_penalty: float = 0.0
@@ -100,7 +101,7 @@ class _Sampling(BaseModel):
 
     def params(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                              min_p=self.min_p, seed=self.seed)
+                              min_p=self.min_p, seed=self.seed, ignore_eos=self.ignore_eos)
 
     @property
     def include_usage(self) -> bool:

@@ -33,7 +33,7 @@ from ..drafters import NgramDrafter
 from ..drafters.unwrap import unwrapped_reference
 from ..engine.multi_context import LlamaMultiContext, Rows
 from ..errors import DecoderClosedError, InvalidLogitsError, QueueFullError, SpecDecError
-from ..model import Tokenizer
+from ..model import Tokenizer, eog_id_array
 from ..planning.batch_planner import AlphaTracker, BatchPlanner, DraftOption, PlanRequest
 from ..planning.match_controller import MatchAlphas
 from .metrics import ServingMetrics
@@ -105,6 +105,7 @@ class Scheduler:
         self.pair_alpha = AlphaTracker(first=alpha_prior, rest=alpha_prior, ema=0.05)
         self.probe_every, self.probe_max = probe_every, probe_max
         self.slots = SlotTable(target, draft)
+        self._eog: Optional[np.ndarray] = None  # the target's end-of-generation ids, once a request bans them
         self.shared_vocab = min(draft.n_vocab, target.n_vocab) if draft is not None else 0
         self._cond = threading.Condition()
         self._waiting: "collections.deque[Request]" = collections.deque()
@@ -494,6 +495,7 @@ class Scheduler:
             return 0
         self._start_decoding(req)
         t0 = time.perf_counter()
+        self._ban_eog(req, rows)
         try:
             token = sampling.sample(rows.view()[0], req.params, req.rng_verify)
         except InvalidLogitsError as exc:
@@ -513,6 +515,7 @@ class Scheduler:
         stats = req.stats
         n_old = len(req.seq)
         t0 = time.perf_counter()
+        self._ban_eog(req, rows)
         try:
             if w.gamma == 0:
                 new = [sampling.sample(rows.view()[0], req.params, req.rng_verify)]
@@ -560,6 +563,13 @@ class Scheduler:
                 self.metrics.alpha_sum += float(sum(alphas))
                 self.metrics.alpha_rows += len(alphas)
         return self._emit(req, new)
+
+    def _ban_eog(self, req: Request, rows) -> None:
+        """A request with ``ignore_eos``: its target rows give the end-of-generation ids probability 0."""
+        if req.params.ignore_eos:
+            if self._eog is None:
+                self._eog = eog_id_array(self.tokenizer, self.target.n_vocab)
+            rows.mask_columns(self._eog)
 
     def _learn(self, w: _Work, alphas, n_acc: int, first: int) -> None:
         """Feed the step's outcome to the acceptance estimates."""
