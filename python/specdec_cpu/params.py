@@ -68,7 +68,6 @@ class SamplingParams:
                 raise TypeError(f"seed must be an int or None, got {self.seed!r}")
             if not 0 <= self.seed < 2**64:
                 raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
-
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
 

@@ -93,7 +93,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
-    """--temperature/--top-k/--top-p/--min-p/--seed/--max-tokens/--system."""
+    """--temperature/--top-k/--top-p/--min-p/--seed/--max-tokens/--ignore-eos/--system."""
     g = p.add_argument_group("sampling (applied as temperature → top-k → top-p → min-p)")
     g.add_argument("--temperature", type=nonneg_float, default=DEFAULT_TEMPERATURE, metavar="T",
                    help=f"sampling temperature, 0 = greedy (default {DEFAULT_TEMPERATURE:g})")
@@ -110,6 +110,9 @@ def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
                         "follows measured timings, which changes how the streams are used)")
     g.add_argument("--max-tokens", type=int_in(1, 1 << 24), default=max_tokens, metavar="N",
                    help=f"most tokens to generate per reply (default {max_tokens})")
+    g.add_argument("--ignore-eos", action="store_true",
+                   help="never end at an end-of-generation token (probability 0): generate --max-tokens "
+                        "tokens unless a stop string or the context ends the reply first")
     g.add_argument("--system", metavar="TEXT", default=None,
                    help="system prompt (used with the chat template)")
 
@@ -118,7 +121,7 @@ def sampling_params(args: argparse.Namespace) -> SamplingParams:
     """The SamplingParams the flags describe (a bad combination is a usage error)."""
     try:
         return SamplingParams(temperature=args.temperature, top_k=args.top_k,
-                              top_p=args.top_p, min_p=args.min_p)
+                              top_p=args.top_p, min_p=args.min_p, ignore_eos=args.ignore_eos)
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
 

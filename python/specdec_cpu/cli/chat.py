@@ -237,8 +237,8 @@ class ChatSession:
             raise ValueError(f"gamma={new['gamma']} needs a drafter; this session has none "
                              "(start with --draft or --ngram)")
         try:
-            params = SamplingParams(temperature=new["temperature"], top_k=new["top_k"],
-                                    top_p=new["top_p"], min_p=new["min_p"], seed=new["seed"])
+            params = SamplingParams(temperature=new["temperature"], top_k=new["top_k"], top_p=new["top_p"],
+                                    min_p=new["min_p"], seed=new["seed"], ignore_eos=self.params.ignore_eos)
         except TypeError as exc:
             raise ValueError(str(exc)) from None
         self.params, self.max_tokens, self.gamma = params, new["max_tokens"], new["gamma"]

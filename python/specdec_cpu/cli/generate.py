@@ -150,7 +150,7 @@ def _json(decoder, args: argparse.Namespace, params, gen, chat: bool,
         "params": {
             "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
             "min_p": params.min_p, "seed": args.seed, "max_tokens": args.max_tokens,
-            "gamma": decoder.gamma,
+            "ignore_eos": params.ignore_eos, "gamma": decoder.gamma,
         },
         "estimated_speedup": speedup,
         "stats": gen.stats.to_dict(),

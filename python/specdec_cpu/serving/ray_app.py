@@ -37,8 +37,9 @@ REPLICA_HEADER = "x-specdec-replica"
 #: on the decoder's scheduler thread), so they run on their process's main
 #: loop, one thread hop less per message.  And the proxy talks to replicas
 #: over gRPC instead of Ray's actor calls (as Ray's own throughput-optimised
-#: mode does).  Measured on a plain GET through the proxy, 12 → 5–7 ms
-#: (bench/RESULTS.md, "Serving layers' added latency").  Ray reads these when
+#: mode does).  What the proxy adds to a request, measured: a plain GET
+#: 9–11 → 6–9 ms, a streamed one-token completion 13–18 → 8–16 ms (noisy;
+#: bench/RESULTS.md, "Serving layers' added latency").  Ray reads these when
 #: each of its processes starts: a local cluster gets them from ``run_ray``;
 #: on an existing cluster, export them before ``ray start`` on every node
 #: (docs/serving.md).
