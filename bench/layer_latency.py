@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+import httpx
 from specdec_cpu.serving.ray_app import LOW_LATENCY_ENV
 
 try:  # python -m bench.layer_latency
@@ -106,8 +107,6 @@ def measure(threads: int, rounds: int, ray_settings: str) -> Dict[str, List[floa
     started = []
     prompt = chat_prompts(1, "latency")[0]
     out: Dict[str, List[float]] = {p: [] for p, _ in PATHS}
-    import httpx
-
     raw = httpx.Client(timeout=120)
     try:
         for pid, e in engines.items():

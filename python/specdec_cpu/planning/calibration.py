@@ -246,8 +246,11 @@ def _identity(path: Optional[str]) -> Optional[ModelIdentity]:
 
 
 def _sampling_dict(params: SamplingParams) -> dict[str, Any]:
-    # The seed changes which tokens are drawn, not the acceptance rate.
-    return {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.name != "seed"}
+    # The seed changes which tokens are drawn, not the acceptance rate; so does
+    # ignore_eos but for the end tokens' few rows (and a cache written before it
+    # existed stays valid).
+    return {f.name: getattr(params, f.name) for f in dataclasses.fields(params)
+            if f.name not in ("seed", "ignore_eos")}
 
 
 # ---------------------------------------------------------------- first use
