@@ -709,6 +709,9 @@ INFORMATIVE: Dict[str, float] = {"t1": 1.0, "t0.7": 0.55}
 MEAN_LENGTH = 0.7
 #: Rows per second the audit scores (F32 target pass + distributions), for --dry-run.
 SCORE_RATE = 60.0
+#: Most tokens one round generates: the samples and the run's progress are saved
+#: after every round, so an interrupted run loses at most one round (a few minutes).
+ROUND_TOKENS = 4096
 
 
 # ---------------------------------------------------------------------------
@@ -760,9 +763,59 @@ def read_samples(path: Path):
         return parse_lines(fh.readlines(), str(path))
 
 
+def _progress_path(samples_path: Path) -> Path:
+    """Where a run in progress keeps what its samples file cannot hold (the
+    sequences' metadata, the next job, the time spent), so that ``--resume``
+    can continue it round by round."""
+    return samples_path.with_name(samples_path.name.replace(".jsonl.gz", ".progress.json"))
+
+
+def _progress_key(args, setting: Setting) -> Dict[str, Any]:
+    """What must match for an earlier run's rounds to count in this one (the
+    jobs, hence the prompts and seeds, follow from the seed and the setting)."""
+    return {"tokens_target": args.tokens, "max_tokens": args.max_tokens, "seed": args.seed,
+            "setting": asdict(setting)}
+
+
+def _load_progress(path: Path, key: Dict[str, Any]) -> Optional[Dict[str, Any]]:
+    """An earlier, unfinished run of the same key (or None)."""
+    progress = _progress_path(path)
+    if not (path.is_file() and progress.is_file()):
+        return None
+    state = json.loads(progress.read_text())
+    if state.get("key") != json.loads(json.dumps(key)):
+        return None
+    records = [json.loads(line) for line in gzip.open(path, "rt", encoding="utf-8")]
+    metas = state["sequence_meta"]
+    if len(records) != len(metas):
+        return None  # the two files disagree: start over rather than guess
+    fields = {f: i for i, f in enumerate(META_FIELDS)}
+    state["samples"] = [
+        Sample(job=m[fields["job"]], prompt=m[fields["prompt"]], text=r["prompt"], seed=m[fields["seed"]],
+               tokens=[int(t) for t in r["tokens"]], stopped=bool(r["stopped"]), produced=m[fields["produced"]],
+               drafted=m[fields["drafted"]], accepted=m[fields["accepted"]], text_check=m[fields["text_check"]],
+               passes=p)
+        for r, m, p in zip(records, metas, state["passes"])]
+    return state
+
+
+def _save_progress(path: Path, key: Dict[str, Any], samples: Sequence[Sample], **state: Any) -> None:
+    write_samples(path, samples)
+    progress = _progress_path(path)
+    tmp = progress.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": key, "sequence_meta": [s.meta() for s in samples],
+                               "passes": [s.passes for s in samples], **state}) + "\n")
+    os.replace(tmp, progress)
+
+
 def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx: Ctx, model, args,
                        out_dir: Path) -> Dict[str, Any]:
-    """Generate rounds of sequences until ``args.tokens`` positions are audited; score as we go."""
+    """Generate rounds of sequences until ``args.tokens`` positions are audited; score as we go.
+
+    After every round the samples and the run's progress are saved; with
+    ``args.resume`` an unfinished run of the same size, seed and setting is
+    continued (its sequences scored again, its next job generated next).
+    """
     from specdec_cpu.audit import AuditSession, GeneratedSequence
 
     jobs = Jobs(ctx.tokenizer, args.seed, setting_index)
@@ -774,6 +827,26 @@ def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx
     next_job = 0
     emitted = 0
     path = out_dir / "samples" / setting.id / f"{engine.id}.jsonl.gz"
+    key = _progress_key(args, setting)
+
+    def score(new: Sequence[Sample]) -> float:
+        t0 = time.monotonic()
+        # Sequences of one prompt scored back to back: the audit's context keeps the prompt between them.
+        session.add([GeneratedSequence(prompt=s.text, tokens=s.tokens, stopped=s.stopped,
+                                       source=f"{path.name}:{s.job}")
+                     for s in sorted(new, key=lambda s: (s.job % len(jobs.prompts), s.job))])
+        return time.monotonic() - t0
+
+    earlier = _load_progress(path, key) if getattr(args, "resume", False) else None
+    if earlier is not None:
+        samples = earlier["samples"]
+        errors, rounds, next_job = earlier["failed_sequences"], earlier["rounds"], earlier["next_job"]
+        gen_s, score_s = earlier["generate_seconds"], earlier["score_seconds"]
+        emitted = sum(len(s.tokens) for s in samples)
+        score_s += score(samples)
+        _say(f"{engine.id} {setting.id}: continuing an unfinished run ({len(samples)} sequences, {rounds} rounds, "
+             f"{session.tokens} / {args.tokens} audited tokens)")
+    per_round = max(1, ROUND_TOKENS // max(int(MEAN_LENGTH * args.max_tokens), 1))
     while session.tokens < args.tokens:
         remaining = args.tokens - session.tokens
         if session.tokens > 0 and next_job > 0:
@@ -782,7 +855,7 @@ def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx
         else:  # first round: ~80% of the estimate, the next rounds use what was measured
             per_job = MEAN_LENGTH * args.max_tokens * INFORMATIVE.get(setting.id, 0.6)
             n = math.ceil(0.8 * remaining / per_job)
-        n = max(n, 1)
+        n = min(max(n, 1), per_round)
         if engine.parallel > 1:
             n = engine.parallel * math.ceil(n / engine.parallel)
         batch = jobs.take(next_job, n)
@@ -800,17 +873,14 @@ def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx
         samples += new
         n_new = sum(len(s.tokens) for s in new)
         emitted += n_new
-        write_samples(path, samples)
-        t0 = time.monotonic()
-        # Sequences of one prompt scored back to back: the audit's context keeps the prompt between them.
-        session.add([GeneratedSequence(prompt=s.text, tokens=s.tokens, stopped=s.stopped,
-                                       source=f"{path.name}:{s.job}")
-                     for s in sorted(new, key=lambda s: (s.job % len(jobs.prompts), s.job))])
-        score_s += time.monotonic() - t0
+        score_s += score(new)
+        _save_progress(path, key, samples, next_job=next_job, rounds=rounds, failed_sequences=errors,
+                       generate_seconds=round(gen_s, 1), score_seconds=round(score_s, 1))
         _say(f"{engine.id} {setting.id} round {rounds}: {len(new)} sequences, {n_new} tokens in {dt:.0f} s "
              f"({n_new / dt if dt > 0 else 0:.1f} tok/s); audited {session.tokens} / {args.tokens} "
              f"({session.positions} positions, {session.accumulator.point_mass} single-token)")
     report = session.report()
+    _progress_path(path).unlink(missing_ok=True)  # the run is complete: results.json holds it now
     rep = report.to_dict()
     for key in ("mismatches", "impossible"):
         rep[key + "_count"] = len(rep[key])
@@ -1322,7 +1392,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                          "output directory)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the engine × setting results already in results.json (same --tokens and "
-                         "--max-tokens) and run the others")
+                         "--max-tokens), continue unfinished ones from their last saved round, run the others")
     ap.add_argument("--report-only", action="store_true", help="re-render the section and plot from results.json")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and estimated duration")
