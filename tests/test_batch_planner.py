@@ -146,3 +146,67 @@ def test_flat_or_falling_learnt_curves_do_not_break_the_planner() -> None:
         p.observe_target(9, 0.004)  # a noisy reading below its neighbours
     plan = p.plan([PlanRequest([model_option(0.9)]) for _ in range(3)], fixed_target_rows=5)
     assert len(plan) == 3 and all(g >= 0 for _, g in plan)
+
+
+def _drafts(plan) -> bool:
+    return any(g > 0 for _, g in plan)
+
+
+def test_drafting_that_fell_short_stops_and_is_tried_again_later() -> None:
+    """Steps that drafted emitted 40% fewer tokens than their plans predicted
+    (a cost or an α̂ the model got wrong): the planner stops drafting at that
+    batch size, not at others, and tries again after enough plain steps."""
+    p = planner()
+    two = [PlanRequest([model_option(0.9)]) for _ in range(2)]
+    assert _drafts(p.plan(two))
+    for _ in range(10):
+        rate = p.plan(two) and p.last_rate
+        p.observe_step(2, True, rate, emitted=0.6 * rate * 1000.0 * 0.2, seconds=0.2)
+    assert not _drafts(p.plan(two))
+    assert _drafts(p.plan(two[:1]))  # one request alone: its own record, none yet
+    plain_steps = 0
+    while not _drafts(p.plan(two)):
+        rate = p.last_rate
+        p.observe_step(2, False, rate, emitted=rate * 1000.0 * 0.15, seconds=0.15)  # plain steps as planned
+        plain_steps += 1
+        assert plain_steps < 200
+    assert plain_steps >= 20  # forgotten slowly: a shortfall is not re-tried every few steps
+
+
+def test_drafting_that_delivers_what_was_planned_goes_on() -> None:
+    p = planner()
+    two = [PlanRequest([model_option(0.9)]) for _ in range(2)]
+    for _ in range(20):
+        plan = p.plan(two)
+        assert _drafts(plan)
+        p.observe_step(2, True, p.last_rate, emitted=p.last_rate * 1000.0 * 0.2, seconds=0.2)
+    assert p.realised[(2, True)].ratio() == pytest.approx(1.0)
+
+
+def test_a_few_steps_do_not_decide_and_the_ratio_is_bounded() -> None:
+    from specdec_cpu.planning.batch_planner import Realised
+
+    r = Realised()
+    for _ in range(r.min_steps - 1):
+        r.observe(0.0, 10.0)
+    assert r.ratio() == 1.0  # too few steps to trust
+    r.observe(0.0, 10.0)
+    assert r.ratio() == r.bounds[0]
+    r.observe(float("nan"), 10.0)  # ignored
+    assert r.steps == r.min_steps
+
+
+def test_plain_steps_falling_short_never_make_the_planner_draft() -> None:
+    """The record can only veto drafting: plain steps doing worse than planned
+    (a per-step cost the model leaves out) is no reason to draft — or to probe
+    a draft's acceptance — where the cost model says drafting does not pay."""
+    p = planner()
+    three = [PlanRequest([model_option(0.6)]) for _ in range(3)]
+    assert not _drafts(p.plan(three))
+    assert not p.drafting_could_pay(3, 2, catch_up=2, alpha=0.95, margin=1.05)  # predicted 0.96x plain
+    rate = p.last_rate
+    for _ in range(20):
+        p.observe_step(3, False, rate, emitted=0.5 * rate * 1000.0 * 0.15, seconds=0.15)
+    assert p.realised[(3, False)].ratio() == 0.5
+    assert not _drafts(p.plan(three))
+    assert not p.drafting_could_pay(3, 2, catch_up=2, alpha=0.95, margin=1.05)

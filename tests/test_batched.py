@@ -332,3 +332,33 @@ def test_a_full_batch_spends_nothing_on_the_draft_where_it_cannot_pay(tiny_targe
         busy.clear()
         gen = dec.generate(PROMPTS[4], max_tokens=40, params=params)
         assert busy and gen.stats.drafted > 0
+
+
+def test_decoding_steps_are_scored_against_their_plans(tiny_target, tiny_draft) -> None:
+    """The planner learns how steps did against their plans from every step
+    of decoding alone: the batch size, whether it drafted, the plan's rate
+    and what it emitted (the prompt's step and the draft's catch-up are set
+    aside)."""
+    from specdec_cpu.planning.costmodel import CostModel
+
+    costs = CostModel(target_ms=[10.0 + 0.5 * (k - 1) for k in range(1, 513)], draft_ms=1.0,
+                      draft_batch_ms=[1.0 * b for b in range(1, 513)], alpha=0.95)
+    with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=2, n_ctx=256, n_threads=1, seed=3,
+                                  calibration=costs) as dec:
+        sch = dec._scheduler
+        seen = []
+        observe = sch.planner.observe_step
+        sch.planner.observe_step = lambda *a: (seen.append(a), observe(*a))[1]
+        params = SamplingParams(temperature=1.0, seed=1)
+        gen = dec.generate(PROMPTS[0], max_tokens=40, params=params)
+        assert gen.stats.drafted > 0
+        assert {a[0] for a in seen} == {1}
+        drafting = [a for a in seen if a[1]]
+        assert drafting and all(a[2] > 0 and a[4] > 0 for a in seen)
+        # Every token but the prompt step's first came from a scored step, bar the draft's catch-up steps.
+        assert gen.stats.tokens - 8 <= sum(a[3] for a in seen) <= gen.stats.tokens - 1
+        assert sch.planner.realised[(1, True)].steps == len(drafting)
+        seen.clear()
+        plain = dec.generate(PROMPTS[1], max_tokens=20, params=params, gamma=0)
+        assert seen and not any(a[1] for a in seen)
+        assert sum(a[3] for a in seen) == plain.stats.tokens - 1

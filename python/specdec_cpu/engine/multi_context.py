@@ -62,8 +62,7 @@ class LogitRows:
 
     def view(self) -> np.ndarray:
         """A read-only ``(n_rows, n_vocab)`` zero-copy array over the rows."""
-        buf = (ctypes.c_float * (self.n_rows * self.n_vocab)).from_address(self.address)
-        arr = np.frombuffer(buf, dtype=np.float32).reshape(self.n_rows, self.n_vocab)
+        arr = self._rows()
         arr.flags.writeable = False
         return arr
 
@@ -71,8 +70,11 @@ class LogitRows:
         """Set columns ``ids`` of every row to −∞ in llama.cpp's buffer (a
         token banned before sampling; the rows are rewritten by the next
         ``decode``)."""
+        self._rows()[:, ids] = -np.inf
+
+    def _rows(self) -> np.ndarray:
         buf = (ctypes.c_float * (self.n_rows * self.n_vocab)).from_address(self.address)
-        np.frombuffer(buf, dtype=np.float32).reshape(self.n_rows, self.n_vocab)[:, ids] = -np.inf
+        return np.frombuffer(buf, dtype=np.float32).reshape(self.n_rows, self.n_vocab)
 
 
 class LlamaMultiContext(Closable):

@@ -17,10 +17,22 @@ is best given the others, until nothing changes.  With one request that is
 an exhaustive search over γ, i.e. the single-request rule
 E / (γ·c + v(γ + 1)); with many, the rows stop being free and the γᵢ fall
 towards 0 (continuous batching alone) by themselves.
+
+The cost model leaves things out (sampling, the scheduler's own time, an
+α̂ that lags a change of text), and near the break-even batch size a few
+percent decide whether drafting pays.  So the planner also keeps score:
+for every batch size, the tokens steps really emitted against what their
+plans predicted for the time they took, separately for drafting and plain
+steps (:class:`Realised`).  Where drafting did worse against its plans
+than plain steps did against theirs, a drafting plan must beat plain
+batching by that much more; where drafting fell short it stops, and the
+shortfall is forgotten over a hundred or so plain steps, so it is tried
+again later (docs/serving.md §2).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -30,7 +42,7 @@ from ..request_args import GAMMA_LIMIT
 from .costmodel import CostModel
 from .pass_times import PassTimes
 
-__all__ = ["BatchPlanner", "DraftOption", "PlanRequest", "AlphaTracker"]
+__all__ = ["BatchPlanner", "DraftOption", "PlanRequest", "AlphaTracker", "Realised"]
 
 _MAX_DEPTH = GAMMA_LIMIT  # the longest draft any route may propose
 _REST_EVIDENCE = 8  # later rows after which first rows stop teaching the later-row estimate
@@ -110,6 +122,47 @@ class AlphaTracker:
         return [self.first] + [self.rest] * (n - 1) if n > 0 else []
 
 
+@dataclass
+class Realised:
+    """How steps of one kind (a batch size, drafting or plain) did against
+    their plans: moving averages of the tokens they emitted and of the
+    tokens their plans predicted for the time they took.
+
+    The prediction is scaled by the step's real duration, so a step that
+    took longer than planned (a draft catching up, an unmodelled cost)
+    counts against its kind as much as one that emitted fewer tokens.
+    """
+
+    tokens: float = 0.0
+    predicted: float = 0.0
+    steps: int = 0
+    ema: float = 0.1
+    #: steps after which the ratio is trusted (before: 1, the cost model as it is)
+    min_steps: int = 4
+    #: the ratio is kept within these bounds (a wild run of steps cannot switch drafting off for good)
+    bounds: tuple = (0.5, 1.25)
+
+    def observe(self, emitted: float, predicted: float) -> None:
+        """One step: ``emitted`` tokens where its plan predicted ``predicted`` in the time it took."""
+        if not (math.isfinite(emitted) and math.isfinite(predicted)) or predicted <= 0:
+            return
+        w = 1.0 / (self.steps + 1) if self.steps < 1.0 / self.ema else self.ema  # a plain mean at first
+        self.tokens += w * (emitted - self.tokens)
+        self.predicted += w * (predicted - self.predicted)
+        self.steps += 1
+
+    def forget(self, weight: float) -> None:
+        """Move the ratio towards 1 (evidence ages while this kind of step is not run)."""
+        self.tokens += weight * (self.predicted - self.tokens)
+
+    def ratio(self) -> float:
+        """Realised / predicted tokens (1 until ``min_steps`` steps were seen)."""
+        if self.steps < self.min_steps or self.predicted <= 0:
+            return 1.0
+        lo, hi = self.bounds
+        return min(max(self.tokens / self.predicted, lo), hi)
+
+
 class BatchPlanner:
     """Chooses every request's draft route and γ for the next step.
 
@@ -123,11 +176,13 @@ class BatchPlanner:
             the batch slower than batching alone.
         cost_prior: T_draft(1) / T_target(1) before the draft is timed.
         sweeps: most rounds of coordinate ascent.
+        forget: per plain step of a batch size, how far that size's
+            drafting record moves back towards "as predicted".
     """
 
     def __init__(self, cost_model: Optional[CostModel] = None, *, max_rows: int = 512,
                  max_draft_rows: int = 512, min_speedup: float = 1.02, cost_prior: float = 0.2,
-                 sweeps: int = 4) -> None:
+                 sweeps: int = 4, forget: float = 0.01) -> None:
         if max_rows < 1 or max_draft_rows < 1:
             raise ValueError(f"max_rows and max_draft_rows must be >= 1, got {max_rows}, {max_draft_rows}")
         if min_speedup <= 0 or cost_prior < 0:
@@ -140,9 +195,11 @@ class BatchPlanner:
         self.target = PassTimes(max_rows, target_seed)
         self.draft = PassTimes(max_draft_rows, draft_seed)
         self.max_rows, self.max_draft_rows = max_rows, max_draft_rows
-        self.min_speedup, self.cost_prior, self.sweeps = min_speedup, cost_prior, sweeps
+        self.min_speedup, self.cost_prior, self.sweeps, self.forget = min_speedup, cost_prior, sweeps, forget
         #: expected tokens per millisecond of the last plan returned
         self.last_rate = 0.0
+        #: (batch size, drafting) -> how such steps did against their plans
+        self.realised: dict[tuple[int, bool], Realised] = {}
 
     # ------------------------------------------------------------ feedback
     def observe_target(self, rows: int, seconds: float) -> None:
@@ -152,6 +209,33 @@ class BatchPlanner:
     def observe_draft(self, rows: int, seconds: float) -> None:
         """One draft pass over ``rows`` rows took ``seconds``."""
         self.draft.observe(int(rows), 1000.0 * seconds)
+
+    def observe_step(self, batch: int, drafting: bool, planned_rate: float, emitted: int, seconds: float) -> None:
+        """A decoding step of ``batch`` requests (no prompt rows in its passes)
+        ran a plan of ``planned_rate`` tokens/ms, drafting or not, and emitted
+        ``emitted`` tokens in ``seconds``."""
+        if batch < 1 or seconds <= 0 or planned_rate <= 0:
+            return
+        self.realised.setdefault((batch, drafting), Realised()).observe(emitted, planned_rate * 1000.0 * seconds)
+        if not drafting and (batch, True) in self.realised:
+            self.realised[(batch, True)].forget(self.forget)
+
+    def _drafting_beats_plain(self, batch: int, drafting_rate: float, plain_rate: float, margin: float) -> bool:
+        """Whether a drafting plan beats plain batching by ``margin`` once
+        corrected by how drafting steps of this batch size did relative to
+        plain ones.
+
+        The correction only ever vetoes: a shortfall of plain steps (a
+        per-step cost the model leaves out weighs more on short steps) never
+        makes the planner draft where the cost model says no — drafting's own
+        one-off costs (a draft catching up after a prompt) are not in its
+        record, so a relative advantage measured without them is not trusted
+        (measured: letting it count tripled the tokens drafted at four
+        requests and lost throughput)."""
+        r = self.realised
+        d = r[(batch, True)].ratio() if (batch, True) in r else 1.0
+        p = r[(batch, False)].ratio() if (batch, False) in r else 1.0
+        return drafting_rate * min(d / p, 1.0) > margin * plain_rate
 
     # ------------------------------------------------------------ the choice
     def plan(self, requests: Sequence[PlanRequest], fixed_target_rows: int = 0,
@@ -197,7 +281,7 @@ class BatchPlanner:
                     changed = True
             if not changed:
                 break
-        if state.rate() < self.min_speedup * plain_rate:
+        if not self._drafting_beats_plain(n, state.rate(), plain_rate, self.min_speedup):
             for i in free:
                 state.set(i, None, 0)
         self.last_rate = state.rate()
@@ -221,7 +305,8 @@ class BatchPlanner:
         plain = [((), 0, False, 0)] * batch
         drafting = [([alpha] * gamma, gamma, True, max(catch_up, 1))] + plain[1:]
         margin = self.min_speedup if margin is None else margin
-        return self.rate(drafting, fixed_target_rows) > margin * self.rate(plain, fixed_target_rows)
+        return self._drafting_beats_plain(batch, self.rate(drafting, fixed_target_rows),
+                                          self.rate(plain, fixed_target_rows), margin)
 
     def rate(self, requests_gammas: Sequence[tuple[Sequence[float], int, bool, int]],
              fixed_target_rows: int = 0, fixed_draft_rows: int = 0) -> float:

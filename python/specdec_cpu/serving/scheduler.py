@@ -194,8 +194,14 @@ class Scheduler:
         decoding = [r for r in self._active if r.prefilled]
         target_parts = self._prefill_parts(has_decoders=bool(decoding))
         work, draft_parts = self._plan(decoding, target_parts)
+        planned_rate = self.planner.last_rate
         self._draft(work, draft_parts)
         emitted = self._target_and_verify(work, target_parts)
+        if work and not target_parts and not draft_parts:
+            # A step of decoding alone (no prompt, no draft catching up, whose
+            # costs the plan sets aside): score it against its plan.
+            self.planner.observe_step(len(work), any(w.gamma > 0 for w in work), planned_rate, emitted,
+                                      time.perf_counter() - t_step)
         self._finish_step(t_step, emitted)
 
     def _stop_requests(self, now: float) -> None:
@@ -275,9 +281,12 @@ class Scheduler:
         lagging: dict[int, int] = {}  # index in work -> tokens its draft lacks
         plans = [self._options(w, i, lagging, len(work), fixed_rows) for i, w in enumerate(work)]
         choice = self.planner.plan(plans, fixed_rows)
+        rate = self.planner.last_rate
         catch_up = self._catch_up(work, plans, lagging, fixed_rows) if lagging else []
         if catch_up:  # plan again with the catch-up rows in the first draft pass
             choice = self.planner.plan(plans, fixed_rows, sum(len(p.tokens) for p in catch_up))
+        else:
+            self.planner.last_rate = rate  # the rate of the plan chosen, not of _catch_up's what-if
         for w, (route, g) in zip(work, choice):
             w.route, w.gamma = route, g
         return work, catch_up
