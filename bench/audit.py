@@ -882,6 +882,7 @@ def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx
     report = session.report()
     _progress_path(path).unlink(missing_ok=True)  # the run is complete: results.json holds it now
     rep = report.to_dict()
+    rep["target"] = Path(rep["target"]).name  # the file, not where this machine keeps it
     for key in ("mismatches", "impossible"):
         rep[key + "_count"] = len(rep[key])
         rep[key] = rep[key][:20]
