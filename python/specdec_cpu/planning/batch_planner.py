@@ -26,8 +26,8 @@ plans predicted for the time they took, separately for drafting and plain
 steps (:class:`Realised`).  Where drafting did worse against its plans
 than plain steps did against theirs, a drafting plan must beat plain
 batching by that much more; where drafting fell short it stops, and the
-shortfall is forgotten over a hundred or so plain steps, so it is tried
-again later (docs/serving.md §2).
+shortfall halves every ~70 plain steps, so it is tried again later
+(docs/serving.md §2).
 """
 
 from __future__ import annotations
@@ -129,8 +129,9 @@ class Realised:
     tokens their plans predicted for the time they took.
 
     The prediction is scaled by the step's real duration, so a step that
-    took longer than planned (a draft catching up, an unmodelled cost)
-    counts against its kind as much as one that emitted fewer tokens.
+    took longer than planned (a pass slower than its curve, a cost the
+    model leaves out) counts against its kind as much as one that emitted
+    fewer tokens.
     """
 
     tokens: float = 0.0
@@ -140,7 +141,7 @@ class Realised:
     #: steps after which the ratio is trusted (before: 1, the cost model as it is)
     min_steps: int = 4
     #: the ratio is kept within these bounds (a wild run of steps cannot switch drafting off for good)
-    bounds: tuple = (0.5, 1.25)
+    bounds: tuple[float, float] = (0.5, 1.25)
 
     def observe(self, emitted: float, predicted: float) -> None:
         """One step: ``emitted`` tokens where its plan predicted ``predicted`` in the time it took."""
