@@ -48,7 +48,8 @@ class ServerProcess:
         raise AssertionError(f"server not ready after {timeout} s:\n{self.logs()}")
 
     def logs(self) -> str:
-        self._log.flush()
+        if not self._log.closed:  # after stop() the file is complete and closed
+            self._log.flush()
         return self.log_path.read_text()
 
     def metric(self, name: str, headers: Optional[dict] = None) -> float:
