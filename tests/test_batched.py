@@ -346,12 +346,19 @@ def test_decoding_steps_are_scored_against_their_plans(tiny_target, tiny_draft) 
     with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=2, n_ctx=256, n_threads=1, seed=3,
                                   calibration=costs) as dec:
         sch = dec._scheduler
+        # The given costs decide every plan (nothing learnt from the tiny model's passes), so that the
+        # steps that catch the draft up and those that draft are the same on a loaded machine.
+        sch.planner.observe_target = sch.planner.observe_draft = lambda rows, seconds: None
         seen = []
         observe = sch.planner.observe_step
         sch.planner.observe_step = lambda *a: (seen.append(a), observe(*a))[1]
+        catching_up = []  # per decoding step: did the draft take in a catch-up chunk?
+        plan = sch._plan
+        sch._plan = lambda d, t: (lambda r: (catching_up.append(bool(r[1])) if r[0] else None, r)[1])(plan(d, t))
         params = SamplingParams(temperature=1.0, seed=1)
         gen = dec.generate(PROMPTS[0], max_tokens=40, params=params)
         assert gen.stats.drafted > 0
+        assert any(catching_up) and len(seen) == catching_up.count(False)  # catch-up steps are set aside
         assert {a[0] for a in seen} == {1}
         drafting = [a for a in seen if a[1]]
         assert drafting and all(a[2] > 0 and a[4] > 0 for a in seen)
