@@ -142,6 +142,9 @@ class Engine:
     def stop(self) -> None:
         pass
 
+    def mark(self) -> None:
+        """A run starts now (engines whose ``stats`` count from here)."""
+
     def stats(self) -> Dict[str, Any]:
         """Counters since the last call (engines that have them)."""
         return {}
@@ -287,6 +290,16 @@ class LlamaServer(Engine):
             self._cm = None
 
 
+def _thread_cpu(pid: int, tid: int) -> float:
+    """CPU seconds (user + system) of thread ``tid`` of process ``pid`` (0 if it has gone)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 class OpenAIServer(Engine):
     """A server process driven with the official ``openai`` client (streamed
     /v1/completions with the templated prompt): ours (``specdec-cpu serve``,
@@ -356,6 +369,39 @@ class OpenAIServer(Engine):
             if chunk.usage is not None:
                 tokens = chunk.usage.completion_tokens
         rec.tokens = tokens or len(rec.arrivals)
+
+    def mark(self) -> None:
+        self._mark = self._counters(scrape_first=True) if self._measures_cpu() else None
+
+    def stats(self) -> Dict[str, Any]:
+        """Our server's CPU during the run: its event loop (the main thread:
+        HTTP, JSON, server-sent events; the decoder runs on other threads)
+        and the whole process, with the decoder's steps (from ``/metrics``)."""
+        if getattr(self, "_mark", None) is None:
+            return {}
+        end = self._counters(scrape_first=False)
+        loop, proc, steps = (b - a for a, b in zip(self._mark, end))
+        return {"server_loop_cpu_s": loop, "server_cpu_s": proc, "steps": steps}
+
+    def _measures_cpu(self) -> bool:
+        return self.kind == "ours" and not self.replicas and Path(f"/proc/{self.proc.pid}/task").is_dir()
+
+    def _counters(self, scrape_first: bool) -> tuple:
+        """(event-loop CPU s, process CPU s, decoder steps).  The /metrics
+        scrape is outside the measured span: before the CPU readings at a
+        run's start, after them at its end."""
+        import httpx
+
+        def steps() -> float:
+            text = httpx.get(self.url + "/metrics", timeout=10).text
+            return next(float(line.split()[-1]) for line in text.splitlines()
+                        if line.startswith("specdec_steps_total"))
+
+        first = steps() if scrape_first else None
+        pid = self.proc.pid
+        loop = _thread_cpu(pid, pid)
+        proc = sum(_thread_cpu(pid, int(t.name)) for t in Path(f"/proc/{pid}/task").iterdir())
+        return loop, proc, first if scrape_first else steps()
 
     def _ban_eos(self, ignore_eos: bool) -> Dict[str, Any]:
         if not ignore_eos:
@@ -429,11 +475,14 @@ def run_once(engine: Engine, prompts: Sequence[str], setting: Setting, max_token
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(len(prompts))]
     for t in threads:
         t.start()
+    engine.mark()
     meter = CpuMeter()
+    cpu0 = time.process_time()
     t0_box.append(time.perf_counter())
     barrier.wait()
     for t in threads:
         t.join()
+    client_cpu = time.process_time() - cpu0  # the clients' (a server engine's decoder is elsewhere)
     ok = [r for r in recs if r.error is None]
     wall = max((r.done for r in ok), default=0.0) - min((r.sent for r in ok), default=0.0)
     tokens = sum(r.tokens for r in ok)
@@ -449,6 +498,7 @@ def run_once(engine: Engine, prompts: Sequence[str], setting: Setting, max_token
         "errors": [r.error for r in recs if r.error],
         "requests": [asdict(r) | {"arrivals": None} for r in recs],
         "others_cpu": meter.others(),
+        "client_cpu_s": client_cpu,
         "stats": engine.stats(),
     }
 
@@ -723,8 +773,9 @@ def http_goals(results, ks, settings, arrivals) -> List[str]:
     L = ["### The HTTP layer's cost (ours through `specdec-cpu serve` and the openai client, against "
          "BatchedDecoder called directly; medians of per-block values [95% interval])", "",
          "| setting | arrivals | K | aggregate tok/s, HTTP / direct | TTFT p50, HTTP − direct | "
+         "HTTP layer's CPU per step, server loop + client | its share of the run's time | "
          "ours over HTTP / llama-server (faster mode) | ours over HTTP / llama-cpp-python server |",
-         "|---|---|---|---|---|---|---|"]
+         "|---|---|---|---|---|---|---|---|---|"]
     for sid in settings:
         for arrival in arrivals:
             for k in ks:
@@ -735,11 +786,20 @@ def http_goals(results, ks, settings, arrivals) -> List[str]:
                 L.append(f"| {SETTINGS[sid].label} | {arrival} | {k} | "
                          f"{ratio_text(block_ratios(results, 'http-batched-auto', 'batched-auto', **m))} | "
                          f"{_diff_text(_ttft_diffs(results, 'http-batched-auto', 'batched-auto', **m))} | "
+                         f"{_layer_cpu_text(_runs(results, engine='http-batched-auto', **m))} | "
                          + (f"{ratio_text(block_ratios(results, 'http-batched-auto', srv, **m))} (vs {srv})"
                             if srv else "–")
                          + f" | {ratio_text(block_ratios(results, 'http-batched-auto', 'lcp-server', **m))} |")
     L += ["", "Goal of the server issue: the HTTP layer costs under 2% of aggregate throughput (ratio ≥ 0.98) "
           "and adds under 5 ms to time to first token.", "",
+          "The layer's CPU (medians over blocks; runs measured before it was recorded show –): the CPU time "
+          "of the server's event loop (its main thread, which parses requests and formats every event; "
+          "the decoder runs on other threads) plus the benchmark process's (the `openai` clients), per "
+          "decoder step and as a share of the run's wall time. llama.cpp's threads keep every core busy "
+          "while a pass runs and wait for each other at every operation, so each CPU second the layer "
+          "takes from them delays the passes by at most about that much: the share bounds the "
+          "throughput the layer can cost, independently of the run-to-run noise of the ratio beside it.",
+          "",
           "Both sides use the same decoder, threads and settings; what differs is CPU: over HTTP the "
           "server's event loop formats each step's tokens as a server-sent event and the `openai` client "
           "parses it (a pydantic object per chunk) in the benchmark process"
@@ -748,6 +808,19 @@ def http_goals(results, ks, settings, arrivals) -> List[str]:
              "(a run with fewer threads than cores, `--threads 1`, shows the layer's cost on a machine "
              "with a core to spare)."), ""]
     return L
+
+
+def _layer_cpu_text(runs: Sequence[Dict[str, Any]]) -> str:
+    """Median over runs of the HTTP layer's CPU (server loop + client): ms per step, and share of wall time."""
+    rs = [r for r in runs if (r.get("stats") or {}).get("steps") and r.get("client_cpu_s") is not None
+          and r.get("wall_s")]
+    if not rs:
+        return "– | –"
+    cpu = [r["stats"]["server_loop_cpu_s"] + r["client_cpu_s"] for r in rs]
+    loop = statistics.median(1000.0 * r["stats"]["server_loop_cpu_s"] / r["stats"]["steps"] for r in rs)
+    client = statistics.median(1000.0 * r["client_cpu_s"] / r["stats"]["steps"] for r in rs)
+    share = statistics.median(c / r["wall_s"] for c, r in zip(cpu, rs))
+    return f"{loop:.2f} + {client:.2f} ms | {100.0 * share:.1f}%"
 
 
 def ray_goals(results, ks, settings, arrivals) -> List[str]:
