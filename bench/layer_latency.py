@@ -195,8 +195,11 @@ def render(results: Dict[str, Any], output: str = "layer_latency_results.json") 
         out.append(f"| {t} | {rs} | GET /health through Ray's proxy (no decoding) | {len(r)} | "
                    f"{1000 * statistics.median(r):.1f} | the same, bare server ({1000 * statistics.median(h):.1f} "
                    f"ms) | {statistics.median(diffs):+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}] |")
+    own = ("its prompt's pass, a few hundred milliseconds, in whichever process serves that path (two "
+           "processes running the same pass can differ by several percent for their whole lifetime, so these "
+           "differences carry that too)" if fresh else "one 1-row target pass")
     out += ["", "Goals: the HTTP layer adds under 5 ms to time to first token (server issue); Ray adds under "
-            "10 ms per request at 1 client (Ray issue). Each request's own cost, one 1-row target pass, is the "
+            f"10 ms per request at 1 client (Ray issue). Each request's own cost, {own}, is the "
             "same on every path; what differs is the path: the server's own share is the bare-client row, the "
             "openai client's the row after it, and the `GET /health` row shows the proxy's cost without a "
             "pass's noise around it. With 2 threads llama.cpp's threads occupy both cores while the server's "
