@@ -6,6 +6,7 @@ resource use in test_batched_churn.py.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -305,6 +306,21 @@ def test_async_streams_for_asyncio_servers(batched) -> None:
     wait_idle(batched)
 
 
+@contextlib.contextmanager
+def _decoder_on_given_costs(target, draft, *, row_ms: float, max_sequences: int):
+    """A decoder whose planner keeps the given costs (nothing learnt from the
+    tiny model's passes): T(k) = 10 + row_ms·(k − 1) ms, a draft row 1 ms, α 0.95."""
+    from specdec_cpu.planning.costmodel import CostModel
+
+    costs = CostModel(target_ms=[10.0 + row_ms * (k - 1) for k in range(1, 513)], draft_ms=1.0,
+                      draft_batch_ms=[1.0 * b for b in range(1, 513)], alpha=0.95)
+    with BatchedDecoder.from_gguf(target, draft, max_sequences=max_sequences, n_ctx=256, n_threads=1, seed=3,
+                                  calibration=costs) as dec:
+        planner = dec._scheduler.planner
+        planner.observe_target = planner.observe_draft = lambda rows, seconds: None
+        yield dec
+
+
 def test_a_full_batch_spends_nothing_on_the_draft_where_it_cannot_pay(tiny_target, tiny_draft) -> None:
     """Costs where rows are cheap for one request but not for a batch (T(k) =
     10 + 6(k − 1) ms, a draft row 1 ms): alone, a good draft pays; with two or
@@ -312,14 +328,8 @@ def test_a_full_batch_spends_nothing_on_the_draft_where_it_cannot_pay(tiny_targe
     drafts, no probes re-measuring α̂, no catch-up of the draft's cache after
     the prompts.  The planner keeps the given costs (nothing is learnt from the
     tiny model's passes)."""
-    from specdec_cpu.planning.costmodel import CostModel
-
-    costs = CostModel(target_ms=[10.0 + 6.0 * (k - 1) for k in range(1, 513)], draft_ms=1.0,
-                      draft_batch_ms=[1.0 * b for b in range(1, 513)], alpha=0.95)
-    with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=4, n_ctx=256, n_threads=1, seed=3,
-                                  calibration=costs) as dec:
+    with _decoder_on_given_costs(tiny_target, tiny_draft, row_ms=6.0, max_sequences=4) as dec:
         sch = dec._scheduler
-        sch.planner.observe_target = sch.planner.observe_draft = lambda rows, seconds: None
         busy = []  # requests decoding at each draft pass
         decode = sch.draft.decode
         sch.draft.decode = lambda parts: (busy.append(sum(r.prefilled for r in sch._active)), decode(parts))[1]
@@ -339,22 +349,23 @@ def test_decoding_steps_are_scored_against_their_plans(tiny_target, tiny_draft) 
     of decoding alone: the batch size, whether it drafted, the plan's rate
     and what it emitted (the prompt's step and the draft's catch-up are set
     aside)."""
-    from specdec_cpu.planning.costmodel import CostModel
-
-    costs = CostModel(target_ms=[10.0 + 0.5 * (k - 1) for k in range(1, 513)], draft_ms=1.0,
-                      draft_batch_ms=[1.0 * b for b in range(1, 513)], alpha=0.95)
-    with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=2, n_ctx=256, n_threads=1, seed=3,
-                                  calibration=costs) as dec:
+    # The given costs decide every plan, so that the steps that catch the draft up and those that
+    # draft are the same on a loaded machine.
+    with _decoder_on_given_costs(tiny_target, tiny_draft, row_ms=0.5, max_sequences=2) as dec:
         sch = dec._scheduler
-        # The given costs decide every plan (nothing learnt from the tiny model's passes), so that the
-        # steps that catch the draft up and those that draft are the same on a loaded machine.
-        sch.planner.observe_target = sch.planner.observe_draft = lambda rows, seconds: None
         seen = []
         observe = sch.planner.observe_step
         sch.planner.observe_step = lambda *a: (seen.append(a), observe(*a))[1]
         catching_up = []  # per decoding step: did the draft take in a catch-up chunk?
         plan = sch._plan
-        sch._plan = lambda d, t: (lambda r: (catching_up.append(bool(r[1])) if r[0] else None, r)[1])(plan(d, t))
+
+        def recording_plan(decoding, target_parts):
+            work, catch_up = plan(decoding, target_parts)
+            if work:
+                catching_up.append(bool(catch_up))
+            return work, catch_up
+
+        sch._plan = recording_plan
         params = SamplingParams(temperature=1.0, seed=1)
         gen = dec.generate(PROMPTS[0], max_tokens=40, params=params)
         assert gen.stats.drafted > 0
