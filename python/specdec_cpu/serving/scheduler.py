@@ -53,9 +53,14 @@ log = logging.getLogger("specdec_cpu.serving")
 IN_STEP_LAG = 4
 CATCH_UP_LIMIT = 64
 #: ... and only when the drafting it enables saves this many times its cost
-#: over the request's remaining tokens (at most EXPECTED_TOKENS of them).
+#: over the request's remaining tokens, at most EXPECTED_TOKENS of them: a
+#: drafting stretch in a shared batch is short (an arrival, a finish or a dip
+#: of α̂ ends it).  Traced at four requests (staggered and burst arrivals,
+#: 24 blocks), a horizon of 256 tokens made catch-ups that cost the batch
+#: 1.5× what the drafting they enabled gained (252 tokens' worth of time
+#: against 165); 64 asks a catch-up to pay within about one stretch.
 CATCH_UP_PAYBACK = 1.5
-EXPECTED_TOKENS = 256
+EXPECTED_TOKENS = 64
 #: A catch-up or a probe is an investment made on a predicted gain: it is made
 #: only when drafting is predicted to beat plain batching by this factor (a
 #: margin for the cost model's error: traced step rates of drafting batches came
