@@ -56,9 +56,16 @@ def test_api_mirrors_the_single_stream_decoder(batched) -> None:
     assert gen.finish_reason in ("length", "stop") and len(gen.tokens) <= 12
     assert gen.stats.tokens == len(gen.tokens) and gen.stats.steps >= 1
     assert gen.stats.total_seconds > 0 and gen.stats.queue_seconds >= 0
+    # Time to first token: from submission, so within the request's whole time.
+    assert 0 < gen.stats.first_token_seconds <= gen.stats.queue_seconds + gen.stats.total_seconds
+    before = batched.metrics()
     # A request's own seed reproduces it at a fixed γ (alone, same cached prefix).
     again = batched.generate("hello world", max_tokens=12, params=seeded, gamma=2)
     assert again.tokens == gen.tokens
+    after = batched.metrics()  # the request's time to first token went into the histogram
+    assert after.ttft_buckets[-1] == before.ttft_buckets[-1] + 1
+    assert after.ttft_seconds - before.ttft_seconds == pytest.approx(again.stats.first_token_seconds)
+    assert list(after.ttft_buckets) == sorted(after.ttft_buckets)  # cumulative
 
     stream = batched.stream("hello world", max_tokens=12, params=seeded, gamma=2)
     pieces = list(stream)

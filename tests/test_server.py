@@ -85,8 +85,14 @@ def test_health_models_and_metrics(server) -> None:
     for name in ("specdec_requests_total", "specdec_tokens_generated_total", "specdec_drafted_tokens_total",
                  "specdec_accepted_tokens_total", "specdec_mean_alpha", "specdec_tokens_per_target_pass",
                  "specdec_tokens_per_second", "specdec_queue_depth", "specdec_active_sequences",
-                 "specdec_prefix_cache_hits_total"):
+                 "specdec_prefix_cache_hits_total", 'specdec_time_to_first_token_seconds_bucket{le="+Inf"}',
+                 "specdec_time_to_first_token_seconds_sum"):
         assert name in text, name
+    # Each request's time to first token inside the decoder goes into the histogram.
+    count, total = (server.metric(f"specdec_time_to_first_token_seconds_{s}") for s in ("count", "sum"))
+    client(server).completions.create(model="tiny", prompt="hello", max_tokens=2, temperature=0)
+    assert server.metric("specdec_time_to_first_token_seconds_count") == count + 1
+    assert server.metric("specdec_time_to_first_token_seconds_sum") > total
 
 
 def test_greedy_output_equals_the_single_stream_decoder(server, reference) -> None:

@@ -11,7 +11,9 @@ class GenerationStats:
     """Counters and timings of one ``generate``/``stream`` call.
 
     ``queue_seconds`` is the time a request of a batched decoder waited for
-    a free sequence (not part of ``total_seconds``).
+    a free sequence (not part of ``total_seconds``); ``first_token_seconds``
+    (batched decoder) is the time from its submission to its first token,
+    queue and prompt included: its time to first token inside the decoder.
     ``acceptance`` is accepted/drafted (what the drafts achieved);
     ``mean_alpha`` is the mean of the exact Σ min(p, q) over every verified
     row (what they could be expected to achieve: the quantity the planner uses).
@@ -31,6 +33,7 @@ class GenerationStats:
     target_seconds: float = 0.0
     sampling_seconds: float = 0.0
     total_seconds: float = 0.0
+    first_token_seconds: float = 0.0
     finish_reason: Optional[str] = None
     gammas: list[int] = field(default_factory=list)
     by_drafter: dict[str, list[int]] = field(default_factory=dict)

@@ -6,17 +6,21 @@ The scheduler thread updates them once per step; any thread may take a
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict
 
-__all__ = ["MetricsSnapshot", "ServingMetrics", "OUTCOMES"]
+__all__ = ["MetricsSnapshot", "ServingMetrics", "OUTCOMES", "TTFT_BUCKETS"]
 
 #: How a request can end (``error``: its own bad logits, or a failed pass;
 #: ``rejected``: refused at submission because the queue was full).
 OUTCOMES = ("stop", "length", "context", "cancelled", "timeout", "error", "rejected")
+#: Upper bounds (seconds) of the time-to-first-token histogram's buckets: a
+#: cached prompt's one pass (tens of ms) up to a long prompt behind a queue.
+TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,10 @@ class MetricsSnapshot:
     max_sequences: int
     uptime_seconds: float
     recent_tokens_per_second: float
+    #: requests whose first token came within each of TTFT_BUCKETS' bounds (cumulative), then all of them
+    ttft_buckets: tuple[int, ...]
+    #: the sum of those requests' times to first token (submission to first token), seconds
+    ttft_seconds: float
 
     @property
     def mean_alpha(self) -> float:
@@ -94,6 +102,8 @@ class ServingMetrics:
     queue_depth: int = 0
     active_sequences: int = 0
     started: float = field(default_factory=time.monotonic)
+    ttft_counts: list = field(default_factory=lambda: [0] * (len(TTFT_BUCKETS) + 1))  # per bucket, +Inf last
+    ttft_seconds: float = 0.0
     _rate: float = 0.0  # tokens/s, moving average over steps
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -104,6 +114,13 @@ class ServingMetrics:
     def count_request(self, outcome: str) -> None:
         with self._lock:
             self.requests[outcome] += 1
+
+    def record_first_token(self, seconds: float) -> None:
+        """One request's time to first token (from submission), into the histogram."""
+        i = next((j for j, bound in enumerate(TTFT_BUCKETS) if seconds <= bound), len(TTFT_BUCKETS))
+        with self._lock:
+            self.ttft_counts[i] += 1
+            self.ttft_seconds += seconds
 
     def record_rate(self, tokens: int, seconds: float, weight: float = 0.05) -> None:
         """Fold one step's tokens/s into the recent rate (call with the lock held)."""
@@ -136,4 +153,6 @@ class ServingMetrics:
                 max_sequences=self.max_sequences,
                 uptime_seconds=time.monotonic() - self.started,
                 recent_tokens_per_second=self._rate,
+                ttft_buckets=tuple(itertools.accumulate(self.ttft_counts)),
+                ttft_seconds=self.ttft_seconds,
             )

@@ -13,11 +13,11 @@ from typing import Iterator, Optional
 
 from fastapi.responses import Response
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .batched import BatchedDecoder
-from .metrics import OUTCOMES
+from .metrics import OUTCOMES, TTFT_BUCKETS
 
 __all__ = ["DecoderCollector", "metrics_response"]
 
@@ -45,6 +45,13 @@ class DecoderCollector(Collector):
         for outcome in OUTCOMES:
             requests.add_metric([outcome, *values], m.requests.get(outcome, 0))
         yield requests
+        ttft = HistogramMetricFamily(
+            "specdec_time_to_first_token_seconds",
+            "Seconds from a request's submission to the decoder to its first token (queue and prompt included)",
+            labels=names)
+        bounds = [*(str(b) for b in TTFT_BUCKETS), "+Inf"]
+        ttft.add_metric(values, list(zip(bounds, m.ttft_buckets)), m.ttft_seconds)
+        yield ttft
         for name, doc, value in (
             ("specdec_tokens_generated", "Tokens emitted to clients", m.tokens_generated),
             ("specdec_prompt_tokens", "Prompt tokens of admitted requests", m.prompt_tokens),

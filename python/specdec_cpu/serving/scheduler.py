@@ -617,6 +617,8 @@ class Scheduler:
             req.out.append(tok)
             stats.tokens += 1
             n += 1
+            if stats.tokens == 1:
+                self._record_ttft(req)
             req.deliver(req.text.feed(self.tokenizer.token_bytes(tok)))
             if req.text.stopped:
                 stats.finish_reason = "stop"
@@ -633,6 +635,12 @@ class Scheduler:
         return n
 
     # ------------------------------------------------------------ bookkeeping
+    def _record_ttft(self, req: Request) -> None:
+        """Record the request's time to first token (submission to now)."""
+        ttft = time.perf_counter() - req.submitted
+        req.stats.first_token_seconds = ttft
+        self.metrics.record_first_token(ttft)
+
     def _check_prefilled(self, req: Request) -> None:
         """A request admitted with all of its prompt but the last token cached
         decodes at once (its first step evaluates that token)."""
