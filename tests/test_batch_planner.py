@@ -119,6 +119,37 @@ def test_pass_times_learn_and_follow_drift() -> None:
     assert t.time(3) < 3 * 24.0
 
 
+def _four_row_time_after_other_passes(times: PassTimes) -> float:
+    """The 4-row estimate after 4-row passes, then only larger passes whose own
+    estimates move (their calibration was off); and after two more 4-row
+    passes, the second of them slow."""
+    for _ in range(20):
+        times.observe(4, 185.0)
+    for _ in range(10):  # passes as estimated, until the 4-row time is no longer fresh
+        times.observe(64, times.time(64))
+    slow12, slow64 = 1.7 * times.time(12), 1.3 * times.time(64)  # slower than their estimates
+    for _ in range(30):
+        times.observe(12, slow12)  # drafting steps
+    for _ in range(5):
+        times.observe(64, slow64)  # prompt chunks
+    before = times.time(4)
+    times.observe(4, 185.0)
+    times.observe(4, 424.0)  # one pass 2.3× the others
+    return before, times.time(4)
+
+
+def test_the_batch_planners_pass_times_keep_a_count_apart_from_far_counts() -> None:
+    """Traced at four requests: the 4-row time the planner compares drafting with
+    was carried up by changes of 12- to 106-row passes while only those ran, and
+    by single slow readings; drafting then looked 10% better than it was."""
+    before, after = _four_row_time_after_other_passes(planner().target)
+    assert before == pytest.approx(185.0, rel=0.02)
+    assert after <= before * 1.07  # one slow pass moves it by a bounded step
+    # The single-request rule (every count follows every other's drift) would not keep it.
+    before, _ = _four_row_time_after_other_passes(PassTimes(64, F32))
+    assert before > 1.5 * 185.0
+
+
 def test_alpha_tracker_weighs_a_stale_estimate_less() -> None:
     a = AlphaTracker(first=0.2, rest=0.2)
     a.observe([0.9, 0.9])

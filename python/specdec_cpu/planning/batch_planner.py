@@ -46,6 +46,10 @@ __all__ = ["BatchPlanner", "DraftOption", "PlanRequest", "AlphaTracker", "Realis
 
 _MAX_DEPTH = GAMMA_LIMIT  # the longest draft any route may propose
 _REST_EVIDENCE = 8  # later rows after which first rows stop teaching the later-row estimate
+#: pass-time estimates (pass_times.py): a count follows the drift of counts within
+#: this factor of it, and one reading counts as at most MAX_JUMP times the estimate
+DRIFT_BAND = 2.0
+MAX_JUMP = 1.3
 
 
 @dataclass(frozen=True)
@@ -193,8 +197,10 @@ class BatchPlanner:
         draft_seed = None
         if cost_model is not None:
             draft_seed = cost_model.draft_batch_ms or ([cost_model.draft_ms] if cost_model.draft_ms > 0 else None)
-        self.target = PassTimes(max_rows, target_seed)
-        self.draft = PassTimes(max_draft_rows, draft_seed)
+        # Passes of a few rows to hundreds: a count follows only its neighbours'
+        # drift, and one slow pass moves it by 6% at most (pass_times.py).
+        self.target = PassTimes(max_rows, target_seed, drift_band=DRIFT_BAND, max_jump=MAX_JUMP)
+        self.draft = PassTimes(max_draft_rows, draft_seed, drift_band=DRIFT_BAND, max_jump=MAX_JUMP)
         self.max_rows, self.max_draft_rows = max_rows, max_draft_rows
         self.min_speedup, self.cost_prior, self.sweeps, self.forget = min_speedup, cost_prior, sweeps, forget
         #: expected tokens per millisecond of the last plan returned
