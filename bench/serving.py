@@ -113,6 +113,8 @@ class Request:
     tokens: int = 0
     arrivals: List[float] = field(default_factory=list)  # each piece, seconds since sent
     error: Optional[str] = None
+    #: ours called directly: the decoder's own time to first token (submission → first token)
+    decoder_ttft: Optional[float] = None
 
     @property
     def ttft(self) -> Optional[float]:
@@ -171,20 +173,36 @@ class OursBatched(Engine):
         self.label = f"ours, BatchedDecoder γ={gamma}"
         self.dec = None
         self._last = None
+        #: a JSON-lines file for the decoder's step records (--trace-steps), and the run they belong to
+        self.trace_path: Optional[Path] = None
+        self._trace = None
+        self._run = 0
 
     def start(self, k: int, threads: int) -> None:
         from specdec_cpu import BatchedDecoder
         from specdec_cpu.models import ensure_model
 
+        step_trace, self._k = None, k
+        if self.trace_path is not None:
+            self._trace = open(self.trace_path, "a")
+            step_trace = self._write_step
         self.dec = BatchedDecoder.from_gguf(str(ensure_model(F32)), str(ensure_model(Q4_0)), max_sequences=k,
-                                            n_ctx=N_CTX, n_threads=threads, gamma=self.gamma)
+                                            n_ctx=N_CTX, n_threads=threads, gamma=self.gamma,
+                                            step_trace=step_trace)
         self._last = self.dec.metrics()
+
+    def _write_step(self, record) -> None:
+        self._trace.write(json.dumps({"k": self._k, "run": self._run, **record.to_dict()}) + "\n")
+
+    def mark(self) -> None:
+        self._run += 1
 
     def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False):
         s = self.dec.stream(prompt, max_tokens=max_tokens, params=_params(setting, seed, ignore_eos))
         t_sent = time.perf_counter()
         _consume(s, rec, t_sent, t0)
         rec.tokens = len(s.result.tokens)
+        rec.decoder_ttft = s.result.stats.first_token_seconds
 
     def stats(self) -> Dict[str, Any]:
         m = self.dec.metrics()
@@ -210,6 +228,9 @@ class OursBatched(Engine):
         if self.dec is not None:
             self.dec.close()
             self.dec = None
+        if self._trace is not None:
+            self._trace.close()
+            self._trace = None
 
 
 class OursPool(Engine):
@@ -403,6 +424,24 @@ class OpenAIServer(Engine):
         proc = sum(_thread_cpu(pid, int(t.name)) for t in Path(f"/proc/{pid}/task").iterdir())
         return loop, proc, first if scrape_first else steps()
 
+    def decoder_ttft_total(self) -> tuple[float, int]:
+        """Our server's decoder: the sum of its requests' times to first token
+        (submission → first token, seconds) and their count so far, from
+        ``/metrics`` (summed over Ray replicas)."""
+        import httpx
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        total, count = 0.0, 0
+        for fam in text_string_to_metric_families(text):
+            if fam.name == "specdec_time_to_first_token_seconds":
+                for sample in fam.samples:
+                    if sample.name.endswith("_sum"):
+                        total += sample.value
+                    elif sample.name.endswith("_count"):
+                        count += int(sample.value)
+        return total, count
+
     def _ban_eos(self, ignore_eos: bool) -> Dict[str, Any]:
         if not ignore_eos:
             return {}
@@ -559,6 +598,9 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
         block = max((r["block"] for r in results["runs"]), default=0)
     for k in args.ks:
         engines = [ENGINES[e]() for e in args.engines if not (e == "single-auto" and k != 1)]
+        for e in engines:
+            if args.trace_steps is not None and e.id == "batched-auto":
+                e.trace_path = args.trace_steps
         for e in engines:
             results["engines"][e.id] = e.label
         started = []
@@ -964,6 +1006,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                          "at those K and arrivals and keeping the rest")
     ap.add_argument("--report-only", type=Path, default=None, metavar="RESULTS_JSON",
                     help="re-render the section and plot from a results file")
+    ap.add_argument("--trace-steps", type=Path, default=None, metavar="JSONL",
+                    help="append BatchedDecoder γ=auto's step records (the planner's predictions beside each "
+                         "step's outcome; a 'run' field numbers the runs) to this file; summarise it with "
+                         "python -m bench.step_trace")
     args = ap.parse_args(argv)
     given = list(argv if argv is not None else sys.argv[1:])
     args.command = " ".join(["python -m bench.serving", *given])

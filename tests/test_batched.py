@@ -24,6 +24,7 @@ from specdec_cpu import (
     SamplingParams,
     SpeculativeDecoder,
 )
+from specdec_cpu.serving.step_trace import StepRecord
 from batched_helpers import assert_greedy_equal, endless_prompt, wait_idle
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -387,3 +388,35 @@ def test_decoding_steps_are_scored_against_their_plans(tiny_target, tiny_draft) 
         plain = dec.generate(PROMPTS[1], max_tokens=20, params=params, gamma=0)
         assert seen and not any(a[1] for a in seen)
         assert sum(a[3] for a in seen) == plain.stats.tokens - 1
+
+
+def test_a_step_trace_records_each_step_beside_its_plan(tiny_target, tiny_draft) -> None:
+    records: list[StepRecord] = []
+    with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=2, n_ctx=256, n_threads=1,
+                                  calibration=None, step_trace=records.append) as dec:
+        gens = [dec.generate(p, max_tokens=20, params=SamplingParams(temperature=1.0, seed=3), gamma=3)
+                for p in ("hello", "the quick brown fox")]
+        wait_idle(dec)
+    assert sum(r.emitted for r in records) == sum(len(g.tokens) for g in gens)
+    drafting = [r for r in records if any(r.gammas)]
+    assert drafting, "no step drafted at gamma=3"
+    for r in drafting:
+        assert r.routes == tuple("model" if g else None for g in r.gammas)
+        assert [len(a) for a in r.alpha_hats] == list(r.gammas)
+        # The verify reads rows up to the first rejection: the accepted ones and the one rejected.
+        assert all(min(n + 1, g) == len(a) for n, g, a in zip(r.accepted, r.gammas, r.alphas))
+        assert r.planned_rate > 0 and r.plain_rate > 0 and r.seconds > 0
+        assert len(r.target_passes) == 1 and r.target_passes[0][0] == sum(r.gammas) + len(r.gammas) + r.prompt_rows
+        assert len(r.draft_passes) >= max(r.gammas)
+        assert all(ms > 0 and predicted > 0 for _, ms, predicted in r.target_passes + r.draft_passes)
+    assert {"gammas", "plain_rate", "target_passes"} <= set(drafting[0].to_dict())
+
+
+def test_a_failing_step_trace_is_dropped_not_the_decoder(tiny_target, tiny_draft) -> None:
+    def broken(record: StepRecord) -> None:
+        raise RuntimeError("trace sink full")
+
+    with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=1, n_ctx=256, n_threads=1,
+                                  step_trace=broken) as dec:
+        assert len(dec.generate("hello", max_tokens=8, params=GREEDY).tokens) > 0
+        assert dec.healthy

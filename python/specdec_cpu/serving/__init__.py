@@ -7,6 +7,8 @@
 - :mod:`.slots` — sequence slots and prompt-prefix reuse between them;
 - :mod:`.request` — one request's state, and the stream its caller reads;
 - :mod:`.metrics` — counters for logs, ``/metrics`` and benchmarks;
+- :mod:`.step_trace` — one step as the planner predicted it and as it ran
+  (a decoder's ``step_trace`` callback receives them);
 - :mod:`.pool` — :class:`DecoderPool`, isolated decoders (one context each)
   for users who want requests fully apart.
 
@@ -23,6 +25,7 @@ _LAZY = {
     "BatchedDecoder": "batched",
     "DecoderClosedError": "scheduler",
     "MetricsSnapshot": "metrics",
+    "StepRecord": "step_trace",
     "RequestStream": "request",
     "DecoderPool": "pool",
 }

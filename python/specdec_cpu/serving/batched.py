@@ -21,6 +21,7 @@ from ..text import TextAssembler
 from .metrics import MetricsSnapshot, ServingMetrics
 from .request import AsyncRequestStream, Request, RequestStream
 from .scheduler import Scheduler
+from .step_trace import StepTrace
 
 __all__ = ["BatchedDecoder"]
 
@@ -54,7 +55,8 @@ class BatchedDecoder:
     def __init__(self, target: LlamaMultiContext, tokenizer: Tokenizer, draft: Optional[LlamaMultiContext] = None,
                  *, gamma: GammaSetting = "auto", gamma_max: int = 12, ngram: bool = False,
                  ngram_kwargs: Optional[dict] = None, seed: Optional[int] = None, max_queue: int = 64,
-                 prefill_chunk: int = 128, cost_model: Optional[CostModel] = None) -> None:
+                 prefill_chunk: int = 128, cost_model: Optional[CostModel] = None,
+                 step_trace: Optional[StepTrace] = None) -> None:
         check_gamma(gamma)
         if isinstance(gamma_max, bool) or not isinstance(gamma_max, int) or not 1 <= gamma_max <= GAMMA_LIMIT:
             raise ValueError(f"gamma_max must be an int in [1, {GAMMA_LIMIT}], got {gamma_max!r}")
@@ -88,7 +90,8 @@ class BatchedDecoder:
         self._scheduler = Scheduler(
             target=target, draft=draft, tokenizer=tokenizer, planner=planner, metrics=self._metrics,
             max_queue=max_queue, prefill_chunk=prefill_chunk, gamma_max=self.gamma_max, ngram_kwargs=ngram_args,
-            alpha_prior=(cost_model.alpha if cost_model is not None and cost_model.alpha is not None else 0.7))
+            alpha_prior=(cost_model.alpha if cost_model is not None and cost_model.alpha is not None else 0.7),
+            step_trace=step_trace)
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -110,6 +113,7 @@ class BatchedDecoder:
         prefill_chunk: int = 128,
         calibration: object = "auto",
         progress: Optional[Callable[[str], None]] = None,
+        step_trace: Optional[StepTrace] = None,
     ) -> "BatchedDecoder":
         """Load a target (and optionally a draft) GGUF model for batched serving.
 
@@ -128,6 +132,8 @@ class BatchedDecoder:
                 measuring), a ``CostModel``, or None (priors, learnt online).
             progress: receives a line before and after a first-use
                 measurement (a command line prints them).
+            step_trace: called with a ``StepRecord`` after every step (the
+                planner's predictions beside what happened; step_trace.py).
             The rest are those of ``SpeculativeDecoder.from_gguf``.
         """
         from .. import engine
@@ -163,7 +169,7 @@ class BatchedDecoder:
                 progress=progress)
             dec = cls(target_ctx, engine.LlamaTokenizer(target_w), draft_ctx, gamma=gamma, gamma_max=gamma_max,
                       ngram=ngram, ngram_kwargs=ngram_kwargs, seed=seed, max_queue=max_queue,
-                      prefill_chunk=prefill_chunk, cost_model=cost_model)
+                      prefill_chunk=prefill_chunk, cost_model=cost_model, step_trace=step_trace)
         except BaseException:
             for ctx in contexts:
                 ctx.close()

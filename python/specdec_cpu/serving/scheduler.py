@@ -39,6 +39,7 @@ from ..planning.match_controller import MatchAlphas
 from .metrics import ServingMetrics
 from .request import Request
 from .slots import SlotTable
+from .step_trace import StepRecord, StepTrace
 
 __all__ = ["DecoderClosedError", "Scheduler"]
 
@@ -89,6 +90,10 @@ class _Work:
     match: Optional[object] = None  # the n-gram match offered this step
     probe: bool = False
     draft_seconds: float = 0.0
+    # for a step trace: the α̂ its draft was planned with, and what the verify found
+    alpha_hat: tuple = ()
+    alphas: tuple = ()
+    accepted: int = 0
 
 
 class Scheduler:
@@ -101,7 +106,7 @@ class Scheduler:
     def __init__(self, *, target: LlamaMultiContext, draft: Optional[LlamaMultiContext], tokenizer: Tokenizer,
                  planner: BatchPlanner, metrics: ServingMetrics, max_queue: int, prefill_chunk: int,
                  gamma_max: int, ngram_kwargs: Optional[dict], alpha_prior: float = 0.7,
-                 probe_every: int = 32, probe_max: int = 256) -> None:
+                 probe_every: int = 32, probe_max: int = 256, step_trace: Optional[StepTrace] = None) -> None:
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.planner, self.metrics = planner, metrics
         self.max_queue, self.prefill_chunk, self.gamma_max = max_queue, prefill_chunk, gamma_max
@@ -109,6 +114,8 @@ class Scheduler:
         self.match_alphas = MatchAlphas() if ngram_kwargs is not None else None
         self.pair_alpha = AlphaTracker(first=alpha_prior, rest=alpha_prior, ema=0.05)
         self.probe_every, self.probe_max = probe_every, probe_max
+        self.step_trace = step_trace
+        self._passes: Optional[tuple[list, list]] = None  # (target, draft) passes of a traced step
         self.slots = SlotTable(target, draft)
         self._eog: Optional[np.ndarray] = None  # the target's end-of-generation ids, once a request bans them
         self.shared_vocab = min(draft.n_vocab, target.n_vocab) if draft is not None else 0
@@ -200,6 +207,8 @@ class Scheduler:
         target_parts = self._prefill_parts(has_decoders=bool(decoding))
         work, draft_parts = self._plan(decoding, target_parts)
         planned_rate = self.planner.last_rate
+        if self.step_trace is not None:
+            self._passes = ([], [])
         self._draft(work, draft_parts)
         emitted = self._target_and_verify(work, target_parts)
         if work and not target_parts and not draft_parts:
@@ -208,6 +217,8 @@ class Scheduler:
             self.planner.observe_step(len(work), any(w.gamma > 0 for w in work), planned_rate, emitted,
                                       time.perf_counter() - t_step)
         self._finish_step(t_step, emitted)
+        if self.step_trace is not None:
+            self._trace(t_step, work, target_parts, draft_parts, planned_rate, emitted)
 
     def _stop_requests(self, now: float) -> None:
         for req in list(self._active):
@@ -294,6 +305,10 @@ class Scheduler:
             self.planner.last_rate = rate  # the rate of the plan chosen, not of _catch_up's what-if
         for w, (route, g) in zip(work, choice):
             w.route, w.gamma = route, g
+        if self.step_trace is not None:
+            for w, plan in zip(work, plans):
+                w.alpha_hat = next((tuple(o.row_alphas[:w.gamma]) for o in plan.options
+                                    if o.route == w.route and w.gamma), ())
         return work, catch_up
 
     def _catch_up(self, work: list[_Work], plans: list[PlanRequest], lagging: dict[int, int],
@@ -440,7 +455,10 @@ class Scheduler:
                     w.route, w.gamma, w.tokens, w.probs = None, 0, None, None
                 break
             dt = time.perf_counter() - t0
-            self.planner.observe_draft(sum(len(p.tokens) for p in parts), dt)
+            n_rows = sum(len(p.tokens) for p in parts)
+            if self._passes is not None:
+                self._passes[1].append((n_rows, 1000.0 * dt, self.planner.draft.time(n_rows)))
+            self.planner.observe_draft(n_rows, dt)
             with self.metrics.lock():
                 self.metrics.draft_passes += 1
                 self.metrics.draft_rows += sum(len(p.tokens) for p in parts)
@@ -488,6 +506,8 @@ class Scheduler:
                     self._end(req, None, exc)
             return 0
         dt = time.perf_counter() - t0
+        if self._passes is not None:
+            self._passes[0].append((n_rows, 1000.0 * dt, self.planner.target.time(n_rows)))
         self.planner.observe_target(n_rows, dt)
         with self.metrics.lock():
             self.metrics.target_passes += 1
@@ -558,6 +578,8 @@ class Scheduler:
         if req.ngram is not None:
             req.ngram.rollback(n_old + n_acc)
         self._learn(w, alphas, n_acc, new[0])
+        if self.step_trace is not None:
+            w.alphas, w.accepted = tuple(float(a) for a in alphas), n_acc
         stats.steps += 1
         stats.gammas.append(w.gamma)
         stats.target_seconds += target_seconds
@@ -676,6 +698,25 @@ class Scheduler:
         req.finish(reason, error)
         self.metrics.count_request("error" if error is not None and not isinstance(error, DecoderClosedError)
                                    else req.stats.finish_reason or "cancelled")
+
+    def _trace(self, t_step: float, work: list[_Work], target_parts: list[Rows], draft_parts: list[Rows],
+               planned_rate: float, emitted: int) -> None:
+        """Hand the step's record to the step trace (a failing trace is dropped, not the decoder)."""
+        prompt_rows = sum(len(p.tokens) for p in target_parts)
+        passes, self._passes = self._passes or ([], []), None
+        try:
+            self.step_trace(StepRecord(
+                start=t_step, seconds=time.perf_counter() - t_step,
+                gammas=tuple(w.gamma for w in work), routes=tuple(w.route for w in work),
+                probes=tuple(w.probe for w in work), alpha_hats=tuple(w.alpha_hat for w in work),
+                alphas=tuple(w.alphas for w in work), accepted=tuple(w.accepted for w in work),
+                prompt_rows=prompt_rows, catch_up_rows=sum(len(p.tokens) for p in draft_parts),
+                planned_rate=planned_rate,
+                plain_rate=self.planner.rate([((), 0, False, 0)] * len(work), prompt_rows) if work else 0.0,
+                emitted=emitted, target_passes=tuple(passes[0]), draft_passes=tuple(passes[1])))
+        except Exception:
+            log.exception("the step trace failed; tracing stops")
+            self.step_trace = None
 
     def _finish_step(self, t_step: float, emitted: int) -> None:
         dt = time.perf_counter() - t_step
