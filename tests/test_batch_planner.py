@@ -241,28 +241,3 @@ def test_plain_steps_falling_short_never_make_the_planner_draft() -> None:
     assert p.realised[(3, False)].ratio() == 0.5
     assert not _drafts(p.plan(three))
     assert not p.drafting_could_pay(3, 2, catch_up=2, alpha=0.95, margin=1.05)
-
-
-def test_nobody_pays_for_another_requests_drafts() -> None:
-    """Every draft pass and row lengthens the step for all: a request that does
-    not draft would get its tokens more slowly.  Measured at four requests of
-    equal length, drafting for some of them delayed the last one by 30%."""
-    lookup = DraftOption("ngram", [0.95] * 8, costly=False, catch_up=0)
-    cases = [[PlanRequest([model_option(0.95)]), PlanRequest()],  # the other asked for γ = 0
-             [PlanRequest([lookup]), PlanRequest(), PlanRequest(), PlanRequest()]]  # free drafts, costly rows
-    for requests in cases:
-        assert all(g == 0 for _, g in planner().plan(requests))
-        assert any(g > 0 for _, g in planner(max_slowdown=1.0).plan(requests))  # the constraint is what stops it
-
-
-def test_a_batch_drafts_uniformly_where_that_slows_nobody() -> None:
-    requests = [PlanRequest([model_option(0.95)]), PlanRequest([model_option(0.5)])]
-    unconstrained = [g for _, g in planner(max_slowdown=1.0).plan(requests)]
-    assert unconstrained[0] > unconstrained[1]  # the better draft would draft deeper, at the other's cost
-    p = planner()
-    fair = [g for _, g in p.plan(requests)]
-    assert fair[0] == fair[1] > 0
-    plain = p.rate([((), 0, False, 0)] * 2) / 2  # each request's tokens per ms with γ = 0
-    step_ms = sum(1 + sum(np.cumprod([a] * g)) for a, g in zip((0.95, 0.5), fair)) / p.last_rate
-    for a, g in zip((0.95, 0.5), fair):  # each request's expected rate under the plan
-        assert (1 + sum(np.cumprod([a] * g))) / step_ms >= 0.98 * plain

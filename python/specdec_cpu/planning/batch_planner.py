@@ -18,17 +18,6 @@ an exhaustive search over γ, i.e. the single-request rule
 E / (γ·c + v(γ + 1)); with many, the rows stop being free and the γᵢ fall
 towards 0 (continuous batching alone) by themselves.
 
-Nobody pays for another's drafts: every draft pass and draft row lengthens
-the step for all requests, so a plan where some requests draft makes the
-others' tokens slower.  Traced at four requests of equal length, drafting
-for some of them finished those early and the last one 30% later than
-plain batching did (31.1 s against 23.6 s): the tokens per second of the
-batch rose per step and fell for the run, which lasts as long as its
-slowest request.  So a plan may lower no request's expected rate
-(E[tokens]ᵢ / T_step) more than ``max_slowdown`` below what plain batching
-gives it; if the best plan does, the best uniform γ that does not (each
-request drafting through its best option) is taken, or none.
-
 The cost model leaves things out (sampling, the scheduler's own time, an
 α̂ that lags a change of text), and near the break-even batch size a few
 percent decide whether drafting pays.  So the planner also keeps score:
@@ -57,9 +46,6 @@ __all__ = ["BatchPlanner", "DraftOption", "PlanRequest", "AlphaTracker", "Realis
 
 _MAX_DEPTH = GAMMA_LIMIT  # the longest draft any route may propose
 _REST_EVIDENCE = 8  # later rows after which first rows stop teaching the later-row estimate
-#: A plan may not make any request's expected rate more than this fraction
-#: lower than plain batching would give it (docstring above).
-MAX_SLOWDOWN = 0.02
 #: pass-time estimates (pass_times.py): a count follows the drift of counts within
 #: this factor of it, and one reading counts as at most MAX_JUMP times the estimate
 DRIFT_BAND = 2.0
@@ -197,17 +183,15 @@ class BatchPlanner:
         sweeps: most rounds of coordinate ascent.
         forget: per plain step of a batch size, how far that size's
             drafting record moves back towards "as predicted".
-        max_slowdown: the most one request's expected rate may fall below
-            what plain batching gives it, for others' drafts (a fraction).
     """
 
     def __init__(self, cost_model: Optional[CostModel] = None, *, max_rows: int = 512,
                  max_draft_rows: int = 512, min_speedup: float = 1.02, cost_prior: float = 0.2,
-                 sweeps: int = 4, forget: float = 0.01, max_slowdown: float = MAX_SLOWDOWN) -> None:
+                 sweeps: int = 4, forget: float = 0.01) -> None:
         if max_rows < 1 or max_draft_rows < 1:
             raise ValueError(f"max_rows and max_draft_rows must be >= 1, got {max_rows}, {max_draft_rows}")
-        if min_speedup <= 0 or cost_prior < 0 or max_slowdown < 0:
-            raise ValueError("min_speedup must be > 0, cost_prior and max_slowdown >= 0")
+        if min_speedup <= 0 or cost_prior < 0:
+            raise ValueError("min_speedup must be > 0 and cost_prior >= 0")
         target_seed = None if cost_model is None else [cost_model.target_time(k)
                                                        for k in range(1, min(cost_model.k_max, max_rows) + 1)]
         draft_seed = None
@@ -219,7 +203,6 @@ class BatchPlanner:
         self.draft = PassTimes(max_draft_rows, draft_seed, drift_band=DRIFT_BAND, max_jump=MAX_JUMP)
         self.max_rows, self.max_draft_rows = max_rows, max_draft_rows
         self.min_speedup, self.cost_prior, self.sweeps, self.forget = min_speedup, cost_prior, sweeps, forget
-        self.max_slowdown = max_slowdown
         #: expected tokens per millisecond of the last plan returned
         self.last_rate = 0.0
         #: (batch size, drafting) -> how such steps did against their plans
@@ -286,7 +269,6 @@ class BatchPlanner:
             self.last_rate = state.rate()
             return state.choice()
         plain_rate = state.rate()
-        base = state.snapshot()
         # Start from the best uniform γ: a draft pass is shared by every request
         # drafting at its depth, so drafting may pay for the batch while it pays
         # for no single request moving alone (a local optimum of coordinate moves).
@@ -295,7 +277,10 @@ class BatchPlanner:
             rate = state.uniform_rate(free, options, g)
             if rate > best_rate:
                 best_rate, best_g = rate, g
-        state.set_uniform(free, options, best_g)
+        if best_g:
+            for i in free:
+                opt = max(options[i], key=lambda o: o.cum_e[min(best_g, o.n)])
+                state.set(i, opt, min(best_g, opt.n, max(self.max_rows - state.rows, 0)))
         for _ in range(self.sweeps):
             changed = False
             for i in free:
@@ -303,15 +288,6 @@ class BatchPlanner:
                     changed = True
             if not changed:
                 break
-        if not state.fair_to_all(base, self.max_slowdown):
-            # Some request would pay for others' drafts: the best uniform γ that
-            # leaves nobody slower than plain batching would, if any.
-            fair_rate, fair_g = plain_rate, 0
-            for g in range(1, max(o.n for i in free for o in options[i]) + 1):
-                state.set_uniform(free, options, g)
-                if state.fair_to_all(base, self.max_slowdown) and state.rate() > fair_rate:
-                    fair_rate, fair_g = state.rate(), g
-            state.set_uniform(free, options, fair_g)
         if not self._drafting_beats_plain(n, state.rate(), plain_rate, self.min_speedup):
             for i in free:
                 state.set(i, None, 0)
@@ -389,34 +365,6 @@ class _State:
         # Learnt curves need not be monotone: the time a plan adds is kept positive.
         self.floor = 0.01 * max(self._t(1), 1e-9)
 
-    def snapshot(self) -> tuple[float, list[float]]:
-        """(the step's time, each request's expected tokens) of the plan as it is."""
-        return self.time(), [o.cum_e[g] if o is not None else 1.0 for o, g in zip(self.opt, self.gamma)]
-
-    def time(self) -> float:
-        """The time the plan adds to the step (ms)."""
-        return max(self._t(self.rows) + self.draft_cost - self.sunk, self.floor)
-
-    def fair_to_all(self, base: tuple[float, list[float]], max_slowdown: float) -> bool:
-        """Whether every request expects at least ``1 − max_slowdown`` of the rate
-        it had in ``base`` (a snapshot): nobody pays for another's drafts."""
-        t0, e0 = base
-        t = self.time()
-        for (o, g), e_base in zip(zip(self.opt, self.gamma), e0):
-            e = o.cum_e[g] if o is not None else 1.0
-            if e / t < (1.0 - max_slowdown) * e_base / t0:
-                return False
-        return True
-
-    def set_uniform(self, free: Sequence[int], options: Sequence[Sequence[_Option]], g: int) -> None:
-        """Every request of ``free`` drafts γ = g through its best option (0: plain)."""
-        for i in free:
-            self.set(i, None, 0)
-        for i in free:
-            if g and options[i]:
-                opt = max(options[i], key=lambda o: o.cum_e[min(g, o.n)])
-                self.set(i, opt, min(g, opt.n, max(self.max_rows - self.rows, 0)))
-
     def uniform_rate(self, free: Sequence[int], options: Sequence[Sequence[_Option]], g: int) -> float:
         """The rate if every request of ``free`` (now plain) drafted γ = g
         through its best option (fewer where an option or the pass is
@@ -452,7 +400,7 @@ class _State:
         return d[-1] + max(d[-1] - d[-2], 0.0) * (rows - len(d) + 1)
 
     def rate(self) -> float:
-        return self.total_e / self.time()
+        return self.total_e / max(self._t(self.rows) + self.draft_cost - self.sunk, self.floor)
 
     def feasible(self) -> bool:
         """Whether every draft pass fits its context's batch."""
