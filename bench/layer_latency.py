@@ -75,14 +75,32 @@ def _engines():
             "ray": OpenAIServer("ray", PATHS[3][1], "ours", replicas=1)}
 
 
-def _latency(engine, prompt: str) -> float:
-    """Seconds from sending one greedy one-token request to its token."""
+def _latency(engine, prompt: str) -> tuple[float, Optional[float]]:
+    """Seconds from sending one greedy one-token request to its token, and
+    the decoder's own time to first token when called directly (else None)."""
     rec = Request(stream=0, sent=0.0)
     t0 = time.perf_counter()
     engine.request(prompt, SETTINGS["t0"], 1, 1, rec, t0)
     if rec.first is None:
         raise RuntimeError(f"{engine.id}: the request returned no token")
-    return rec.first
+    return rec.first, rec.decoder_ttft
+
+
+class _DecoderClock:
+    """The decoder's own time to first token of a server's requests, one at a
+    time: the growth of its ``/metrics`` histogram's sum, read after each
+    request (the scrape is outside the measured span)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.total, self.count = engine.decoder_ttft_total()
+
+    def last(self) -> float:
+        total, count = self.engine.decoder_ttft_total()
+        if count != self.count + 1:
+            raise RuntimeError(f"{self.engine.id}: {count - self.count} requests since the last reading, not 1")
+        ttft, self.total, self.count = total - self.total, total, count
+        return ttft
 
 
 def _raw_latency(client, url: str, prompt: str) -> float:
@@ -122,18 +140,25 @@ def measure(threads: int, rounds: int, ray_settings: str, fresh: bool = False) -
             for _ in range(3):  # fills the prompt cache and warms the path
                 _latency(e, prompt)
         _raw_latency(raw, engines["http"].url, prompt)
+        clocks = {"http": _DecoderClock(engines["http"]), "ray": _DecoderClock(engines["ray"])}
 
-        def one(pid: str, prompt: str) -> float:
+        def one(pid: str, prompt: str) -> tuple[float, float]:
+            """(latency, the decoder's own time to first token) of one request."""
             if pid == "http-raw":
-                return _raw_latency(raw, engines["http"].url, prompt)
-            return _latency(engines[pid], prompt)
+                return _raw_latency(raw, engines["http"].url, prompt), clocks["http"].last()
+            latency, decoder = _latency(engines[pid], prompt)
+            return latency, decoder if decoder is not None else clocks[pid].last()
 
         order = [p for p, _ in PATHS]
+        for pid in order:
+            out[f"{pid}-decoder"] = []
         for r in range(rounds):
             if fresh:  # one prompt per path (the two server paths share an engine's cache), alike but for a digit
                 prompts = {pid: chat_prompts(1, f"fresh{threads}.{r}.{i}")[0] for i, pid in enumerate(order)}
             for pid in order[r % len(order):] + order[:r % len(order)]:
-                out[pid].append(one(pid, prompts[pid] if fresh else prompt))
+                latency, decoder = one(pid, prompts[pid] if fresh else prompt)
+                out[pid].append(latency)
+                out[f"{pid}-decoder"].append(decoder)
         # The HTTP paths' floor: a request that decodes nothing.
         with httpx.Client() as http:
             for r in range(HEALTH_ROUNDS):
@@ -160,6 +185,20 @@ def summary(lat: Dict[str, List[float]]) -> List[Dict[str, Any]]:
             ci = bootstrap_ci(diffs)
             row.update(vs=prev, added_ms=statistics.median(diffs), lo=ci[0], hi=ci[1])
         rows.append(row)
+    return rows
+
+
+def outside_summary(lat: Dict[str, List[float]]) -> List[Dict[str, Any]]:
+    """``summary`` of each request's time outside the decoder (latency − the
+    decoder's own time to first token, of the same request), with the
+    decoder's median.  Both terms come from one process and one pass, so the
+    pass's time, and how fast that process happens to run it, cancel (empty
+    for results without the decoder's times)."""
+    if any(f"{pid}-decoder" not in lat for pid, _ in PATHS):
+        return []
+    rows = summary({pid: [a - d for a, d in zip(lat[pid], lat[f"{pid}-decoder"])] for pid, _ in PATHS})
+    for row in rows:
+        row["decoder_ms"] = 1000 * statistics.median(lat[f"{row['path']}-decoder"])
     return rows
 
 
@@ -195,6 +234,21 @@ def render(results: Dict[str, Any], output: str = "layer_latency_results.json") 
         out.append(f"| {t} | {rs} | GET /health through Ray's proxy (no decoding) | {len(r)} | "
                    f"{1000 * statistics.median(r):.1f} | the same, bare server ({1000 * statistics.median(h):.1f} "
                    f"ms) | {statistics.median(diffs):+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}] |")
+    outside = [(run, outside_summary(run["latencies"])) for run in results["runs"]]
+    if any(rows for _, rows in outside):
+        out += ["", "The same requests, outside the decoder: each request's latency minus its decoder's own time "
+                "to first token (submission → first token: `first_token_seconds` of the direct call's stats, the "
+                "growth of `specdec_time_to_first_token_seconds_sum` in the server's `/metrics`). Both come from "
+                "the process that ran the pass, so the pass and that process's speed cancel and what is left is "
+                "the path alone.", "",
+                "| threads | Ray settings | path | decoder's TTFT p50 ms | outside the decoder p50 ms | added over | "
+                "added ms, median [95% interval] |", "|---|---|---|---|---|---|---|"]
+        for run, rows in outside:
+            rs = "serve --ray's" if run["ray_settings"] == "ours" else "Ray's defaults"
+            for row in rows:
+                added = (f"{row['added_ms']:+.1f} [{row['lo']:+.1f}, {row['hi']:+.1f}]" if "vs" in row else "–")
+                out.append(f"| {run['threads']} | {rs} | {row['label']} | {row['decoder_ms']:.1f} | "
+                           f"{row['median_ms']:.1f} | {row.get('vs', '–')} | {added} |")
     own = ("its prompt's pass, a few hundred milliseconds, in whichever process serves that path (two "
            "processes running the same pass can differ by several percent for their whole lifetime, so these "
            "differences carry that too)" if fresh else "one 1-row target pass")
