@@ -102,7 +102,7 @@ class ServingMetrics:
     queue_depth: int = 0
     active_sequences: int = 0
     started: float = field(default_factory=time.monotonic)
-    ttft_counts: list = field(default_factory=lambda: [0] * (len(TTFT_BUCKETS) + 1))  # per bucket, +Inf last
+    ttft_counts: list[int] = field(default_factory=lambda: [0] * (len(TTFT_BUCKETS) + 1))  # per bucket, +Inf last
     ttft_seconds: float = 0.0
     _rate: float = 0.0  # tokens/s, moving average over steps
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
