@@ -1,7 +1,8 @@
 """Summarise a BatchedDecoder's step records: the planner's predictions
 against what its steps did.
 
-    python -m bench.serving --ks 4 --engines batched-auto --repeats 2 --trace-steps steps.jsonl
+    python -m bench.serving --ks 4 --engines batched-auto --repeats 2 --trace-steps steps.jsonl \
+        --output scratch.json --results-md scratch.md    # leave the recorded sweep alone
     python -m bench.step_trace steps.jsonl            # every batch size
     python -m bench.step_trace steps.jsonl --batch 4
 
