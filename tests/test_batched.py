@@ -315,14 +315,14 @@ def test_async_streams_for_asyncio_servers(batched) -> None:
 
 
 @contextlib.contextmanager
-def _decoder_on_given_costs(target, draft, *, row_ms: float, max_sequences: int):
+def _decoder_on_given_costs(target, draft, *, row_ms: float, max_sequences: int, n_ctx: int = 256):
     """A decoder whose planner keeps the given costs (nothing learnt from the
     tiny model's passes): T(k) = 10 + row_ms·(k − 1) ms, a draft row 1 ms, α 0.95."""
     from specdec_cpu.planning.costmodel import CostModel
 
     costs = CostModel(target_ms=[10.0 + row_ms * (k - 1) for k in range(1, 513)], draft_ms=1.0,
                       draft_batch_ms=[1.0 * b for b in range(1, 513)], alpha=0.95)
-    with BatchedDecoder.from_gguf(target, draft, max_sequences=max_sequences, n_ctx=256, n_threads=1, seed=3,
+    with BatchedDecoder.from_gguf(target, draft, max_sequences=max_sequences, n_ctx=n_ctx, n_threads=1, seed=3,
                                   calibration=costs) as dec:
         planner = dec._scheduler.planner
         planner.observe_target = planner.observe_draft = lambda rows, seconds: None
@@ -350,6 +350,38 @@ def test_a_full_batch_spends_nothing_on_the_draft_where_it_cannot_pay(tiny_targe
         busy.clear()
         gen = dec.generate(PROMPTS[4], max_tokens=40, params=params)
         assert busy and gen.stats.drafted > 0
+
+
+def test_a_catch_up_must_repay_itself_within_the_expected_horizon(tiny_target, tiny_draft) -> None:
+    """After its prompt the draft's cache lags by the whole prompt; catching it
+    up costs a draft row per token (1 ms here) and pays only over the tokens
+    drafting then saves, counted over at most EXPECTED_TOKENS (64) of the
+    request's remaining ones however long it asks for.  Alone with cheap rows,
+    drafting saves a few ms per token: a 100-token catch-up repays itself
+    within 64 tokens and happens; a 600-token one would only within a few
+    hundred, so the request decodes plain to its end (300 tokens asked for:
+    a horizon of its remaining tokens would have caught up)."""
+    with _decoder_on_given_costs(tiny_target, tiny_draft, row_ms=0.5, max_sequences=1, n_ctx=1024) as dec:
+        sch = dec._scheduler
+        draft_rows = []
+        decode = sch.draft.decode
+        sch.draft.decode = lambda parts: (draft_rows.append(sum(len(p.tokens) for p in parts)), decode(parts))[1]
+        params = SamplingParams(temperature=1.0, seed=1)
+        words = "the quick brown fox and hello world it is of "
+
+        def prompt_of(n_tokens: int) -> str:
+            text = words
+            while len(dec.tokenizer.tokenize(text)) < n_tokens:
+                text += words
+            return text
+
+        short = dec.generate(prompt_of(100), max_tokens=60, params=params)
+        assert short.stats.prompt_tokens < 150
+        assert max(draft_rows) >= 90 and short.stats.drafted > 0  # caught up, then drafted
+        draft_rows.clear()
+        long = dec.generate(prompt_of(600), max_tokens=300, params=params)
+        assert long.stats.prompt_tokens >= 600 and long.stats.tokens > 64
+        assert not draft_rows and long.stats.drafted == 0
 
 
 def test_decoding_steps_are_scored_against_their_plans(tiny_target, tiny_draft) -> None:
