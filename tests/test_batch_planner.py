@@ -119,6 +119,22 @@ def test_pass_times_learn_and_follow_drift() -> None:
     assert t.time(3) < 3 * 24.0
 
 
+def test_pass_times_curve_is_computed_once_per_observation() -> None:
+    """Plans read the curve several times a step: the same read-only curve
+    comes back until a pass is observed, and an observation is seen at once."""
+    t = PassTimes(16)
+    assert not t.measured
+    first = t.curve()
+    assert t.curve() is first and t.curve_list() is t.curve_list()
+    with pytest.raises(ValueError):
+        first[2] = 1.0
+    t.observe(4, 40.0)
+    assert t.measured and t.curve() is not first and t.curve()[4] == pytest.approx(40.0)
+    assert t.curve_list() == t.curve().tolist()
+    t.observe(99, 5.0)  # beyond k_max: stored nowhere, the curve stays valid
+    assert t.time(4) == pytest.approx(40.0)
+
+
 def _four_row_time_after_other_passes(times: PassTimes) -> float:
     """The 4-row estimate after 4-row passes, then only larger passes whose own
     estimates move (their calibration was off); and after two more 4-row

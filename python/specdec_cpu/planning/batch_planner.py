@@ -36,8 +36,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-import numpy as np
-
 from ..request_args import GAMMA_LIMIT
 from .costmodel import CostModel
 from .pass_times import PassTimes
@@ -256,8 +254,8 @@ class BatchPlanner:
         if n == 0:
             self.last_rate = 0.0
             return []
-        t = self.target.curve().tolist()
-        state = _State(n, t, self._draft_curve(t).tolist(), fixed_target_rows, fixed_draft_rows,
+        t = self.target.curve_list()
+        state = _State(n, t, self._draft_curve(t), fixed_target_rows, fixed_draft_rows,
                        self.max_rows, self.max_draft_rows)
         options = [[_Option(o) for o in r.options] for r in requests]
         for i, req in enumerate(requests):
@@ -294,12 +292,11 @@ class BatchPlanner:
         self.last_rate = state.rate()
         return state.choice()
 
-    def _draft_curve(self, t: Sequence[float]) -> np.ndarray:
+    def _draft_curve(self, t: Sequence[float]) -> list[float]:
         if self.draft.measured:
-            return self.draft.curve()
+            return self.draft.curve_list()
         # Not timed yet: the prior draft cost, shaped like a compute-bound pass.
-        k = np.arange(self.max_draft_rows + 1, dtype=float)
-        return self.cost_prior * t[1] * np.maximum(k, 1.0)
+        return [self.cost_prior * t[1] * max(k, 1) for k in range(self.max_draft_rows + 1)]
 
     def drafting_could_pay(self, batch: int, gamma: int, catch_up: int, alpha: float,
                            fixed_target_rows: int = 0, margin: Optional[float] = None) -> bool:
@@ -319,8 +316,8 @@ class BatchPlanner:
              fixed_target_rows: int = 0, fixed_draft_rows: int = 0) -> float:
         """Expected tokens per millisecond of a given plan (for statistics and
         tests): one (row_alphas, γ, costly, catch_up) per request."""
-        t = self.target.curve().tolist()
-        state = _State(len(requests_gammas), t, self._draft_curve(t).tolist(), fixed_target_rows,
+        t = self.target.curve_list()
+        state = _State(len(requests_gammas), t, self._draft_curve(t), fixed_target_rows,
                        fixed_draft_rows, self.max_rows, self.max_draft_rows)
         for i, (alphas, g, costly, catch_up) in enumerate(requests_gammas):
             state.set(i, _Option(DraftOption("x", alphas, costly, catch_up)), g)
