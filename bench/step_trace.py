@@ -16,7 +16,9 @@ Per batch size (steps whose requests all decode, no prompt rows in the pass):
   plan predicted (planned / predicted plain rate) and the gain they realised
   (their tokens over their time, against the plain steps' realised rate);
 - the draft's catch-up passes: their time, in tokens plain steps would have
-  emitted meanwhile, against the tokens drafting steps gained over plain.
+  emitted meanwhile, against the tokens drafting steps gained over plain;
+  and each catch-up's judged gain beside the drafting steps that followed it
+  (a catch-up pays only over the stretch of drafting it enables).
 
 Medians over steps, and ratios of sums for rates; no time is asserted.
 """
@@ -95,6 +97,28 @@ def summarise(steps: Sequence[Dict[str, Any]], batch: Optional[int] = None) -> L
                       for s in caught if any(s["gammas"]))
         out.append(f"  drafting gained {gained:+.1f} tokens over plain steps' rate; the draft's catch-ups "
                    f"({sum(s['catch_up_rows'] for s in caught)} rows) took the time of {cost:.1f} tokens")
+        stretches = _stretches_after_catch_ups(steps, n)
+        if stretches:
+            out.append("  catch-ups (judged gain: drafting steps that followed): "
+                       + ", ".join(f"{g:.2f}: {k}" if g else f"–: {k}" for g, k in stretches))
+    return out
+
+
+def _stretches_after_catch_ups(steps: Sequence[Dict[str, Any]], batch: int) -> List[tuple]:
+    """(judged gain, drafting steps before the first step that did not draft)
+    for every catch-up of a decoding batch of ``batch`` requests (records of
+    one run only; a gain of 0 where the file predates it)."""
+    out = []
+    for i, s in enumerate(steps):
+        if not s["catch_up_rows"] or s["prompt_rows"] or len(s["gammas"]) != batch:
+            continue
+        run = (s.get("k"), s.get("run"))
+        k = 0
+        for t in steps[i + 1:]:
+            if (t.get("k"), t.get("run")) != run or not any(t["gammas"]):
+                break
+            k += 1
+        out.append((s.get("catch_up_gain", 0.0), k))
     return out
 
 

@@ -24,6 +24,7 @@ from specdec_cpu import (
     SamplingParams,
     SpeculativeDecoder,
 )
+from specdec_cpu.serving.scheduler import INVESTMENT_GAIN
 from specdec_cpu.serving.step_trace import StepRecord
 from batched_helpers import assert_greedy_equal, endless_prompt, wait_idle
 
@@ -375,9 +376,17 @@ def test_a_catch_up_must_repay_itself_within_the_expected_horizon(tiny_target, t
                 text += words
             return text
 
+        records: list[StepRecord] = []
+        sch.step_trace = records.append
         short = dec.generate(prompt_of(100), max_tokens=60, params=params)
         assert short.stats.prompt_tokens < 150
         assert max(draft_rows) >= 90 and short.stats.drafted > 0  # caught up, then drafted
+        # The trace says what each catch-up was judged to buy, and only there.
+        wait_idle(dec)
+        caught = [r for r in records if r.catch_up_rows]
+        assert caught and all(r.catch_up_gain > INVESTMENT_GAIN for r in caught)
+        assert all(r.catch_up_gain == 0.0 for r in records if not r.catch_up_rows)
+        sch.step_trace = None
         draft_rows.clear()
         long = dec.generate(prompt_of(600), max_tokens=300, params=params)
         assert long.stats.prompt_tokens >= 600 and long.stats.tokens > 64

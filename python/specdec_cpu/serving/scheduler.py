@@ -116,6 +116,7 @@ class Scheduler:
         self.probe_every, self.probe_max = probe_every, probe_max
         self.step_trace = step_trace
         self._passes: Optional[tuple[list, list]] = None  # (target, draft) passes of a traced step
+        self._catch_up_gain = 0.0  # the predicted gain this step's catch-up was made on (for the trace)
         self.slots = SlotTable(target, draft)
         self._eog: Optional[np.ndarray] = None  # the target's end-of-generation ids, once a request bans them
         self.shared_vocab = min(draft.n_vocab, target.n_vocab) if draft is not None else 0
@@ -298,6 +299,7 @@ class Scheduler:
         plans = [self._options(w, i, lagging, len(work), fixed_rows) for i, w in enumerate(work)]
         choice = self.planner.plan(plans, fixed_rows)
         rate = self.planner.last_rate
+        self._catch_up_gain = 0.0
         catch_up = self._catch_up(work, plans, lagging, fixed_rows) if lagging else []
         if catch_up:  # plan again with the catch-up rows in the first draft pass
             choice = self.planner.plan(plans, fixed_rows, sum(len(p.tokens) for p in catch_up))
@@ -362,6 +364,7 @@ class Scheduler:
             n = min(lag, budget)
             parts.append(Rows(req.slot, req.seq[have:have + n]))
             budget -= n
+        self._catch_up_gain = r1 / r0 if parts and r0 > 0 else 0.0
         return parts
 
     def _alphas(self, req: Request) -> AlphaTracker:
@@ -711,6 +714,7 @@ class Scheduler:
                 probes=tuple(w.probe for w in work), alpha_hats=tuple(w.alpha_hat for w in work),
                 alphas=tuple(w.alphas for w in work), accepted=tuple(w.accepted for w in work),
                 prompt_rows=prompt_rows, catch_up_rows=sum(len(p.tokens) for p in draft_parts),
+                catch_up_gain=self._catch_up_gain,
                 planned_rate=planned_rate,
                 plain_rate=self.planner.rate([((), 0, False, 0)] * len(work), prompt_rows) if work else 0.0,
                 emitted=emitted, target_passes=tuple(passes[0]), draft_passes=tuple(passes[1])))

@@ -33,6 +33,9 @@ class StepRecord:
         accepted: each one's accepted draft tokens.
         prompt_rows: prompt rows in the target pass (requests being prefilled).
         catch_up_rows: rows of the draft's catch-up in the first draft pass.
+        catch_up_gain: the gain over plain batching the catch-up was judged
+            to buy (the planned rate with the caught-up requests drafting over
+            the rate without; 0 without a catch-up).
         planned_rate: tokens per ms the chosen plan predicted.
         plain_rate: tokens per ms plain batching was predicted to reach.
         emitted: tokens the step emitted (first tokens of prompts included).
@@ -50,6 +53,7 @@ class StepRecord:
     accepted: tuple[int, ...]
     prompt_rows: int
     catch_up_rows: int
+    catch_up_gain: float
     planned_rate: float
     plain_rate: float
     emitted: int
