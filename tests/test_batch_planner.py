@@ -94,26 +94,6 @@ def test_plain_batching_wins_when_drafting_cannot_pay() -> None:
     assert all(g == 0 for _, g in p.plan([PlanRequest([model_option(0.97)]) for _ in range(3)]))
 
 
-def test_a_shared_step_drafts_only_for_a_clear_gain() -> None:
-    """Alone, a draft of α 0.7 is worth 21% on these curves and drafts; two
-    such requests together would gain 13% by the step's prediction, below
-    the 20% a shared step asks for (costs the prediction leaves out grow
-    with the batch: SHARED_MIN_SPEEDUP), so they decode plain."""
-    p = planner()
-    [(route, g)] = p.plan([PlanRequest([model_option(0.7)])])
-    assert route == "model" and g > 0
-    pair = [PlanRequest([model_option(0.7)]) for _ in range(2)]
-    assert p.plan(pair) == [(None, 0), (None, 0)]
-    eager = planner(shared_min_speedup=1.0 + 1e-9)
-    assert all(g > 0 for _, g in eager.plan(pair))
-    assert 1.1 < eager.last_rate / eager.rate([((), 0, False, 0)] * 2) < 1.2
-    # Probes and catch-ups are judged by the same margin.
-    assert eager.drafting_could_pay(2, 2, catch_up=1, alpha=0.95, margin=1.05)  # one of two drafting: +16%
-    assert not p.drafting_could_pay(2, 2, catch_up=1, alpha=0.95, margin=1.05)
-    with pytest.raises(ValueError, match="shared_min_speedup"):
-        planner(shared_min_speedup=0.0)
-
-
 def test_a_probe_is_worth_it_alone_and_not_in_a_full_batch() -> None:
     """A probe re-measures α̂ after a plain stretch: worth it only where a good
     draft could pay.  Alone, rows are free; in a batch of 8 they are not, and

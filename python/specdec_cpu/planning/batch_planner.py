@@ -48,20 +48,6 @@ _REST_EVIDENCE = 8  # later rows after which first rows stop teaching the later-
 #: this factor of it, and one reading counts as at most MAX_JUMP times the estimate
 DRIFT_BAND = 2.0
 MAX_JUMP = 1.3
-#: Where several requests share a step, a drafting plan must beat plain
-#: batching by this factor (alone: ``min_speedup``, 2%).  Two costs the step's
-#: prediction leaves out grow with the batch: drafting for some requests
-#: lengthens every request's step, so a batch of equal requests ends with its
-#: least-drafted one (measured at four requests: a run whose drafted requests
-#: finished at 21.6–25.4 s ended at 31.1 s, plain batching's at 23.7 s); and
-#: the rows of a shared pass cost more than predicted (traced at four
-#: requests: drafting steps predicted 1.15× plain batching and realised
-#: 1.05×).  Over three K = 4 runs (54 blocks, auto against γ = 0 at a 1.02
-#: margin) blocks that drafted ≥ 300 of their 512 tokens reached 0.95× γ = 0
-#: (median; 0.79–1.02), those that drafted ≤ 20 tokens 0.99×, the rest 0.92×.
-#: At two requests, where runs gained 0–16% over γ = 0, drafting steps were
-#: predicted at 1.15–1.34× (quartiles of a trace).
-SHARED_MIN_SPEEDUP = 1.2
 
 
 @dataclass(frozen=True)
@@ -191,8 +177,6 @@ class BatchPlanner:
         min_speedup: a plan that drafts must beat plain continuous batching
             (every γ = 0) by this factor, so estimation noise never makes
             the batch slower than batching alone.
-        shared_min_speedup: the same where several requests share the
-            step (see SHARED_MIN_SPEEDUP).
         cost_prior: T_draft(1) / T_target(1) before the draft is timed.
         sweeps: most rounds of coordinate ascent.
         forget: per plain step of a batch size, how far that size's
@@ -200,13 +184,12 @@ class BatchPlanner:
     """
 
     def __init__(self, cost_model: Optional[CostModel] = None, *, max_rows: int = 512,
-                 max_draft_rows: int = 512, min_speedup: float = 1.02,
-                 shared_min_speedup: float = SHARED_MIN_SPEEDUP, cost_prior: float = 0.2,
+                 max_draft_rows: int = 512, min_speedup: float = 1.02, cost_prior: float = 0.2,
                  sweeps: int = 4, forget: float = 0.01) -> None:
         if max_rows < 1 or max_draft_rows < 1:
             raise ValueError(f"max_rows and max_draft_rows must be >= 1, got {max_rows}, {max_draft_rows}")
-        if min_speedup <= 0 or shared_min_speedup <= 0 or cost_prior < 0:
-            raise ValueError("min_speedup and shared_min_speedup must be > 0 and cost_prior >= 0")
+        if min_speedup <= 0 or cost_prior < 0:
+            raise ValueError("min_speedup must be > 0 and cost_prior >= 0")
         target_seed = None if cost_model is None else [cost_model.target_time(k)
                                                        for k in range(1, min(cost_model.k_max, max_rows) + 1)]
         draft_seed = None
@@ -217,8 +200,7 @@ class BatchPlanner:
         self.target = PassTimes(max_rows, target_seed, drift_band=DRIFT_BAND, max_jump=MAX_JUMP)
         self.draft = PassTimes(max_draft_rows, draft_seed, drift_band=DRIFT_BAND, max_jump=MAX_JUMP)
         self.max_rows, self.max_draft_rows = max_rows, max_draft_rows
-        self.min_speedup, self.shared_min_speedup = min_speedup, shared_min_speedup
-        self.cost_prior, self.sweeps, self.forget = cost_prior, sweeps, forget
+        self.min_speedup, self.cost_prior, self.sweeps, self.forget = min_speedup, cost_prior, sweeps, forget
         #: expected tokens per millisecond of the last plan returned
         self.last_rate = 0.0
         #: (batch size, drafting) -> how such steps did against their plans
@@ -258,8 +240,6 @@ class BatchPlanner:
         r = self.realised
         d = r[(batch, True)].ratio() if (batch, True) in r else 1.0
         p = r[(batch, False)].ratio() if (batch, False) in r else 1.0
-        if batch > 1:
-            margin = max(margin, self.shared_min_speedup)
         return drafting_rate * min(d / p, 1.0) > margin * plain_rate
 
     # ------------------------------------------------------------ the choice
