@@ -411,12 +411,8 @@ class OpenAIServer(Engine):
         """(event-loop CPU s, process CPU s, decoder steps).  The /metrics
         scrape is outside the measured span: before the CPU readings at a
         run's start, after them at its end."""
-        import httpx
-
         def steps() -> float:
-            text = httpx.get(self.url + "/metrics", timeout=10).text
-            return next(float(line.split()[-1]) for line in text.splitlines()
-                        if line.startswith("specdec_steps_total"))
+            return self._metric_samples("specdec_steps")["specdec_steps_total"]
 
         first = steps() if scrape_first else None
         pid = self.proc.pid
@@ -428,19 +424,22 @@ class OpenAIServer(Engine):
         """Our server's decoder: the sum of its requests' times to first token
         (submission → first token, seconds) and their count so far, from
         ``/metrics`` (summed over Ray replicas)."""
+        samples = self._metric_samples("specdec_time_to_first_token_seconds")
+        return (samples.get("specdec_time_to_first_token_seconds_sum", 0.0),
+                int(samples.get("specdec_time_to_first_token_seconds_count", 0)))
+
+    def _metric_samples(self, family: str) -> Dict[str, float]:
+        """One metric family of the server's ``/metrics``: each sample name's
+        value, summed over label sets (Ray replicas, histogram buckets)."""
         import httpx
         from prometheus_client.parser import text_string_to_metric_families
 
-        text = httpx.get(self.url + "/metrics", timeout=10).text
-        total, count = 0.0, 0
-        for fam in text_string_to_metric_families(text):
-            if fam.name == "specdec_time_to_first_token_seconds":
+        out: Dict[str, float] = {}
+        for fam in text_string_to_metric_families(httpx.get(self.url + "/metrics", timeout=10).text):
+            if fam.name == family:
                 for sample in fam.samples:
-                    if sample.name.endswith("_sum"):
-                        total += sample.value
-                    elif sample.name.endswith("_count"):
-                        count += int(sample.value)
-        return total, count
+                    out[sample.name] = out.get(sample.name, 0.0) + sample.value
+        return out
 
     def _ban_eos(self, ignore_eos: bool) -> Dict[str, Any]:
         if not ignore_eos:
