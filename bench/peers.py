@@ -84,6 +84,24 @@ CMAKE_FLAGS: List[str] = [
     "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DLLAMA_BUILD_APP=OFF",
 ]
+#: On a CPU with AMX, ``-march=native`` compiles in ggml's AMX matrix
+#: product, which crashes on some machines (llama.cpp issue 20824) and is
+#: what specdec-cpu's own engine turns off at run time
+#: (specdec_cpu.engine.backend.use_extra_buffers): the peers are built
+#: without it, so they keep the same repacked CPU buffers as ours.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def _cpu_has_amx() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return " amx_int8" in f.read()
+    except OSError:
+        return False
+
+
+if _cpu_has_amx():
+    CMAKE_FLAGS += [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 

@@ -553,3 +553,25 @@ def test_quantize_errors(tmp_path, non_gguf, tiny_target):
         quantize(tiny_target, tmp_path / "out.gguf", -1)
     assert not (tmp_path / "out.gguf").exists()
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+# -- llama.cpp built with AMX ----------------------------------------------
+
+
+@pytest.mark.parametrize("info, env, expected", [
+    (b"CPU : AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 | ", None, False),
+    (b"CPU : AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 1 | REPACK = 1 | ", "1", True),
+    (b"CPU : AVX2 = 1 | AVX512 = 1 | AMX_INT8 = 0 | REPACK = 1 | ", None, True),
+    (b"CPU : AVX2 = 1 | REPACK = 1 | ", None, True),
+])
+def test_repacked_buffers_are_off_when_llama_cpp_has_amx(monkeypatch, info, env, expected):
+    """A llama.cpp with AMX compiled in crashes in its AMX matrix product on
+    some machines: models then load without the extra buffer types, unless
+    the user says AMX works."""
+    from specdec_cpu.engine import backend
+    monkeypatch.setattr(backend.lib, "llama_print_system_info", lambda: info)
+    if env is None:
+        monkeypatch.delenv(backend.AMX_ENV, raising=False)
+    else:
+        monkeypatch.setenv(backend.AMX_ENV, env)
+    assert backend.use_extra_buffers() is expected

@@ -18,9 +18,12 @@ from typing import Deque, List
 
 import llama_cpp.llama_cpp as lib
 
-__all__ = ["lib", "ensure_backend", "recent_log_errors", "clear_log_errors", "describe_failure", "LOG_ENV"]
+__all__ = ["lib", "ensure_backend", "recent_log_errors", "clear_log_errors", "describe_failure", "LOG_ENV",
+           "AMX_ENV", "use_extra_buffers"]
 
 LOG_ENV = "SPECDEC_LLAMA_LOG"
+#: Set to 1 to let a llama.cpp built with AMX put weights in its AMX buffers.
+AMX_ENV = "SPECDEC_LLAMA_AMX"
 
 _GGML_LOG_WARN = 3
 _GGML_LOG_ERROR = 4
@@ -101,3 +104,29 @@ def describe_failure(default: str) -> str:
 
 
 _FUNC_PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_:]*: ")
+
+
+def use_extra_buffers() -> bool:
+    """Whether models may load into llama.cpp's extra CPU buffer types
+    (weights repacked for a faster matrix product).
+
+    Not when this llama.cpp was built with AMX (``-march=native`` on a CPU
+    that has it, the default for a source build): its AMX matrix product
+    crashes the process on some machines (llama.cpp issue 20824, open and
+    machine-dependent; seen here on a Q4_0 model's first multi-token pass),
+    and llama.cpp picks AMX first for every type it handles.  Without the
+    extra buffers the weights stay in plain CPU buffers, computed by the
+    same AVX-512 kernels, slower for quantised weights (no repacking).  Build
+    llama-cpp-python with ``CFLAGS``/``CXXFLAGS`` ``-mno-amx-tile
+    -mno-amx-int8 -mno-amx-bf16`` to keep the repacked buffers, or set
+    ``SPECDEC_LLAMA_AMX=1`` where AMX is known to work.
+    """
+    if os.environ.get(AMX_ENV, "").strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    return not _amx_in_build()
+
+
+def _amx_in_build() -> bool:
+    info = lib.llama_print_system_info()
+    text = info.decode("utf-8", "replace") if isinstance(info, bytes) else str(info or "")
+    return re.search(r"\bAMX_INT8\s*=\s*1\b", text) is not None

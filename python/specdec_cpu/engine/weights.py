@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Optional, Union
 
 from ..errors import ModelLoadError
 from .lifetime import Closable
-from .backend import clear_log_errors, describe_failure, ensure_backend, lib
+from .backend import clear_log_errors, describe_failure, ensure_backend, lib, use_extra_buffers
 
 if TYPE_CHECKING:
     from .context import LlamaContext
@@ -79,6 +79,8 @@ class LlamaWeights(Closable):
 
         params = lib.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        if not use_extra_buffers():
+            params.use_extra_bufts = False
         clear_log_errors()
         model = lib.llama_model_load_from_file(self._path.encode("utf-8"), params)
         if not model:
