@@ -55,7 +55,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     r = p.add_argument_group("Ray Serve (the [ray] extra): several replicas, on one or more machines")
     r.add_argument("--ray", action="store_true",
-                   help="serve through Ray Serve: one BatchedDecoder per replica behind Ray's HTTP proxy")
+                   help="serve through Ray Serve: one BatchedDecoder per replica behind Ray Serve's HTTP ingress")
     r.add_argument("--replicas", type=int_in(1, 4096), default=1, metavar="N",
                    help="replicas (default 1); each gets --threads CPUs")
     r.add_argument("--min-replicas", type=int_in(1, 4096), default=None, metavar="N",

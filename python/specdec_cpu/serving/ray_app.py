@@ -3,7 +3,7 @@
 Each replica is one Ray actor holding one :class:`BatchedDecoder` and the
 same FastAPI app ``specdec-cpu serve`` runs (``serve.ingress`` builds it in
 the replica, after the model is loaded, so Ray routes requests only to
-replicas that can answer them).  Ray Serve's HTTP proxy spreads requests
+replicas that can answer them).  Ray Serve's HTTP ingress (HAProxy) spreads requests
 over the replicas; Ray's health checks call the same test as ``/health``;
 every response names its replica in an ``x-specdec-replica`` header, and
 ``/metrics`` carries a ``replica`` label.
