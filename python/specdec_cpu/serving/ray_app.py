@@ -52,6 +52,21 @@ LOW_LATENCY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1",
                    "RAY_SERVE_PROXY_USE_GRPC": "1"}
 
 
+#: Two ``serve --ray`` on one machine (two local clusters) must not share
+#: ports: HAProxy's stats page and metrics (8404 and 9101 by default) would
+#: stop the second from starting, and replicas listen on ports from one
+#: fixed range (30000-31000, 40000-41000 for gRPC) with SO_REUSEPORT, so the
+#: second cluster's replica would share the first's port and each HAProxy
+#: would send requests to both clusters' replicas.  A local cluster gets
+#: free ports and port ranges of its own.
+HAPROXY_PORT_ENV = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+REPLICA_PORT_RANGE_ENV = (("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"),
+                          ("RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT", "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT"))
+#: ports per range: Ray holds a dead replica's port out of use for a while,
+#: so replacements need ports of their own
+REPLICA_PORT_RANGE = 64
+
+
 @dataclass(frozen=True)
 class RayServeConfig:
     """Everything a replica needs (model paths must exist on every node).
@@ -212,6 +227,44 @@ def _convert(key: str, value: Any, annotation: Any) -> Any:
     return value
 
 
+def _own_ports() -> None:
+    """Ports of its own for a local cluster (HAPROXY_PORT_ENV,
+    REPLICA_PORT_RANGE_ENV); values already in the environment are kept."""
+    taken: set = set()
+    for name in HAPROXY_PORT_ENV:
+        os.environ.setdefault(name, str(_free_port_range(1, taken)))
+        taken.add(int(os.environ[name]))
+    for low, high in REPLICA_PORT_RANGE_ENV:
+        if low not in os.environ and high not in os.environ:
+            base = _free_port_range(REPLICA_PORT_RANGE, taken)
+            os.environ[low], os.environ[high] = str(base), str(base + REPLICA_PORT_RANGE - 1)
+            taken.update(range(base, base + REPLICA_PORT_RANGE))
+
+
+def _free_port_range(n: int, taken: set, tries: int = 100) -> int:
+    """The first of ``n`` consecutive ports that nothing listens on now, none
+    in ``taken``: from a port the OS picks at random, checked by binding each
+    without SO_REUSEPORT (a listener that has it still refuses such a bind).
+    Another process can take one before Ray does only in a rare race."""
+    for _ in range(tries):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            base = s.getsockname()[1]
+        ports = range(base, base + n)
+        if base + n <= 65536 and not taken.intersection(ports) and all(_port_free(p) for p in ports):
+            return base
+    raise RuntimeError(f"found no {n} consecutive free ports for the local Ray cluster")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
 def run_ray(config: RayServeConfig, *, host: str = "127.0.0.1", port: int = 8000,
             address: Optional[str] = None, say=print) -> int:
     """``specdec-cpu serve --ray``: deploy on a Ray cluster (a local one is
@@ -230,6 +283,7 @@ def run_ray(config: RayServeConfig, *, host: str = "127.0.0.1", port: int = 8000
                 f"{config.threads} threads) on {cores} cores: replicas will share cores")
         for name, value in LOW_LATENCY_ENV.items():  # inherited by every Ray process; the user's choice wins
             os.environ.setdefault(name, value)
+        _own_ports()
         ray.init(num_cpus=max(cores, needed), include_dashboard=False, log_to_driver=False)
     else:
         ray.init(address=address, log_to_driver=False)
