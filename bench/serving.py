@@ -882,7 +882,7 @@ def ray_goals(results, ks, settings, arrivals) -> List[str]:
     L += ["", "Goals of the Ray issue: Ray adds under 10 ms per request at 1 client; 2 replicas ≥ 1.6× one "
           "replica's aggregate throughput on a machine with cores to spare.", "",
           "On a 2-core machine there are no cores to spare: two 1-thread replicas take both cores, "
-          "and Ray's HTTP proxy, its controller, the replicas' event loops and the benchmark's clients "
+          "and Ray's HTTP ingress, its controller, the replicas' event loops and the benchmark's clients "
           "run on the same two cores, preempting llama.cpp's threads (which wait for each other at every "
           "operation of a pass); both replicas also share one memory bus, which bounds a memory-bound "
           "F32 target. The scaling measured here is therefore a floor, not what a machine with a core "
