@@ -253,9 +253,10 @@ def test_the_proxy_and_replicas_run_ray_serve_s_low_latency_settings(cluster) ->
 
 
 def test_a_second_serve_ray_on_the_same_machine_serves_beside_the_first(cluster, tmp_path, tiny_target) -> None:
-    """Two ``serve --ray`` on one machine, each with its own local cluster and
-    HAProxy (whose stats and metrics ports would collide at their defaults):
-    the second starts and answers, and the first keeps serving."""
+    """Two ``serve --ray`` on one machine, each with its own local cluster: the
+    second sees the first's Ray and keeps Ray's Python proxy (two HAProxy
+    ingresses on one machine were seen to route one's requests to the other's
+    replica), starts and answers its own model, and the first keeps serving."""
     import httpx
 
     args = [tiny_target, "--ray", "--replicas", "1", "--threads", "1", "--n-ctx", "256", "--max-sequences", "2",
@@ -263,6 +264,7 @@ def test_a_second_serve_ray_on_the_same_machine_serves_beside_the_first(cluster,
     with ServerProcess(args, tmp_path, timeout=240) as second:
         r = httpx.post(second.url + "/v1/completions", timeout=60,
                        json={"model": "second", "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0})
+        assert "another Ray cluster runs on this machine" in second.logs()
         assert r.status_code == 200 and r.headers.get(HEADER), r.text
         assert r.json()["usage"]["completion_tokens"] >= 1
         text, replica = stream_once(cluster, PROMPTS[1], max_tokens=4)

