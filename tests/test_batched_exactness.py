@@ -20,21 +20,47 @@ from stats_helpers import assert_matches_distribution, expected_distribution
 
 N = 2000  # requests per kind
 
+#: How far the decoder's target logits may be from the reference's.  Both
+#: run llama.cpp's flash-attention kernel (the batched decoder's context
+#: always does), and then they differ by ~2e-6 (measured: a sequence
+#: scattered over the cache of an 8-sequence context among other
+#: sequences' rows).  A reference without it differs by ~7e-3, which moved
+#: a token across a top-k boundary 2.5e-3 wide in one CI run: a "draw of a
+#: probability-0 outcome" that was the reference's numerics, not the
+#: sampler.  A context whose support a change of NOISE in every logit could
+#: alter is a near-tie: the law there is not pinned down by the reference.
+NOISE = 1e-4
+
 
 @pytest.fixture(scope="module")
 def reference(tiny_target):
-    """p(· | tokens) from a one-sequence context, float64."""
+    """``p(tokens, params)``: the sampling distribution after ``tokens`` from
+    a one-sequence context, float64; ``p.stable(tokens, params)``: whether
+    its support survives any change of NOISE in the logits."""
     w = engine.LlamaWeights(tiny_target)
-    ctx = w.new_context(n_ctx=512, n_batch=512, n_threads=1)
+    ctx = w.new_context(n_ctx=512, n_batch=512, n_threads=1, flash_attn=True)
     eog = sorted(engine.LlamaTokenizer(w).eog_ids)
 
-    def p(tokens: list[int], params: SamplingParams) -> np.ndarray:
+    def logits(tokens: list[int], params: SamplingParams) -> np.ndarray:
         ctx.truncate(0)
-        logits = ctx.eval(tokens, 1)[0].copy()
+        row = ctx.eval(tokens, 1)[0].astype(np.float64)
         if params.ignore_eos:  # the ended-never distribution: end tokens at probability 0
-            logits[eog] = -np.inf
-        return expected_distribution(logits, params=params)
+            row[eog] = -np.inf
+        return row
 
+    def p(tokens: list[int], params: SamplingParams) -> np.ndarray:
+        return expected_distribution(logits(tokens, params), params=params)
+
+    def stable(tokens: list[int], params: SamplingParams) -> bool:
+        # The support grows most when its tokens lose NOISE and the others
+        # gain it, and shrinks most the other way round (top-k, top-p, min-p).
+        row = logits(tokens, params)
+        inside = expected_distribution(row, params=params) > 0
+        shift = np.where(inside, NOISE, -NOISE)
+        return all(np.array_equal(expected_distribution(row + sign * shift, params=params) > 0, inside)
+                   for sign in (1, -1))
+
+    p.stable = stable
     yield p
     w.close()
 
@@ -84,6 +110,7 @@ def test_each_request_follows_its_own_target_distribution(tiny_target, tiny_draf
             assert len(drafted_first) > 0.6 * N
             continue
         p1 = reference(toks, params)
+        assert reference.stable(toks, params), f"{kind}: the prompt's next token is a near-tie: pick another prompt"
         if params.ignore_eos:
             assert reference(toks, SamplingParams(temperature=params.temperature))[eog].sum() > 0.1
             assert p1[eog].sum() == 0 and all(len(g.tokens) == 4 for g in gs), f"{kind}: a request ended early"
@@ -103,12 +130,16 @@ def test_each_request_follows_its_own_target_distribution(tiny_target, tiny_draf
         if kind == "topk-joint":
             support = np.flatnonzero(p1 > 0)
             joint = np.zeros((p1.size, p1.size))
+            # first tokens after which the second's support is a near-tie: their
+            # pairs are left out (a set fixed before sampling: no bias)
+            ties = {int(a) for a in support if a not in eog and not reference.stable(toks + [int(a)], params)}
+            assert p1[sorted(ties)].sum() < 0.05, f"near-ties after {sorted(ties)}: pick another prompt"
             for a in support:
-                if a in eog:
+                if a in eog or int(a) in ties:
                     continue
                 joint[a] = p1[a] * reference(toks + [int(a)], params)
-            pairs = [(g.tokens[0], g.tokens[1]) for g in gs if len(g.tokens) >= 2]
-            assert len(pairs) > 0.9 * N
+            pairs = [(g.tokens[0], g.tokens[1]) for g in gs if len(g.tokens) >= 2 and g.tokens[0] not in ties]
+            assert len(pairs) > 0.85 * N
             observed = np.zeros_like(joint)
             for a, b in pairs:
                 observed[a, b] += 1
