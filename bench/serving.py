@@ -131,6 +131,9 @@ class Engine:
 
     id = "?"
     label = "?"
+    #: loaded only for its own runs (started before each, stopped after), so
+    #: that no other engine of its kind is loaded beside it
+    alone = False
 
     def start(self, k: int, threads: int) -> None:
         raise NotImplementedError
@@ -321,6 +324,17 @@ def _thread_cpu(pid: int, tid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
+def _raylet_running() -> bool:
+    """Whether a Ray cluster's raylet runs on this machine (Linux /proc)."""
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text(errors="replace").strip() == "raylet":
+                return True
+        except OSError:
+            continue
+    return False
+
+
 class OpenAIServer(Engine):
     """A server process driven with the official ``openai`` client (streamed
     /v1/completions with the templated prompt): ours (``specdec-cpu serve``,
@@ -330,6 +344,10 @@ class OpenAIServer(Engine):
         self.id, self.label, self.kind = id, label, kind
         self.replicas, self.fixed_threads = replicas, threads
         self.proc = None
+        # One Ray cluster at a time: an idle cluster's processes (controller,
+        # HAProxy health checks) would take CPU from the other's runs.
+        self.alone = bool(replicas)
+        self.ingress: Optional[str] = None
 
     def _command(self, k: int, threads: int, port: int) -> List[str]:
         from specdec_cpu.models import ensure_model
@@ -355,6 +373,10 @@ class OpenAIServer(Engine):
         import openai
 
         t = self.fixed_threads or threads
+        if self.replicas:  # the last Ray cluster's processes may still be ending: not on our cores
+            end = time.monotonic() + 60
+            while _raylet_running() and time.monotonic() < end:
+                time.sleep(0.5)
         port = peers.free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(HERE / f".serving-{self.id}.log", "w")
@@ -373,6 +395,14 @@ class OpenAIServer(Engine):
         else:
             raise RuntimeError(f"{self.id} not ready after 600 s")
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="bench", max_retries=0, timeout=900)
+        if self.replicas:  # which ingress took HTTP: the serving line says (printed just after /health answers)
+            end, log = time.monotonic() + 60, ""
+            while "through Ray Serve on" not in log and time.monotonic() < end:
+                self.log.flush()
+                log = Path(self.log.name).read_text(errors="replace")
+                time.sleep(0.2)
+            self.ingress = ("haproxy" if "HAProxy ingress" in log else
+                            "python-proxy" if "Python proxy" in log else "unknown")
 
     def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False):
         t_sent = time.perf_counter()
@@ -397,7 +427,10 @@ class OpenAIServer(Engine):
     def stats(self) -> Dict[str, Any]:
         """Our server's CPU during the run: its event loop (the main thread:
         HTTP, JSON, server-sent events; the decoder runs on other threads)
-        and the whole process, with the decoder's steps (from ``/metrics``)."""
+        and the whole process, with the decoder's steps (from ``/metrics``);
+        through Ray, the ingress that took HTTP."""
+        if self.replicas:
+            return {"ingress": self.ingress}
         if getattr(self, "_mark", None) is None:
             return {}
         end = self._counters(scrape_first=False)
@@ -603,14 +636,19 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
         for e in engines:
             results["engines"][e.id] = e.label
         started = []
+
+        def load(e: Engine) -> None:
+            _say(f"K={k}: loading {e.label}")
+            started.append(e)
+            e.start(k, args.threads)
+            warm = chat_prompts(1, f"warm{k}")
+            e.request(warm[0], SETTINGS["t1"], 8, 1, Request(0, 0.0), time.perf_counter())
+            e.stats()
+
         try:
             for e in engines:
-                _say(f"K={k}: loading {e.label}")
-                e.start(k, args.threads)
-                started.append(e)
-                warm = chat_prompts(1, f"warm{k}")
-                e.request(warm[0], SETTINGS["t1"], 8, 1, Request(0, 0.0), time.perf_counter())
-                e.stats()
+                if not e.alone:
+                    load(e)
             for rep in range(args.repeats):
                 for sid in args.settings:
                     for arrival in args.arrivals:
@@ -620,8 +658,13 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
                         prompts = chat_prompts(k, f"{block}")
                         order = engines[block % len(engines):] + engines[:block % len(engines)]
                         for e in order:
+                            if e.alone:
+                                load(e)
                             run = run_once(e, prompts, SETTINGS[sid], args.tokens, arrival, args.stagger,
                                            seed=1000 * block, ignore_eos=not args.until_eos)
+                            if e.alone:
+                                e.stop()
+                                started.remove(e)
                             run.update(k=k, setting=sid, arrival=arrival, block=block, repeat=rep)
                             results["runs"].append(run)
                             _say(f"K={k} {sid} {arrival} block {block}: {e.id:13s} "
@@ -879,6 +922,14 @@ def ray_goals(results, ks, settings, arrivals) -> List[str]:
                          f"{ratio_text(block_ratios(results, 'ray-2', 'ray-1', **m))} | "
                          f"{ratio_text(block_ratios(results, 'ray-1', 'bare-t1', **m))} | "
                          f"{_diff_text(_ttft_diffs(results, 'ray-1', 'bare-t1', **m))} |")
+    ingress = {}
+    for r in results["runs"]:
+        if r["engine"] in ("ray-1", "ray-2"):
+            ingress.setdefault(r["engine"], []).append((r.get("stats") or {}).get("ingress") or "not recorded")
+    if ingress:
+        L += ["", "HTTP ingress of each run (each Ray engine runs alone, started before its run and stopped "
+              "after): " + "; ".join(f"`{e}` " + ", ".join(f"{v} ×{n.count(v)}" for v in sorted(set(n)))
+                                    for e, n in sorted(ingress.items())) + "."]
     L += ["", "Goals of the Ray issue: Ray adds under 10 ms per request at 1 client; 2 replicas ≥ 1.6× one "
           "replica's aggregate throughput on a machine with cores to spare.", "",
           "On a 2-core machine there are no cores to spare: two 1-thread replicas take both cores, "

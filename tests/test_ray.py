@@ -224,51 +224,86 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
+def _ray_processes(root: int) -> list[tuple[str, dict]]:
+    """(kind, environment) of a ``serve --ray`` process's Ray processes: its
+    replicas, proxies, HAProxy manager and HAProxy binary (Linux /proc)."""
+    from pathlib import Path
+
+    if not Path("/proc/self/environ").exists():
+        pytest.skip("needs Linux /proc to read another process's environment")
+    found = []
+    for pid in _descendants(root):
+        try:
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            env = dict(kv.decode(errors="replace").split("=", 1)
+                       for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv)
+        except OSError:
+            continue
+        if argv0.endswith("/haproxy"):
+            found.append(("haproxy", env))
+        for kind in ("ServeReplica", "ProxyActor", "HAProxyManager"):
+            if argv0.startswith(f"ray::{kind}"):
+                found.append((kind, env))
+    return found
+
+
 def test_the_proxy_and_replicas_run_ray_serve_s_low_latency_settings(cluster) -> None:
     """``serve --ray`` starts its local cluster with LOW_LATENCY_ENV, so every
     Ray process it starts (the proxies and the replicas among them) has it,
     and HTTP comes in through HAProxy (its manager actor and the binary)."""
-    from pathlib import Path
-
     from specdec_cpu.serving.ray_app import LOW_LATENCY_ENV
 
-    if not Path("/proc/self/environ").exists():
-        pytest.skip("needs Linux /proc to read another process's environment")
-    checked = {}
-    for pid in _descendants(cluster.proc.pid):
-        try:
-            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
-            env = dict(kv.split(b"=", 1) for kv in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in kv)
-        except OSError:
-            continue
-        if argv0.endswith("/haproxy"):
-            checked[pid] = "haproxy"
-        for kind in ("ServeReplica", "ProxyActor", "HAProxyManager"):
-            if argv0.startswith(f"ray::{kind}"):
-                checked[pid] = kind
-                for name, value in LOW_LATENCY_ENV.items():
-                    assert env.get(name.encode()) == value.encode(), (argv0, name, env.get(name.encode()))
-    kinds = sorted(checked.values())
-    assert kinds.count("ServeReplica") == 2 and "HAProxyManager" in kinds and "haproxy" in kinds, checked
+    found = _ray_processes(cluster.proc.pid)
+    for kind, env in found:
+        if kind != "haproxy":
+            for name, value in LOW_LATENCY_ENV.items():
+                assert env.get(name) == value, (kind, name, env.get(name))
+    kinds = sorted(kind for kind, _ in found)
+    assert kinds.count("ServeReplica") == 2 and "HAProxyManager" in kinds and "haproxy" in kinds, kinds
 
 
-def test_a_second_serve_ray_on_the_same_machine_serves_beside_the_first(cluster, tmp_path, tiny_target) -> None:
-    """Two ``serve --ray`` on one machine, each with its own local cluster: the
-    second sees the first's Ray and keeps Ray's Python proxy (two HAProxy
-    ingresses on one machine were seen to route one's requests to the other's
-    replica), starts and answers its own model, and the first keeps serving."""
+def test_two_serve_ray_on_one_machine_each_answer_their_own_requests(cluster, tmp_path, tiny_target) -> None:
+    """Two ``serve --ray`` on one machine, each with its own local cluster and
+    HAProxy ingress.  Ray binds its ports with SO_REUSEPORT, so on Ray's
+    default ports the kernel would hand one cluster's requests to the other
+    (a CI run saw a request for one model answered by the other's replica,
+    through the fallback proxies both bound on 8500): each cluster's Ray
+    processes run with ports of their own, and every request to the second
+    is answered by its own model while the first keeps serving."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import httpx
+
+    from specdec_cpu.serving.ray_app import OWN_PORT_ENV, REPLICA_PORT_RANGE_ENV
 
     args = [tiny_target, "--ray", "--replicas", "1", "--threads", "1", "--n-ctx", "256", "--max-sequences", "2",
             "--model-name", "second"]
     with ServerProcess(args, tmp_path, timeout=240) as second:
-        r = httpx.post(second.url + "/v1/completions", timeout=60,
-                       json={"model": "second", "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0})
-        assert "another Ray cluster runs on this machine" in second.logs()
-        assert r.status_code == 200 and r.headers.get(HEADER), r.text
-        assert r.json()["usage"]["completion_tokens"] >= 1
+        end = time.monotonic() + 60  # /health can answer before serve --ray prints its serving line
+        while "through Ray Serve on" not in second.logs() and time.monotonic() < end:
+            time.sleep(0.2)
+        assert "HAProxy ingress" in second.logs(), second.logs()[-2000:]
+
+        def ask(i: int) -> httpx.Response:
+            return httpx.post(second.url + "/v1/completions", timeout=120,
+                              json={"model": "second", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 2})
+
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(ask, range(16)))
+        assert all(r.status_code == 200 and r.headers.get(HEADER) for r in answers), \
+            [r.text for r in answers if r.status_code != 200][:2]
         text, replica = stream_once(cluster, PROMPTS[1], max_tokens=4)
         assert text and replica
+
+        names = [*OWN_PORT_ENV, *(n for pair in REPLICA_PORT_RANGE_ENV for n in pair)]
+        ports = []
+        for server in (cluster, second):
+            envs = [env for kind, env in _ray_processes(server.proc.pid) if kind in ("ServeReplica", "ProxyActor")]
+            assert envs, "no Ray processes found"
+            values = {tuple(env.get(n) for n in names) for env in envs}
+            assert len(values) == 1 and None not in next(iter(values)), values  # one setting per cluster
+            ports.append(dict(zip(names, next(iter(values)))))
+        assert all(ports[0][n] != ports[1][n] for n in names), ports
 
 
 def test_the_documented_config_file_builds_an_application(tiny_target, tiny_draft) -> None:

