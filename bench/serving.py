@@ -398,7 +398,6 @@ class OpenAIServer(Engine):
         if self.replicas:  # which ingress took HTTP: the serving line says (printed just after /health answers)
             end, log = time.monotonic() + 60, ""
             while "through Ray Serve on" not in log and time.monotonic() < end:
-                self.log.flush()
                 log = Path(self.log.name).read_text(errors="replace")
                 time.sleep(0.2)
             self.ingress = ("haproxy" if "HAProxy ingress" in log else
