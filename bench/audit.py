@@ -760,7 +760,7 @@ def read_samples(path: Path):
 
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as fh:
-        return parse_lines(fh.readlines(), str(path))
+        return parse_lines(fh.readlines(), path.name)
 
 
 def _progress_path(samples_path: Path) -> Path:
@@ -829,11 +829,13 @@ def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx
     path = out_dir / "samples" / setting.id / f"{engine.id}.jsonl.gz"
     key = _progress_key(args, setting)
 
-    def score(new: Sequence[Sample]) -> float:
+    def score(new: Sequence[Sample], first_line: int) -> float:
+        """Score ``new``, lines ``first_line``... of the samples file."""
         t0 = time.monotonic()
+        lines = {id(s): first_line + i for i, s in enumerate(new)}
         # Sequences of one prompt scored back to back: the audit's context keeps the prompt between them.
         session.add([GeneratedSequence(prompt=s.text, tokens=s.tokens, stopped=s.stopped,
-                                       source=f"{path.name}:{s.job}")
+                                       source=f"{path.name}:{lines[id(s)]}")
                      for s in sorted(new, key=lambda s: (s.job % len(jobs.prompts), s.job))])
         return time.monotonic() - t0
 
@@ -843,7 +845,7 @@ def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx
         errors, rounds, next_job = earlier["failed_sequences"], earlier["rounds"], earlier["next_job"]
         gen_s, score_s = earlier["generate_seconds"], earlier["score_seconds"]
         emitted = sum(len(s.tokens) for s in samples)
-        score_s += score(samples)
+        score_s += score(samples, 1)
         _say(f"{engine.id} {setting.id}: continuing an unfinished run ({len(samples)} sequences, {rounds} rounds, "
              f"{session.tokens} / {args.tokens} audited tokens)")
     per_round = max(1, ROUND_TOKENS // max(int(MEAN_LENGTH * args.max_tokens), 1))
@@ -873,7 +875,7 @@ def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx
         samples += new
         n_new = sum(len(s.tokens) for s in new)
         emitted += n_new
-        score_s += score(new)
+        score_s += score(new, len(samples) - len(new) + 1)
         _save_progress(path, key, samples, next_job=next_job, rounds=rounds, failed_sequences=errors,
                        generate_seconds=round(gen_s, 1), score_seconds=round(score_s, 1))
         _say(f"{engine.id} {setting.id} round {rounds}: {len(new)} sequences, {n_new} tokens in {dt:.0f} s "
@@ -881,11 +883,7 @@ def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx
              f"({session.positions} positions, {session.accumulator.point_mass} single-token)")
     report = session.report()
     _progress_path(path).unlink(missing_ok=True)  # the run is complete: results.json holds it now
-    rep = report.to_dict()
-    rep["target"] = Path(rep["target"]).name  # the file, not where this machine keeps it
-    for key in ("mismatches", "impossible"):
-        rep[key + "_count"] = len(rep[key])
-        rep[key] = rep[key][:20]
+    rep = _report_record(report)
     drafted = [s.drafted for s in samples if s.drafted is not None]
     accepted = [s.accepted for s in samples if s.accepted is not None]
     checks = [s.text_check for s in samples if s.text_check is not None]
@@ -909,6 +907,55 @@ def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx
         "tokens_target": args.tokens, "max_tokens": args.max_tokens,
         "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
+
+
+def _report_record(report) -> Dict[str, Any]:
+    """An AuditReport as results.json keeps it (the first 20 mismatches of each kind, and their counts)."""
+    rep = report.to_dict()
+    rep["target"] = Path(rep["target"]).name  # the file, not where this machine keeps it
+    for key in ("mismatches", "impossible"):
+        rep[key + "_count"] = len(rep[key])
+        rep[key] = rep[key][:20]
+    return rep
+
+
+def rescore(args: argparse.Namespace, command: str) -> Dict[str, Any]:
+    """Score the saved samples of the finished runs in results.json again with
+    the audit as it is now (named engines and settings; nothing is generated),
+    replacing their reports and verdicts."""
+    from specdec_cpu.audit import AuditSession, TargetModel
+    from specdec_cpu.models import ensure_model
+
+    res_path = args.output_dir / "results.json"
+    results = load_results(res_path)
+    runs = [r for r in results.get("runs", []) if r["engine"] in args.engines and r["setting"] in args.settings]
+    if not runs:
+        raise SystemExit(f"no finished run of {', '.join(args.engines)} × {', '.join(args.settings)} "
+                         f"in {res_path}")
+    model = TargetModel(ensure_model(F32), n_threads=args.threads)
+    try:
+        for rec in runs:
+            t0 = time.monotonic()
+            path = args.output_dir / rec["samples_file"]
+            jobs = {i: m[META_FIELDS.index("job")] for i, m in enumerate(rec["sequence_meta"])}
+            seqs = read_samples(path)
+            n_prompts = len(AUDIT_PROMPTS)
+            order = sorted(range(len(seqs)), key=lambda i: (jobs[i] % n_prompts, jobs[i]))
+            with AuditSession(model, SETTINGS[rec["setting"]].params(), chain=rec["chain"]) as session:
+                session.add([seqs[i] for i in order])
+                report = session.report()
+            rec["report"], rec["verdict"] = _report_record(report), report.verdict
+            rec["rescored"] = {"command": command, "seconds": round(time.monotonic() - t0, 1),
+                               "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+            r = rec["report"]
+            _say(f"{rec['engine']} {rec['setting']}: rescored: {report.verdict} — {r['tokens']} tokens, "
+                 f"chi-square p = {_p(r['chi2_p'])}, z = {r['z']:+.2f}, {r['near_ties']} near ties, "
+                 f"{len(report.real_impossible)} impossible and {len(report.real_mismatches)} point-mass "
+                 f"mismatches beyond the tie tolerance")
+            save_results(results, res_path)
+    finally:
+        model.close()
+    return results
 
 
 def load_results(path: Path) -> Dict[str, Any]:
@@ -1131,8 +1178,9 @@ def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Optional[
             label = r["label"] + (" *(control)*" if r.get("control") else "")
             verdict = "pass" if r["verdict"] == "pass" else "**fail**"
             extra = ""
-            if rep.get("impossible_count"):
-                extra = f", {rep['impossible_count']} impossible tokens"
+            outside = rep.get("impossible_count", 0) + rep.get("mismatches_count", 0)
+            if outside:
+                extra = f" ({outside} tokens outside the support, {rep.get('near_ties', 0)} of them near ties)"
             tv = rep.get("tv") or [0.0, 1.0]
             z = rep.get("z")
             z_text = "–" if z is None else f"{z:+.2f} ({_p(rep.get('z_p'))})"
@@ -1395,6 +1443,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                     help="keep the engine × setting results already in results.json (same --tokens and "
                          "--max-tokens), continue unfinished ones from their last saved round, run the others")
     ap.add_argument("--report-only", action="store_true", help="re-render the section and plot from results.json")
+    ap.add_argument("--rescore", action="store_true",
+                    help="score the saved samples of the named engines × settings in results.json again with "
+                         "the current audit (no generation), then re-render")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and estimated duration")
     args = ap.parse_args(argv)
@@ -1438,6 +1489,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not results:
             print(f"no results in {res_path}", file=sys.stderr)
             return 1
+    elif args.rescore:
+        results = rescore(args, command_line(argv))
     else:
         results = run(args, command_line(argv))
     plot_path = args.results_md.parent / "plot_audit.png"

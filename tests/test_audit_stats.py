@@ -235,8 +235,12 @@ def test_verdict_fails_on_either_test_and_on_impossible_tokens():
     assert "surprisal z = -4.00" in reason and "more likely tokens" in reason
     assert "less likely tokens" in report(z=4.0, z_p=6e-5).reasons[0]
     assert report(impossible=[Mismatch(0, 3, 17)]).verdict == "fail"
-    near, far = Mismatch(0, 1, 5, 4, 0.01), Mismatch(0, 2, 5, 4, 0.7)
+    near, far = Mismatch(0, 1, 5, 4, 0.01, near_tie=True), Mismatch(0, 2, 5, 4, 0.7)
     assert report(mismatches=[near]).verdict == "pass"  # a near tie: batch noise can flip it
     assert report(mismatches=[near, far]).verdict == "fail"
+    edge = Mismatch(0, 4, 9, near_tie=True)  # just outside the nucleus
+    assert report(impossible=[edge]).verdict == "pass"
+    assert report(impossible=[edge, Mismatch(0, 3, 17)]).reasons == [
+        "1 tokens with probability 0 under the target's distribution (beyond the tie tolerance 0.05)"]
     data = report(chi2_p=5e-4).to_dict()
     assert data["verdict"] == "fail" and data["chi2_p"] == 5e-4 and data["tv"] == [0.0, 0.1]

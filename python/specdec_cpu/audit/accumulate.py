@@ -14,7 +14,9 @@ keeps only sums, so any number of positions fits in memory:
   nucleus) carry no information about randomness: they are only checked —
   the outcome must be the one possible token — and counted apart;
 * an outcome with p_t(x_t) = 0 elsewhere is impossible under the target and
-  recorded as such.
+  recorded as such;
+* either kind of outcome outside the support is marked a near tie when the
+  caller's ``near_tie`` test says rounding can put it inside (near_ties.py).
 
 :meth:`AuditAccumulator.statistics` turns the sums into the tests.
 """
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -44,8 +46,11 @@ class Mismatch:
 
     ``expected`` is the only possible token when the position is a point mass
     (greedy), else None.  ``logit_gap`` (point masses only, when logits were
-    given) is how far the outcome's logit is below the argmax's: a gap within
-    the batch-noise tolerance is a near tie, not evidence of a wrong sampler.
+    given) is how far the outcome's logit is below the argmax's.
+    ``near_tie``: rounding of the logits within the audit's tolerance can
+    put the outcome inside the support (at a top-p edge, or a near tie with
+    the argmax), so it is not evidence of a wrong sampler.  ``source`` says
+    where the sequence came from (a file and line, an engine's job).
     """
 
     sequence: int
@@ -53,6 +58,8 @@ class Mismatch:
     token: int
     expected: Optional[int] = None
     logit_gap: Optional[float] = None
+    near_tie: bool = False
+    source: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -104,11 +111,15 @@ class AuditAccumulator:
     # -- feeding ---------------------------------------------------------
 
     def add(self, probs: np.ndarray, outcomes: Sequence[int], *, logits: Optional[np.ndarray] = None,
-            sequence: int = 0, positions: Optional[Sequence[int]] = None) -> None:
+            sequence: int = 0, positions: Optional[Sequence[int]] = None, source: Optional[str] = None,
+            near_tie: Optional[Callable[[int], bool]] = None) -> None:
         """Pool positions: ``probs`` ``(n, V)`` final distributions, ``outcomes`` ``(n,)`` ids.
 
         ``logits`` ``(n, V)`` (optional) gives the logit gap of greedy
-        mismatches; ``sequence`` and ``positions`` label what is recorded.
+        mismatches; ``sequence``, ``positions`` and ``source`` label what is
+        recorded.  ``near_tie(i)`` (optional) says whether row i's outcome,
+        outside its support, is within the rounding tolerance of it; it is
+        asked for those rows only.
         """
         p = np.asarray(probs, dtype=np.float64)
         if p.ndim == 1:
@@ -129,15 +140,19 @@ class AuditAccumulator:
 
         px = p[np.arange(n), x]
         point = np.count_nonzero(p > 0, axis=1) == 1
+
+        def tie(i: int) -> bool:
+            return near_tie is not None and near_tie(int(i))
+
         for i in np.flatnonzero(point):
             self.point_mass += 1
             top = int(np.argmax(p[i]))
             if x[i] != top:
                 gap = None if logits is None else float(logits[i, top]) - float(logits[i, x[i]])
-                self.mismatches.append(Mismatch(sequence, where[i], int(x[i]), top, gap))
+                self.mismatches.append(Mismatch(sequence, where[i], int(x[i]), top, gap, tie(i), source))
         zero = ~point & (px <= 0)
         for i in np.flatnonzero(zero):
-            self.impossible.append(Mismatch(sequence, where[i], int(x[i])))
+            self.impossible.append(Mismatch(sequence, where[i], int(x[i]), near_tie=tie(i), source=source))
         live = ~point & ~zero
         if not live.any():
             return

@@ -23,11 +23,12 @@ class AuditReport:
 
     ``statistics`` is None when no position was informative (every one a
     point mass, or none at all).  ``mismatches`` are point-mass positions
-    whose outcome is not the one possible token (greedy); those within
-    ``tie_tolerance`` logits of the argmax are near ties batch noise can
-    explain and do not fail the verdict.  ``impossible`` are outcomes with
-    probability 0 at a non-point-mass position (outside top-k / top-p /
-    min-p): always a failure.
+    whose outcome is not the one possible token (greedy, or a one-token
+    nucleus); ``impossible`` are outcomes with probability 0 at other
+    positions (outside top-k / top-p / min-p).  Either kind fails the
+    verdict unless it is a near tie: inside the support once logit
+    differences move by ``tie_tolerance``, as rounding in another pass can
+    move them (near_ties.py).
     """
 
     target: str
@@ -51,11 +52,18 @@ class AuditReport:
 
     @property
     def near_ties(self) -> List[Mismatch]:
-        return [m for m in self.mismatches if m.logit_gap is not None and m.logit_gap <= self.tie_tolerance]
+        """Outcomes outside the support that rounding within the tolerance can explain."""
+        return [m for m in self.mismatches + self.impossible if m.near_tie]
 
     @property
     def real_mismatches(self) -> List[Mismatch]:
-        return [m for m in self.mismatches if m.logit_gap is None or m.logit_gap > self.tie_tolerance]
+        """Point-mass mismatches beyond the tolerance."""
+        return [m for m in self.mismatches if not m.near_tie]
+
+    @property
+    def real_impossible(self) -> List[Mismatch]:
+        """Probability-0 outcomes beyond the tolerance."""
+        return [m for m in self.impossible if not m.near_tie]
 
     @property
     def reasons(self) -> List[str]:
@@ -68,11 +76,12 @@ class AuditReport:
             lean = ("more likely tokens than the target's distribution gives" if st.z < 0
                     else "less likely tokens than the target's distribution gives")
             out.append(f"surprisal z = {st.z:+.2f} (p = {st.z_p:.3g} < {self.threshold:g}): {lean}")
-        if self.impossible:
-            out.append(f"{len(self.impossible)} tokens with probability 0 under the target's distribution")
+        if self.real_impossible:
+            out.append(f"{len(self.real_impossible)} tokens with probability 0 under the target's distribution "
+                       f"(beyond the tie tolerance {self.tie_tolerance:g})")
         if self.real_mismatches:
-            out.append(f"{len(self.real_mismatches)} point-mass (greedy) positions where the token is not "
-                       f"the argmax (logit gap > {self.tie_tolerance:g})")
+            out.append(f"{len(self.real_mismatches)} point-mass positions where the token is not the only "
+                       f"possible one (beyond the tie tolerance {self.tie_tolerance:g})")
         return out
 
     @property
@@ -134,9 +143,14 @@ class AuditReport:
         ]
         if self.point_mass:
             out.append(f"point-mass mismatches (token not the argmax): {len(self.real_mismatches)} beyond "
-                       f"the tie tolerance {self.tie_tolerance:g}, {len(self.near_ties)} near ties")
+                       f"the tie tolerance {self.tie_tolerance:g}, "
+                       f"{len(self.mismatches) - len(self.real_mismatches)} near ties")
             out += [f"  {_mismatch(m)}" for m in self.mismatches[:_SHOWN]]
-        out += [f"  impossible: {_mismatch(m)}" for m in self.impossible[:_SHOWN]]
+        if self.impossible:
+            out.append(f"probability-0 tokens: {len(self.real_impossible)} beyond the tie tolerance "
+                       f"{self.tie_tolerance:g}, {len(self.impossible) - len(self.real_impossible)} near ties "
+                       "(at the edge of the support)")
+            out += [f"  impossible: {_mismatch(m)}" for m in self.impossible[:_SHOWN]]
         if st is None:
             out.append("no informative positions: the statistical tests did not run")
         else:
@@ -169,4 +183,8 @@ def _mismatch(m: Mismatch) -> str:
         text += f", argmax {m.expected}"
     if m.logit_gap is not None:
         text += f" (logit gap {m.logit_gap:.4f})"
+    if m.near_tie:
+        text += ", a near tie"
+    if m.source:
+        text += f" [{m.source}]"
     return text

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Sequence, Union
+from typing import Callable, List, Sequence, Union
 
 import numpy as np
 
@@ -10,6 +10,7 @@ from ..params import SamplingParams
 from .accumulate import MIN_EXPECTED, AuditAccumulator
 from .chains import TEMPERATURE_FIRST, chain_distribution, check_chain
 from .eog import merge_eog
+from .near_ties import within_tolerance
 from .report import DEFAULT_THRESHOLD, AuditReport
 from .samples import TEXT_WARNING, AuditInputError, GeneratedSequence
 from .target import TargetModel
@@ -113,7 +114,7 @@ class AuditSession:
         acc = self.accumulator
         n_ctx = max(len(p) + len(e) for p, e, _ in prepared)
         eog_rep = model.eog_ids[0] if model.eog_ids else -1
-        for offset, (prompt, emitted, stopped) in enumerate(prepared):
+        for offset, ((prompt, emitted, stopped), seq) in enumerate(zip(prepared, sequences)):
             outcomes = np.asarray(list(emitted) + ([eog_rep] if stopped else []), dtype=np.int64)
             self.positions += outcomes.size
             for first, logits in model.rows(prompt, emitted, stopped, n_ctx):
@@ -122,10 +123,16 @@ class AuditSession:
                     where = np.arange(first + lo, first + lo + block.shape[0])
                     probs = chain_distribution(block, self.params, self.chain)
                     probs, outs, merged_logits = merge_eog(probs, outcomes[where], model.eog_ids, block)
-                    acc.add(probs, outs, logits=merged_logits, sequence=self.sequences + offset, positions=where)
+                    acc.add(probs, outs, logits=merged_logits, sequence=self.sequences + offset, positions=where,
+                            source=seq.source or None, near_tie=self._near_tie(merged_logits, outs))
         self.sequences += len(prepared)
         self.stopped += sum(stopped for _, _, stopped in prepared)
         self.text_sequences += sum(s.text is not None for s in sequences)
+
+    def _near_tie(self, logits: np.ndarray, outcomes: np.ndarray) -> Callable[[int], bool]:
+        def test(i: int) -> bool:
+            return within_tolerance(logits[i], int(outcomes[i]), self.params, self.chain, self.tie_tolerance)
+        return test
 
     def report(self) -> AuditReport:
         """The report over every sequence added so far."""

@@ -75,8 +75,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    help="the verdict fails when either test's p-value is below P; the TV interval's "
                         "confidence level is 1 - P (default 0.001)")
     o.add_argument("--tie-tolerance", type=nonneg_float, default=0.05, metavar="L",
-                   help="greedy positions: a non-argmax token within L logits of the argmax is a near "
-                        "tie that batch noise can explain, not a failure (default 0.05)")
+                   help="a token outside the support that enters it once logit differences move by L "
+                        "(a near tie with the argmax, or at the top-p/top-k/min-p edge) is a near tie that "
+                        "rounding in another pass can explain, reported but not failed (default 0.05)")
     o.add_argument("--threads", type=int_in(1, 1024), default=None, metavar="N",
                    help="CPU threads per model (default: all cores)")
     o.add_argument("--flash-attn", action="store_true",
