@@ -23,12 +23,13 @@ import numpy as np
 import pytest
 
 from real_models import default_pair
+from specdec_cpu.audit.report import DEFAULT_TIE_TOLERANCE
 from specdec_cpu.audit.target import TargetModel
 from specdec_cpu.engine.multi_context import LlamaMultiContext, Rows
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
-TIE_TOLERANCE = 0.05  # the audit's default (AuditSession, --tie-tolerance)
+TIE_TOLERANCE = DEFAULT_TIE_TOLERANCE
 LAYOUTS = 4
 
 

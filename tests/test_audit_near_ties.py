@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from specdec_cpu import SamplingParams
-from specdec_cpu.audit import AuditAccumulator
+from specdec_cpu.audit import AuditAccumulator, GeneratedSequence, audit_sequences
 from specdec_cpu.audit.chains import TEMPERATURE_FIRST, TEMPERATURE_LAST, chain_distribution
 from specdec_cpu.audit.near_ties import within_tolerance
+from specdec_cpu.audit.target import TargetModel
 
 TOL = 0.05
 
@@ -77,8 +78,30 @@ def test_the_accumulator_asks_only_for_outcomes_outside_the_support():
     acc = AuditAccumulator()
     probs = np.array([[0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.5, 0.5, 0.0], [0.0, 1.0, 0.0]])
     acc.add(probs, [0, 2, 2, 0], sequence=3, positions=[5, 6, 7, 8], source="f.jsonl:4", near_tie=near)
-    assert asked == [3, 1, 2] or sorted(asked) == [1, 2, 3]
+    assert sorted(asked) == [1, 2, 3]  # row 0's outcome is inside its support
     assert [(m.position, m.near_tie, m.source) for m in acc.impossible] == [(6, True, "f.jsonl:4"),
                                                                             (7, False, "f.jsonl:4")]
     (m,) = acc.mismatches
     assert (m.position, m.expected, m.near_tie) == (8, 1, False)
+
+
+def test_an_audit_marks_a_token_just_past_the_top_p_cut_as_a_near_tie(tiny_target):
+    """Through the whole audit (the tiny model's real row): top-p set just below
+    the mass ahead of the emitted token leaves it outside by rounding's width (a
+    near tie, the verdict passes); set further below, it is a real failure."""
+    seq = GeneratedSequence(prompt="hello", tokens=[0])
+    with TargetModel(tiny_target, n_threads=1) as model:
+        ((_, logits),) = list(model.rows(model.prompt_ids(seq), [0], False, 16))
+        p = chain_distribution(logits[0], SamplingParams(temperature=1.0))
+        order = np.argsort(-p, kind="stable")
+        x = int(order[3])
+        ahead = float(p[order[:3]].sum())
+        # Moving logit differences by 0.05 moves the mass ahead by about ahead·(1 − ahead)·0.05.
+        width = ahead * (1.0 - ahead) * 0.05
+        assert ahead - 3 * width > p[order[0]]  # the far cut still keeps more than one token
+        sample = GeneratedSequence(prompt="hello", tokens=[x])
+        for cut, near in ((ahead - 0.2 * width, True), (ahead - 3 * width, False)):
+            report = audit_sequences(model, [sample], SamplingParams(temperature=1.0, top_p=cut))
+            (m,) = report.impossible
+            assert (m.token, m.near_tie) == (x, near), cut
+            assert report.verdict == ("pass" if near else "fail")

@@ -29,7 +29,7 @@ from __future__ import annotations
 from .accumulate import MIN_EXPECTED, AuditAccumulator, AuditStatistics, BinCount, Mismatch
 from .chains import CHAINS, TEMPERATURE_FIRST, TEMPERATURE_LAST, chain_distribution
 from .eog import merge_eog
-from .report import DEFAULT_THRESHOLD, AuditReport
+from .report import DEFAULT_THRESHOLD, DEFAULT_TIE_TOLERANCE, AuditReport
 from .samples import AuditInputError, GeneratedSequence, parse_lines, read_jsonl
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "TEMPERATURE_FIRST",
     "TEMPERATURE_LAST",
     "DEFAULT_THRESHOLD",
+    "DEFAULT_TIE_TOLERANCE",
     "MIN_EXPECTED",
     "TargetModel",
     "generate_samples",

@@ -11,7 +11,7 @@ from .accumulate import MIN_EXPECTED, AuditAccumulator
 from .chains import TEMPERATURE_FIRST, chain_distribution, check_chain
 from .eog import merge_eog
 from .near_ties import within_tolerance
-from .report import DEFAULT_THRESHOLD, AuditReport
+from .report import DEFAULT_THRESHOLD, DEFAULT_TIE_TOLERANCE, AuditReport
 from .samples import TEXT_WARNING, AuditInputError, GeneratedSequence
 from .target import TargetModel
 
@@ -29,7 +29,7 @@ def audit_sequences(
     *,
     chain: str = TEMPERATURE_FIRST,
     threshold: float = DEFAULT_THRESHOLD,
-    tie_tolerance: float = 0.05,
+    tie_tolerance: float = DEFAULT_TIE_TOLERANCE,
     min_expected: float = MIN_EXPECTED,
 ) -> AuditReport:
     """Audit ``sequences`` against the target's distributions under ``params`` and ``chain``.
@@ -81,7 +81,7 @@ class AuditSession:
 
     def __init__(self, target: Union[str, TargetModel], params: SamplingParams, *,
                  chain: str = TEMPERATURE_FIRST, threshold: float = DEFAULT_THRESHOLD,
-                 tie_tolerance: float = 0.05, min_expected: float = MIN_EXPECTED) -> None:
+                 tie_tolerance: float = DEFAULT_TIE_TOLERANCE, min_expected: float = MIN_EXPECTED) -> None:
         _check_args(params, chain, threshold, tie_tolerance)
         self.model = target if isinstance(target, TargetModel) else TargetModel(target)
         self._own = self.model is not target
