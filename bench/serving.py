@@ -703,13 +703,18 @@ def _runs(results, **match) -> List[Dict[str, Any]]:
     return [r for r in results["runs"] if all(r.get(k) == v for k, v in match.items())]
 
 
-def block_ratios(results, a: str, b: str, **match) -> List[float]:
-    """agg_tps(a) / agg_tps(b) for every block where both ran."""
-    by_block: Dict[int, Dict[str, float]] = {}
+def paired_runs(results, a: str, b: str, **match) -> List[tuple[Dict[str, Any], Dict[str, Any]]]:
+    """(run of a, run of b) for every block where both ran and emitted tokens."""
+    by_block: Dict[int, Dict[str, Dict[str, Any]]] = {}
     for r in _runs(results, **match):
         if r["agg_tps"]:
-            by_block.setdefault(r["block"], {})[r["engine"]] = r["agg_tps"]
-    return [d[a] / d[b] for d in by_block.values() if a in d and b in d]
+            by_block.setdefault(r["block"], {})[r["engine"]] = r
+    return [(d[a], d[b]) for d in by_block.values() if a in d and b in d]
+
+
+def block_ratios(results, a: str, b: str, **match) -> List[float]:
+    """agg_tps(a) / agg_tps(b) for every block where both ran."""
+    return [x["agg_tps"] / y["agg_tps"] for x, y in paired_runs(results, a, b, **match)]
 
 
 def ratio_text(ratios: Sequence[float]) -> str:

@@ -20,22 +20,13 @@ import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 try:  # python -m bench.serving_spread, or bench/ on sys.path
-    from .serving import ratio_text
+    from .serving import paired_runs, ratio_text
 except ImportError:  # pragma: no cover - run as a plain script
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from bench.serving import ratio_text  # type: ignore[no-redef]
-
-
-def paired_blocks(results: Dict[str, Any], a: str, b: str) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
-    """(run of ``a``, run of ``b``) for every block where both ran without errors."""
-    by_block: Dict[Any, Dict[str, Dict[str, Any]]] = {}
-    for r in results["runs"]:
-        if r.get("agg_tps") and not r.get("errors"):
-            by_block.setdefault((r.get("repeat"), r["block"]), {})[r["engine"]] = r
-    return [(d[a], d[b]) for d in by_block.values() if a in d and b in d]
+    from bench.serving import paired_runs, ratio_text  # type: ignore[no-redef]
 
 
 def mean_completion(run: Dict[str, Any]) -> float:
@@ -46,7 +37,7 @@ def mean_completion(run: Dict[str, Any]) -> float:
 def rows(results: Dict[str, Any], a: str, b: str, drafted: int) -> List[str]:
     """Table rows: blocks where ``a`` drafted more than ``drafted`` tokens, and the rest."""
     out = []
-    pairs = paired_blocks(results, a, b)
+    pairs = paired_runs(results, a, b)
     for name, keep in ((f"{a} drafted > {drafted} tokens", lambda n: n > drafted),
                        (f"{a} drafted ≤ {drafted} tokens", lambda n: n <= drafted)):
         sel = [(x, y) for x, y in pairs if keep((x.get("stats") or {}).get("drafted") or 0)]
