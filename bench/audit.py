@@ -1142,6 +1142,39 @@ def _setting_text(r) -> str:
     return "T = 1" if r["setting"] == "t1" else "T = 0.7, top-p 0.95"
 
 
+def _dir_arg(out_dir: Optional[Path]) -> str:
+    """``--output-dir`` as a user would type it from the checkout's root
+    (empty for the default directory)."""
+    if out_dir is None or out_dir.resolve() == (HERE / "audit").resolve():
+        return ""
+    try:
+        return f" --output-dir {out_dir.resolve().relative_to(HERE.parent)}"
+    except ValueError:
+        return f" --output-dir {out_dir}"
+
+
+def _command_text(results: Dict[str, Any], out_dir: Optional[Path]) -> str:
+    """The command line of the run, and how long it took.
+
+    A run made piecewise with ``--resume`` records every piece's command
+    (joined by "`, then `"); the section shows the command they add up to
+    and the rows' own generation and scoring time summed, since the
+    pieces' wall-clock spans include the stops between them."""
+    pieces = str(results.get("command", "python -m bench audit")).split("`, then `")
+    rerender = f"`python -m bench audit --report-only{_dir_arg(out_dir)}`"
+    started = results.get("started", "?")
+    if len(pieces) == 1:
+        hours = (results.get("duration_seconds") or 0) / 3600
+        return f"Command: `{pieces[0]}` (started {started}, {hours:.1f} h; re-render with {rerender})."
+    base = re.sub(r" --(resume|settings \S+|engines \S+|results-md \S+)(?=\s|$)", "", pieces[0])
+    hours = sum((r.get("generate_seconds") or 0) + (r.get("score_seconds") or 0)
+                for r in results.get("runs", [])) / 3600
+    return (f"Command: `{base}`, run in {len(pieces)} pieces with `--resume`, each naming the `--settings` "
+            "and `--engines` still to do (results.json's `command` lists them; "
+            f"started {started}; {hours:.1f} h of generation and scoring, summed over "
+            f"the rows; re-render with {rerender}).")
+
+
 def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Optional[Path] = None) -> str:
     cfg = results.get("config", {})
     L = [SECTION, ""]
@@ -1151,10 +1184,7 @@ def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Optional[
               "gap above the upper end of its interval (the power test in tests/ flags a 0.02 gap within "
               f"{FULL_TOKENS:,} tokens; the interval's width shrinks as one over the square root of the tokens). "
               "`python -m bench audit` runs the full one.", ""]
-    L.append(f"Command: `{results.get('command', 'python -m bench audit')}` (started {results.get('started', '?')}, "
-             f"{(results.get('duration_seconds') or 0) / 3600:.1f} h; re-render with "
-             "`python -m bench audit --report-only`).")
-    L.append("")
+    L += [_command_text(results, out_dir), ""]
     L.append(
         "Every engine's **sampled token ids** scored by `specdec_cpu.audit` against the F32 target's own "
         "distribution at each position (docs/audit.md): rank-bin chi-square with the counts' exact "
@@ -1224,6 +1254,7 @@ def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Optional[
               f"({r['failed_sequences'][0]})" for r in results.get("runs", []) if r.get("failed_sequences")]
     if errs or failed:
         L += ["### Problems", ""] + [f"- {e}" for e in errs + failed] + [""]
+    data_dir = _dir_arg(out_dir).removeprefix(" --output-dir ") or "bench/audit"
     L += ["### Method", "",
           "- Engines: ours — `SpeculativeDecoder` γ = 4 and γ = auto (one sequence at a time), and "
           "`BatchedDecoder` (several sequences share each target pass; exact too) with the draft model at "
@@ -1238,10 +1269,10 @@ def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Optional[
           "- A sequence that drew an end-of-generation token is cut before it and audited with the outcome "
           "'any EOG token' at that position; sequences are cut at the first EOG or at max-tokens, nothing "
           "else, and every sequence started is kept whole.",
-          "- Samples: `bench/audit/samples/<setting>/<engine>.jsonl.gz`, the audit's input format (`gunzip -k` "
+          f"- Samples: `{data_dir}/samples/<setting>/<engine>.jsonl.gz`, the audit's input format (`gunzip -k` "
           "it and run `specdec-cpu audit --target F32.gguf --input FILE --temperature … [--top-p 0.95] "
           "[--chain temperature-last]` to re-score one); per-sequence prompt, seed and counts in "
-          "`bench/audit/results.json`.", ""]
+          f"`{data_dir}/results.json`.", ""]
     lines = [r.get("command") for r in results.get("runs", []) if r.get("command")]
     if lines:
         L += ["Engine command lines (one per engine, prompt and seed abbreviated):", ""]
