@@ -1142,15 +1142,20 @@ def _setting_text(r) -> str:
     return "T = 1" if r["setting"] == "t1" else "T = 0.7, top-p 0.95"
 
 
-def _dir_arg(out_dir: Optional[Path]) -> str:
-    """``--output-dir`` as a user would type it from the checkout's root
-    (empty for the default directory)."""
-    if out_dir is None or out_dir.resolve() == (HERE / "audit").resolve():
-        return ""
+def _data_dir(out_dir: Optional[Path]) -> str:
+    """The output directory as a user would type it from the checkout's root."""
+    if out_dir is None:
+        return "bench/audit"
     try:
-        return f" --output-dir {out_dir.resolve().relative_to(HERE.parent)}"
+        return str(out_dir.resolve().relative_to(HERE.parent))
     except ValueError:
-        return f" --output-dir {out_dir}"
+        return str(out_dir)
+
+
+def _dir_arg(out_dir: Optional[Path]) -> str:
+    """`` --output-dir DIR``, or nothing for the default directory."""
+    d = _data_dir(out_dir)
+    return "" if d == "bench/audit" else f" --output-dir {d}"
 
 
 def _command_text(results: Dict[str, Any], out_dir: Optional[Path]) -> str:
@@ -1254,7 +1259,7 @@ def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Optional[
               f"({r['failed_sequences'][0]})" for r in results.get("runs", []) if r.get("failed_sequences")]
     if errs or failed:
         L += ["### Problems", ""] + [f"- {e}" for e in errs + failed] + [""]
-    data_dir = _dir_arg(out_dir).removeprefix(" --output-dir ") or "bench/audit"
+    data_dir = _data_dir(out_dir)
     L += ["### Method", "",
           "- Engines: ours — `SpeculativeDecoder` γ = 4 and γ = auto (one sequence at a time), and "
           "`BatchedDecoder` (several sequences share each target pass; exact too) with the draft model at "
