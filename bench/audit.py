@@ -949,7 +949,7 @@ def rescore(args: argparse.Namespace, command: str) -> Dict[str, Any]:
                                "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
             r = rec["report"]
             _say(f"{rec['engine']} {rec['setting']}: rescored: {report.verdict} — {r['tokens']} tokens, "
-                 f"chi-square p = {_p(r['chi2_p'])}, z = {r['z']:+.2f}, {r['near_ties']} near ties, "
+                 f"chi-square {_p_eq(r['chi2_p'])}, z = {r['z']:+.2f}, {r['near_ties']} near ties, "
                  f"{len(report.real_impossible)} impossible and {len(report.real_mismatches)} point-mass "
                  f"mismatches beyond the tie tolerance")
             save_results(results, res_path)
@@ -1038,8 +1038,8 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
                         continue
                     results["runs"].append(rec)
                     r = rec["report"]
-                    _say(f"{eid} {sid}: {rec['verdict']} — {r['tokens']} tokens audited, chi-square p = "
-                         f"{_p(r['chi2_p'])}, z = {r['z']:+.2f}, TV [{r['tv'][0]:.4f}, {r['tv'][1]:.4f}] "
+                    _say(f"{eid} {sid}: {rec['verdict']} — {r['tokens']} tokens audited, chi-square "
+                         f"{_p_eq(r['chi2_p'])}, z = {r['z']:+.2f}, TV [{r['tv'][0]:.4f}, {r['tv'][1]:.4f}] "
                          f"(generated {rec['generate_seconds']:.0f} s, scored {rec['score_seconds']:.0f} s; "
                          f"elapsed {_mmss(time.monotonic() - t_start)})")
                     results["duration_seconds"] = round(time.monotonic() - t_start, 1)
@@ -1123,6 +1123,20 @@ def _p(x: Optional[float]) -> str:
     if x == 0.0:
         return "< 1e-300"
     return f"{x:.2g}" if x < 0.01 else f"{x:.2f}"
+
+
+def _p_eq(x: Optional[float]) -> str:
+    """``p = 0.52``, or ``p < 1e-300`` where it underflowed."""
+    text = _p(x)
+    return f"p {text}" if text.startswith("<") else f"p = {text}"
+
+
+def _outside_text(outside: int, near_ties: int) -> str:
+    """How many emitted tokens lie outside the audit's support, and how many are near ties."""
+    head = f"{outside} token{'s' if outside != 1 else ''} outside the support"
+    if near_ties == outside:
+        return head + (", a near tie" if outside == 1 else ", all near ties")
+    return head + f", {near_ties} of them near ties"
 
 
 def _runs(results, engine=None, setting=None) -> List[Dict[str, Any]]:
@@ -1215,7 +1229,7 @@ def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Optional[
             extra = ""
             outside = rep.get("impossible_count", 0) + rep.get("mismatches_count", 0)
             if outside:
-                extra = f" ({outside} tokens outside the support, {rep.get('near_ties', 0)} of them near ties)"
+                extra = f" ({_outside_text(outside, rep.get('near_ties', 0))})"
             tv = rep.get("tv") or [0.0, 1.0]
             z = rep.get("z")
             z_text = "–" if z is None else f"{z:+.2f} ({_p(rep.get('z_p'))})"
@@ -1321,7 +1335,7 @@ def findings(results, out_dir: Optional[Path] = None) -> List[str]:
         parts = []
         for r in rs:
             rep = r["report"]
-            parts.append(f"{_setting_text(r)}: χ² p = {_p(rep['chi2_p'])}, z = {rep['z']:+.2f}, "
+            parts.append(f"{_setting_text(r)}: χ² {_p_eq(rep['chi2_p'])}, z = {rep['z']:+.2f}, "
                          f"TV gap [{rep['tv'][0]:.3f}, {rep['tv'][1]:.3f}] over {rep['tokens']:,} tokens")
         return "; ".join(parts)
 
@@ -1394,6 +1408,17 @@ def findings(results, out_dir: Optional[Path] = None) -> List[str]:
                  f"{len(controls)} pass" + (" — a failing control means the audit itself, not the engine, is "
                                              "off: read the other rows with care" if bad else "")
                  + ". With two tests at 1e-3, an exact engine fails about 2 audits in 1,000.")
+    tied = [r for r in results.get("runs", []) if r["report"].get("near_ties")]
+    if tied:
+        n_ties = sum(r["report"]["near_ties"] for r in tied)
+        plain = sum(r["report"]["near_ties"] for r in tied if r.get("control"))
+        tol = tied[0]["report"].get("tie_tolerance", 0.05)
+        L.append(
+            f"- Near ties: {n_ties} emitted token{'s' if n_ties != 1 else ''} in {len(tied)} "
+            f"row{'s' if len(tied) != 1 else ''} lie just outside the audit's support and enter it once every "
+            f"difference between two logits may move by {tol:g}, as another pass's rounding moves them "
+            f"(docs/audit.md); they are listed in results.json, not failed. {plain} of them are the plain "
+            "controls': near ties come with the nucleus's edge and the engines' own passes, not with speculation.")
     L.append("")
     return L
 
