@@ -1417,8 +1417,9 @@ def findings(results, out_dir: Optional[Path] = None) -> List[str]:
             f"- Near ties: {n_ties} emitted token{'s' if n_ties != 1 else ''} in {len(tied)} "
             f"row{'s' if len(tied) != 1 else ''} lie just outside the audit's support and enter it once every "
             f"difference between two logits may move by {tol:g}, as another pass's rounding moves them "
-            f"(docs/audit.md); they are listed in results.json, not failed. {plain} of them are the plain "
-            "controls': near ties come with the nucleus's edge and the engines' own passes, not with speculation.")
+            f"(docs/audit.md); they are listed in results.json, not failed."
+            + (f" {plain} of them are the plain controls': near ties come with the nucleus's edge and the "
+               "engines' own passes, not with speculation." if plain else ""))
     L.append("")
     return L
 
