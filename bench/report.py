@@ -833,19 +833,33 @@ def method_lines(results) -> List[str]:
     return L
 
 
+def _others_cores(results, run) -> Optional[float]:
+    """Other processes' cores during ``run``; None for a llama-server run of a
+    suite that counted the server's own CPU as another process's (before
+    ``server_cpu_is_ours``)."""
+    if run["engine"].startswith("llama-server") and not results["config"].get("server_cpu_is_ours"):
+        return None
+    return run.get("others_cores")
+
+
 def _run_loads(results) -> str:
     out = ""
     loads = [r["load_1min"] for r in results["runs"] if r.get("load_1min") is not None]
     if loads:
         out += (f"; 1-min load average at the start of each run (ours included): median "
                 f"{statistics.median(loads):.2f}, max {max(loads):.2f}")
-    others = [r["others_cores"] for r in results["runs"] if r.get("others_cores") is not None]
+    others = [x for x in (_others_cores(results, r) for r in results["runs"]) if x is not None]
+    unmetered = sum(1 for r in results["runs"] if r.get("others_cores") is not None
+                    and _others_cores(results, r) is None)
     if others:
         thr = results["config"].get("busy_cores_threshold", 0.25)
         busy = sum(1 for x in others if x > thr)
         out += (f". Other processes' CPU use during each run (all busy CPU time minus ours): median "
                 f"{statistics.median(others):.2f} cores, max {max(others):.2f}; above {thr} cores in "
                 f"{busy} of {len(others)} runs (per run in results.json)")
+        if unmetered:
+            out += (f"; the {unmetered} llama-server runs are left out: this run's meter counted the server's "
+                    "own CPU as another process's")
         if results["config"].get("wait_for_quiet"):
             out += "; before each block the suite waited (up to 60 s) while others used more than that"
     return out
@@ -904,11 +918,11 @@ def in_run_line(results, pair: str, setting: str) -> str:
 
 
 def contention_line(results, pair: str, setting: str) -> str:
-    rows = [r for r in runs_of(results, pair, setting) if r.get("others_cores") is not None]
+    rows = [r for r in runs_of(results, pair, setting) if _others_cores(results, r) is not None]
     if not rows:
         return ""
     thr = results["config"].get("busy_cores_threshold", 0.25)
-    busy = [r for r in rows if r["others_cores"] > thr]
+    busy = [r for r in rows if _others_cores(results, r) > thr]
     blocks = {r["block"] for r in busy}
     n_blocks = len({r["block"] for r in rows})
     return (f" Runs disturbed by other processes (> {thr} cores): {len(busy)} of {len(rows)}, "

@@ -284,12 +284,24 @@ class CpuMeter:
 
     The load average cannot tell our own two busy threads from someone
     else's; /proc/stat minus this process's (and its waited-for children's)
-    CPU time can.  Returns None where /proc/stat is unavailable.
+    CPU time can.  A llama-server is not a waited-for child, so the run of a
+    server engine names its pid in ``pids``: its CPU time is the engine's,
+    not another process's.  Returns None where /proc/stat is unavailable.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, pids: Sequence[int] = ()) -> None:
         self._hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._pids = tuple(pids)
         self._start = self._sample()
+
+    def _pid_seconds(self, pid: int) -> float:
+        """utime + stime of a running process (0 once it is gone)."""
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / self._hz
+        except (OSError, ValueError, IndexError):
+            return 0.0
 
     def _sample(self):
         try:
@@ -299,7 +311,7 @@ class CpuMeter:
             return None
         busy = sum(v[:3]) + sum(v[5:8])  # user nice system + irq softirq steal
         t = os.times()
-        own = t.user + t.system + t.children_user + t.children_system
+        own = t.user + t.system + t.children_user + t.children_system + sum(map(self._pid_seconds, self._pids))
         return time.monotonic(), busy / self._hz, own
 
     def restart(self) -> None:
@@ -782,6 +794,7 @@ def run_suite(args: argparse.Namespace, command: str) -> Dict[str, Any]:
             "threads": args.threads, "peer_draft_max": list(args.peer_draft_max), "ctx": args.ctx,
             "seed": args.seed, "quick": args.quick, "wait_for_quiet": args.wait,
             "busy_cores_threshold": BUSY_CORES,
+            "server_cpu_is_ours": True,  # others_cores of a llama-server run leaves out the server itself
         },
         "baseline": BASELINE,
         "control": CONTROL,
@@ -846,7 +859,8 @@ def run_suite(args: argparse.Namespace, command: str) -> Dict[str, Any]:
                         quiet = wait_until_quiet(progress, wait_budget) if args.wait else None
                         for pos, engine in enumerate(order):
                             load = load_average()
-                            meter = CpuMeter()
+                            server = group.servers.get(engine.id)
+                            meter = CpuMeter([server.pid] if server is not None else [])
                             rec = run_engine(group, engine, setting, text, seed, args)
                             rec.update({"others_cores": meter.others(), "others_cores_before_block": quiet,
                                         "load_1min": load[0] if load else None, "block": block, "target": group.target, "setting": setting.id,
