@@ -837,7 +837,8 @@ def _others_cores(results, run) -> Optional[float]:
     """Other processes' cores during ``run``; None for a llama-server run of a
     suite that counted the server's own CPU as another process's (before
     ``server_cpu_is_ours``)."""
-    if run["engine"].startswith("llama-server") and not results["config"].get("server_cpu_is_ours"):
+    kind = results.get("engines", {}).get(run["engine"], {}).get("kind")
+    if kind == "server" and not results["config"].get("server_cpu_is_ours"):
         return None
     return run.get("others_cores")
 
