@@ -27,7 +27,9 @@ steps (:class:`Realised`).  Where drafting did worse against its plans
 than plain steps did against theirs, a drafting plan must beat plain
 batching by that much more; where drafting fell short it stops, and the
 shortfall halves every ~70 plain steps, so it is tried again later
-(docs/serving.md §2).
+(docs/serving.md §2).  What a plan sets aside (a draft catching up before
+the steps that draft) is kept in a :class:`~.ledger.DraftingLedger` that
+the scheduler asks before it invests in drafting again.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Optional, Sequence
 
 from ..request_args import GAMMA_LIMIT
 from .costmodel import CostModel
+from .ledger import DraftingLedger
 from .pass_times import PassTimes
 
 __all__ = ["BatchPlanner", "DraftOption", "PlanRequest", "AlphaTracker", "Realised"]
@@ -205,6 +208,8 @@ class BatchPlanner:
         self.last_rate = 0.0
         #: (batch size, drafting) -> how such steps did against their plans
         self.realised: dict[tuple[int, bool], Realised] = {}
+        #: per batch size, the tokens drafting gained over plain batching, catch-ups included
+        self.ledger = DraftingLedger(forget=forget)
 
     # ------------------------------------------------------------ feedback
     def observe_target(self, rows: int, seconds: float) -> None:
@@ -225,6 +230,28 @@ class BatchPlanner:
         if not drafting and (batch, True) in self.realised:
             self.realised[(batch, True)].forget(self.forget)
 
+    def observe_balance(self, batch: int, drafting: bool, emitted: int, seconds: float) -> None:
+        """A step of ``batch`` decoding requests (no prompt rows) that drafted
+        or caught a draft up (``drafting``), or did neither, emitted ``emitted``
+        tokens in ``seconds``: the ledger counts what the first kind gained over
+        plain batching's rate (predicted, corrected by how plain steps of this
+        size did against their predictions), and ages with the second."""
+        if batch < 1 or seconds <= 0:
+            return
+        if not drafting:
+            self.ledger.plain_step(batch)
+            return
+        plain = self.rate([((), 0, False, 0)] * batch)
+        if (batch, False) in self.realised:
+            plain *= self.realised[(batch, False)].ratio()
+        self.ledger.record(batch, emitted - plain * 1000.0 * seconds)
+
+    def may_invest(self, batch: int) -> bool:
+        """Whether to spend on drafting ahead of the steps that draft (a
+        draft's catch-up, a probe) at ``batch`` requests: not where drafting
+        has not yet paid back what it cost there."""
+        return self.ledger.may_invest(batch)
+
     def _drafting_beats_plain(self, batch: int, drafting_rate: float, plain_rate: float, margin: float) -> bool:
         """Whether a drafting plan beats plain batching by ``margin`` once
         corrected by how drafting steps of this batch size did relative to
@@ -236,11 +263,17 @@ class BatchPlanner:
         one-off costs (a draft catching up after a prompt) are not in its
         record, so a relative advantage measured without them is not trusted
         (measured: letting it count tripled the tokens drafted at four
-        requests and lost throughput)."""
-        r = self.realised
-        d = r[(batch, True)].ratio() if (batch, True) in r else 1.0
-        p = r[(batch, False)].ratio() if (batch, False) in r else 1.0
-        return drafting_rate * min(d / p, 1.0) > margin * plain_rate
+        requests and lost throughput).  Nor is there a correction before
+        drafting steps of this size have been scored: plain steps beating
+        their predictions (a calibration timed on a busier machine) say
+        nothing about how drafting would do, and a veto then would never be
+        lifted, since no drafting step would run to measure it."""
+        drafted = self.realised.get((batch, True))
+        if drafted is None or drafted.steps < drafted.min_steps:
+            return drafting_rate > margin * plain_rate
+        plain = self.realised.get((batch, False))
+        p = plain.ratio() if plain is not None else 1.0
+        return drafting_rate * min(drafted.ratio() / p, 1.0) > margin * plain_rate
 
     # ------------------------------------------------------------ the choice
     def plan(self, requests: Sequence[PlanRequest], fixed_target_rows: int = 0,

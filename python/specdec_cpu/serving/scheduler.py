@@ -212,11 +212,15 @@ class Scheduler:
             self._passes = ([], [])
         self._draft(work, draft_parts)
         emitted = self._target_and_verify(work, target_parts)
-        if work and not target_parts and not draft_parts:
-            # A step of decoding alone (no prompt, no draft catching up, whose
-            # costs the plan sets aside): score it against its plan.
-            self.planner.observe_step(len(work), any(w.gamma > 0 for w in work), planned_rate, emitted,
-                                      time.perf_counter() - t_step)
+        if work and not target_parts:
+            seconds = time.perf_counter() - t_step
+            drafting = any(w.gamma > 0 for w in work)
+            if not draft_parts:
+                # A step of decoding alone (no prompt, no draft catching up, whose
+                # costs the plan sets aside): score it against its plan.
+                self.planner.observe_step(len(work), drafting, planned_rate, emitted, seconds)
+            # The ledger counts the catch-up too: it is what drafting cost here.
+            self.planner.observe_balance(len(work), drafting or bool(draft_parts), emitted, seconds)
         self._finish_step(t_step, emitted)
         if self.step_trace is not None:
             self._trace(t_step, work, target_parts, draft_parts, planned_rate, emitted)
@@ -324,15 +328,20 @@ class Scheduler:
         tokens, capped at EXPECTED_TOKENS, times the batch size).  A request
         catches up when r₁ beats r₀ by INVESTMENT_GAIN and the saving repays
         the cost CATCH_UP_PAYBACK times, judged again every step (a batch
-        that fills up meanwhile stops a catch-up that no longer pays); a
-        request that asked for a fixed γ always does.  Nobody else does while
+        that fills up meanwhile stops a catch-up that no longer pays), and
+        only where drafting has paid for its catch-ups so far at this batch
+        size (``BatchPlanner.may_invest``); a request that asked for a fixed
+        γ always does.  Nobody else does while
         other requests are taking in their prompt or waiting: the batch is
         about to grow, and the plan of the requests decoding now would invest
         in drafts a full batch does not use.
         """
         with self._cond:
             joining = len(self._active) - len(work) + len(self._waiting)
-        if joining and not any(isinstance(work[i].req.gamma, int) for i in lagging):
+        # Only a request that asked for a fixed γ catches up where drafting has not
+        # yet paid back its earlier catch-ups at this batch size (planning/ledger.py).
+        hold = joining or not self.planner.may_invest(len(work))
+        if hold and not any(isinstance(work[i].req.gamma, int) for i in lagging):
             return []
         r0 = self.planner.last_rate
         hypothetical = list(plans)
@@ -352,7 +361,7 @@ class Scheduler:
             if budget <= 0:
                 break
             if not isinstance(req.gamma, int):
-                if joining:
+                if hold:
                     continue
                 remaining = min(req.max_tokens - req.stats.tokens, self.target.n_ctx - len(req.seq),
                                 EXPECTED_TOKENS)
@@ -418,8 +427,9 @@ class Scheduler:
         as drafts get (judged at the steady state: the catch-up a probe needs is
         a one-off).  At a full batch the rows are not free and no acceptance
         repays the draft passes: a probe there would spend a draft pass over
-        every token the draft missed to measure an α̂ no plan uses."""
-        return self.planner.drafting_could_pay(batch, PROBE_GAMMA, CAUGHT_UP_LAG, OPTIMISTIC_ALPHA, fixed_rows,
+        every token the draft missed to measure an α̂ no plan uses.  Nor where
+        drafting has not yet paid back what it cost at this batch size."""
+        return self.planner.may_invest(batch) and self.planner.drafting_could_pay(batch, PROBE_GAMMA, CAUGHT_UP_LAG, OPTIMISTIC_ALPHA, fixed_rows,
                                                margin=INVESTMENT_GAIN)
 
     # ------------------------------------------------------------ drafting
