@@ -257,3 +257,66 @@ def test_plain_steps_falling_short_never_make_the_planner_draft() -> None:
     assert p.realised[(3, False)].ratio() == 0.5
     assert not _drafts(p.plan(three))
     assert not p.drafting_could_pay(3, 2, catch_up=2, alpha=0.95, margin=1.05)
+
+
+def test_no_veto_before_drafting_steps_of_that_size_were_scored() -> None:
+    """Plain steps beating their predictions by 25% (a calibration timed on a
+    busier machine) say nothing about drafting: with no drafting step of that
+    batch size scored, the plan drafts as the cost model says (a veto then
+    would never be lifted: no drafting step would run to measure it).  Once
+    drafting steps are scored, the comparison applies."""
+    p = planner()
+    one = [PlanRequest([model_option(0.6)])]  # drafting predicted ~1.18x plain: less than 1.25x
+    assert _drafts(p.plan(one))
+    p.plan([PlanRequest()])
+    rate = p.last_rate
+    for _ in range(20):
+        p.observe_step(1, False, rate, emitted=1.3 * rate * 1000.0 * 0.1, seconds=0.1)
+    assert p.realised[(1, False)].ratio() == 1.25
+    assert _drafts(p.plan(one))
+    for _ in range(10):  # drafting steps realising 70% of their plans: 0.7 / 1.25 vetoes
+        rate = p.plan(one) and p.last_rate
+        p.observe_step(1, True, rate, emitted=0.7 * rate * 1000.0 * 0.2, seconds=0.2)
+    assert not _drafts(p.plan(one))
+
+
+def _plain_rate(p: BatchPlanner, batch: int) -> float:
+    return p.rate([((), 0, False, 0)] * batch)
+
+
+def test_the_ledger_stops_investing_where_drafting_did_not_pay_and_tries_again_later() -> None:
+    """Steps that drafted or caught a draft up are booked at what they emitted
+    beyond plain batching's rate in their time; where the balance is negative
+    no new investment (catch-up, probe) is made at that batch size, other
+    sizes are not affected, and plain steps fade the loss until it is tried
+    again."""
+    p = planner()
+    assert p.may_invest(4) and p.may_invest(2)
+    plain = _plain_rate(p, 4)  # tokens per ms
+    # A catch-up step: 0.6 s for the 4 tokens of a plain step, where plain batching emits 17.6.
+    p.observe_balance(4, True, emitted=4, seconds=0.6)
+    assert p.ledger.balance(4) == pytest.approx(4 - plain * 600.0)
+    assert p.ledger.balance(4) < -10 and not p.may_invest(4)
+    assert p.may_invest(2)
+    steps = 0
+    while not p.may_invest(4):
+        p.observe_balance(4, False, emitted=4, seconds=0.14)
+        steps += 1
+        assert steps < 1000
+    assert steps >= 100  # a loss of > 10 tokens is not re-tried within a hundred plain steps
+    # A drafting step that beats plain batching (12 tokens in 0.2 s against 5.9) is booked as a gain.
+    before = p.ledger.balance(4)
+    p.observe_balance(4, True, emitted=12, seconds=0.2)
+    assert p.ledger.balance(4) == pytest.approx(before + 12 - plain * 200.0) and p.ledger.balance(4) > 5
+
+
+def test_the_ledger_measures_against_plain_steps_as_they_really_ran() -> None:
+    """The plain rate a drafting step is set against is the predicted one
+    corrected by how plain steps of that size did against their predictions."""
+    p = planner()
+    p.plan([PlanRequest()] * 2)
+    rate = p.last_rate
+    for _ in range(20):
+        p.observe_step(2, False, rate, emitted=0.8 * rate * 1000.0 * 0.1, seconds=0.1)
+    p.observe_balance(2, True, emitted=10, seconds=0.5)
+    assert p.ledger.balance(2) == pytest.approx(10 - 0.8 * _plain_rate(p, 2) * 500.0)

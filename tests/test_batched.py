@@ -359,6 +359,34 @@ def test_a_full_batch_spends_nothing_on_the_draft_where_it_cannot_pay(tiny_targe
         assert busy and gen.stats.drafted > 0
 
 
+def test_no_catch_up_or_probe_where_drafting_has_not_paid_for_its_catch_ups(tiny_target, tiny_draft) -> None:
+    """The planner's ledger: a batch size where drafting, its catch-ups
+    included, has lost tokens against plain batching gets no new catch-up or
+    probe, so a request whose draft lags after its prompt decodes plain; with
+    the loss forgotten the same request catches up and drafts.  Steps that
+    drafted or caught up are booked in the ledger, plain steps are not."""
+    with _decoder_on_given_costs(tiny_target, tiny_draft, row_ms=0.5, max_sequences=1) as dec:
+        sch = dec._scheduler
+        draft_rows = []
+        decode = sch.draft.decode
+        sch.draft.decode = lambda parts: (draft_rows.append(sum(len(p.tokens) for p in parts)), decode(parts))[1]
+        booked = []
+        observe = sch.planner.observe_balance
+        sch.planner.observe_balance = lambda *a: (booked.append(a), observe(*a))[1]
+        params = SamplingParams(temperature=1.0, seed=1, ignore_eos=True)
+        sch.planner.ledger.balances[1] = -1e9  # drafting alone has lost (more than plain steps fade)
+        prompt = "the quick brown fox and hello world it is of the quick"  # its draft lags > IN_STEP_LAG
+        held = dec.generate(prompt, max_tokens=60, params=params)
+        assert held.stats.tokens == 60 and held.stats.drafted == 0 and not draft_rows
+        assert booked and not any(a[1] for a in booked)
+        assert not sch.planner.may_invest(1)
+        sch.planner.ledger.balances.clear()
+        booked.clear()
+        free = dec.generate(prompt + " fox", max_tokens=60, params=params)
+        assert free.stats.drafted > 0 and max(draft_rows) >= free.stats.prompt_tokens - 2  # caught up, drafted
+        assert any(a[1] for a in booked) and 1 in sch.planner.ledger.balances
+
+
 def test_a_catch_up_must_repay_itself_within_the_expected_horizon(tiny_target, tiny_draft) -> None:
     """After its prompt the draft's cache lags by the whole prompt; catching it
     up costs a draft row per token (1 ms here) and pays only over the tokens

@@ -7,7 +7,12 @@
   timing-only pass on first use, a full one from ``specdec-cpu calibrate``);
 - :mod:`.controller` — :class:`GammaController` picks one request's γ per step;
 - :mod:`.match_controller` — :class:`MatchLengthController`, the same for
-  prompt-lookup drafts, with α learnt per match length.
+  prompt-lookup drafts, with α learnt per match length;
+- :mod:`.batch_planner` — ``BatchPlanner``, every request's γ in a batched
+  step, and its record of how steps did against their plans;
+- :mod:`.pass_times` — ``PassTimes``, pass time per row count, learnt live;
+- :mod:`.ledger` — ``DraftingLedger``, what drafting (catch-ups included)
+  has gained over plain batching per batch size.
 
 Everything here is pure Python over numbers: no model, no llama.cpp.
 """
