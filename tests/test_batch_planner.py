@@ -259,25 +259,22 @@ def test_plain_steps_falling_short_never_make_the_planner_draft() -> None:
     assert not p.drafting_could_pay(3, 2, catch_up=2, alpha=0.95, margin=1.05)
 
 
-def test_no_veto_before_drafting_steps_of_that_size_were_scored() -> None:
-    """Plain steps beating their predictions by 25% (a calibration timed on a
-    busier machine) say nothing about drafting: with no drafting step of that
-    batch size scored, the plan drafts as the cost model says (a veto then
-    would never be lifted: no drafting step would run to measure it).  Once
-    drafting steps are scored, the comparison applies."""
+def test_plain_steps_beating_their_plans_hold_back_a_marginal_draft() -> None:
+    """Plain steps beating their predictions by 25% make a draft predicted
+    at 1.18x plain batching not worth it, before any drafting step of that
+    batch size is scored (drafting judged on the cost model alone until
+    then let γ=auto at eight requests run away in 3 of 16 blocks of
+    bench.serving); a clear gain still drafts."""
     p = planner()
-    one = [PlanRequest([model_option(0.6)])]  # drafting predicted ~1.18x plain: less than 1.25x
-    assert _drafts(p.plan(one))
+    marginal = [PlanRequest([model_option(0.6)])]  # predicted ~1.18x plain
+    clear = [PlanRequest([model_option(0.9)])]  # predicted ~1.9x plain
+    assert _drafts(p.plan(marginal)) and _drafts(p.plan(clear))
     p.plan([PlanRequest()])
     rate = p.last_rate
     for _ in range(20):
         p.observe_step(1, False, rate, emitted=1.3 * rate * 1000.0 * 0.1, seconds=0.1)
     assert p.realised[(1, False)].ratio() == 1.25
-    assert _drafts(p.plan(one))
-    for _ in range(10):  # drafting steps realising 70% of their plans: 0.7 / 1.25 vetoes
-        rate = p.plan(one) and p.last_rate
-        p.observe_step(1, True, rate, emitted=0.7 * rate * 1000.0 * 0.2, seconds=0.2)
-    assert not _drafts(p.plan(one))
+    assert not _drafts(p.plan(marginal)) and _drafts(p.plan(clear))
 
 
 def _plain_rate(p: BatchPlanner, batch: int) -> float:

@@ -263,17 +263,16 @@ class BatchPlanner:
         one-off costs (a draft catching up after a prompt) are not in its
         record, so a relative advantage measured without them is not trusted
         (measured: letting it count tripled the tokens drafted at four
-        requests and lost throughput).  Nor is there a correction before
-        drafting steps of this size have been scored: plain steps beating
-        their predictions (a calibration timed on a busier machine) say
-        nothing about how drafting would do, and a veto then would never be
-        lifted, since no drafting step would run to measure it."""
-        drafted = self.realised.get((batch, True))
-        if drafted is None or drafted.steps < drafted.min_steps:
-            return drafting_rate > margin * plain_rate
-        plain = self.realised.get((batch, False))
-        p = plain.ratio() if plain is not None else 1.0
-        return drafting_rate * min(drafted.ratio() / p, 1.0) > margin * plain_rate
+        requests and lost throughput).  Before drafting steps of a batch
+        size are scored, a plain record above 1 already vetoes: tried without
+        (drafting judged on the cost model alone until four drafting steps
+        were scored), γ=auto at eight requests began drafting for every
+        request in 3 of 16 blocks, and lost up to 45% (bench/RESULTS.md,
+        "Serving at K = 4")."""
+        r = self.realised
+        d = r[(batch, True)].ratio() if (batch, True) in r else 1.0
+        p = r[(batch, False)].ratio() if (batch, False) in r else 1.0
+        return drafting_rate * min(d / p, 1.0) > margin * plain_rate
 
     # ------------------------------------------------------------ the choice
     def plan(self, requests: Sequence[PlanRequest], fixed_target_rows: int = 0,
