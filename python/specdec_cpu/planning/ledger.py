@@ -13,7 +13,7 @@ lost another 24 against plain batching (8 blocks, 512 tokens each).
 So the ledger keeps, per batch size, the tokens that steps which drafted or
 caught a draft up emitted beyond what plain batching would have emitted in
 the same time (at plain steps' realised rate).  Where that balance is
-negative, drafting has not paid for its investments there: the scheduler
+below −1 token, drafting has not paid for its investments there: the scheduler
 makes no new ones (catch-ups, probes) at that batch size, and requests whose
 drafts are still current may go on drafting as the plan says.  Every plain
 step moves the balance 1% of the way back to 0 (a loss halves in ~70 plain
