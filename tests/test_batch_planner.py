@@ -262,9 +262,8 @@ def test_plain_steps_falling_short_never_make_the_planner_draft() -> None:
 def test_plain_steps_beating_their_plans_hold_back_a_marginal_draft() -> None:
     """Plain steps beating their predictions by 25% make a draft predicted
     at 1.18x plain batching not worth it, before any drafting step of that
-    batch size is scored (drafting judged on the cost model alone until
-    then let γ=auto at eight requests run away in 3 of 16 blocks of
-    bench.serving); a clear gain still drafts."""
+    batch size is scored (conservative: the rule the serving runs were
+    measured with); a clear gain still drafts."""
     p = planner()
     marginal = [PlanRequest([model_option(0.6)])]  # predicted ~1.18x plain
     clear = [PlanRequest([model_option(0.9)])]  # predicted ~1.9x plain

@@ -269,10 +269,11 @@ class BatchPlanner:
         record, so a relative advantage measured without them is not trusted
         (measured: letting it count tripled the tokens drafted at four
         requests and lost throughput).  Before drafting steps of a batch
-        size are scored, a plain record above 1 already vetoes: tried without
-        (drafting judged on the cost model alone until four drafting steps
-        were scored), γ=auto at eight requests began drafting for every
-        request in 3 of 16 blocks, and lost up to 45% (bench/RESULTS.md,
+        size are scored, a plain record above 1 already vetoes a marginal
+        draft: conservative, and the rule every serving measurement since the
+        drafting ledger was made with (waiting for four drafting steps instead
+        was tried; its runs at eight requests ran away through a pass-time
+        error, fixed since, so they did not decide it; bench/RESULTS.md,
         "Serving at K = 4")."""
         r = self.realised
         d = r[(batch, True)].ratio() if (batch, True) in r else 1.0
