@@ -276,10 +276,6 @@ def test_plain_steps_beating_their_plans_hold_back_a_marginal_draft() -> None:
     assert not _drafts(p.plan(marginal)) and _drafts(p.plan(clear))
 
 
-def _plain_rate(p: BatchPlanner, batch: int) -> float:
-    return p.rate([((), 0, False, 0)] * batch)
-
-
 def test_the_ledger_stops_investing_where_drafting_did_not_pay_and_tries_again_later() -> None:
     """Steps that drafted or caught a draft up are booked at what they emitted
     beyond plain batching's rate in their time; where the balance is negative
@@ -288,7 +284,7 @@ def test_the_ledger_stops_investing_where_drafting_did_not_pay_and_tries_again_l
     again."""
     p = planner()
     assert p.may_invest(4) and p.may_invest(2)
-    plain = _plain_rate(p, 4)  # tokens per ms
+    plain = p.plain_rate(4)  # tokens per ms
     # A catch-up step: 0.6 s for the 4 tokens of a plain step, where plain batching emits 17.6.
     p.observe_balance(4, True, emitted=4, seconds=0.6)
     assert p.ledger.balance(4) == pytest.approx(4 - plain * 600.0)
@@ -315,7 +311,7 @@ def test_the_ledger_measures_against_plain_steps_as_they_really_ran() -> None:
     for _ in range(20):
         p.observe_step(2, False, rate, emitted=0.8 * rate * 1000.0 * 0.1, seconds=0.1)
     p.observe_balance(2, True, emitted=10, seconds=0.5)
-    assert p.ledger.balance(2) == pytest.approx(10 - 0.8 * _plain_rate(p, 2) * 500.0)
+    assert p.ledger.balance(2) == pytest.approx(10 - 0.8 * p.plain_rate(2) * 500.0)
 
 
 def test_counts_only_seeded_follow_the_machine_once_not_every_change() -> None:

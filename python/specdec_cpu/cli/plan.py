@@ -90,7 +90,7 @@ def users_lines(model: CostModel, alpha: float, users: list[int], gamma_max: int
     for k in users:
         gammas = [g for _, g in planner.plan([PlanRequest(options=[option])] * k)]
         planned = 1000.0 * planner.last_rate
-        plain = 1000.0 * planner.rate([((), 0, False, 0)] * k)
+        plain = 1000.0 * planner.plain_rate(k)
         shown = str(gammas[0]) if len(set(gammas)) == 1 else ",".join(map(str, gammas))
         lines.append(f"{k:5d}   {shown:<13s}   {planned:13.1f}   {plain:14.1f}   {planned / plain:.2f}×")
         plain_somewhere |= not any(gammas)

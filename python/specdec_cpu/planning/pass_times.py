@@ -205,9 +205,11 @@ class PassTimes:
         updates cost more than the rest of a controller's step for a dozen
         entries.
         """
+        band = self.drift_band
+        if band is not None and band <= 1.0:
+            return  # a band of 1: a count follows only itself, and seeded counts the median drift
         horizon = self.observations - self.stale_after
         t, seen = self._t, self._seen
-        band = self.drift_band
         lo, hi = (k / band, k * band) if band is not None else (0.0, math.inf)
         for j in range(1, t.shape[0]):
             # Counts only seeded (never observed) follow from the first observation:

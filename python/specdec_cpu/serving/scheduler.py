@@ -726,7 +726,7 @@ class Scheduler:
                 prompt_rows=prompt_rows, catch_up_rows=sum(len(p.tokens) for p in draft_parts),
                 catch_up_gain=self._catch_up_gain,
                 planned_rate=planned_rate,
-                plain_rate=self.planner.rate([((), 0, False, 0)] * len(work), prompt_rows) if work else 0.0,
+                plain_rate=self.planner.plain_rate(len(work), prompt_rows) if work else 0.0,
                 emitted=emitted, target_passes=tuple(passes[0]), draft_passes=tuple(passes[1])))
         except Exception:
             log.exception("the step trace failed; tracing stops")
