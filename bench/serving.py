@@ -648,6 +648,9 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
             for e in engines:
                 if not e.alone:
                     load(e)
+                if "calibration" not in results and isinstance(e, OursBatched) and e.dec.cost_model is not None:
+                    # the pass times the planner started from: the report's forecast column
+                    results["calibration"] = e.dec.cost_model.to_dict()
             for rep in range(args.repeats):
                 for sid in args.settings:
                     for arrival in args.arrivals:
@@ -814,18 +817,27 @@ def render(results) -> str:
 def goals(results, ks, settings, arrivals) -> List[str]:
     L = ["### Goals (median of per-block ratios [95% interval])", "",
          "| setting | arrivals | K | auto / faster llama-server mode | auto / batched γ=0 | "
+         "auto / γ=0 that 1.2× the server needs | auto / γ=0 forecast | "
          "auto / DecoderPool(K) | auto / SpeculativeDecoder | tokens auto drafted |",
-         "|---|---|---|---|---|---|---|---|"]
+         "|---|---|---|---|---|---|---|---|---|---|"]
+    from specdec_cpu.planning.forecast import forecast
+
+    model = _calibration(results)
     for sid in settings:
+        alpha = _pair_alpha(results, sid)
         for arrival in arrivals:
             for k in ks:
                 m = dict(k=k, setting=sid, arrival=arrival)
                 if not _runs(results, engine="batched-auto", **m):
                     continue
                 srv = best_server(results, **m)
+                srv_vs0 = block_ratios(results, srv, "batched-g0", **m) if srv else []
+                gain = forecast(model, alpha, [k])[0].gain if model is not None and alpha is not None else None
                 cells = [
                     (f"{ratio_text(block_ratios(results, 'batched-auto', srv, **m))} (vs {srv})" if srv else "–"),
                     ratio_text(block_ratios(results, "batched-auto", "batched-g0", **m)),
+                    f"{1.2 * statistics.median(srv_vs0):.2f}×" if srv_vs0 else "–",
+                    f"{gain:.2f}× (α {alpha:.2f})" if gain is not None else "–",
                     ratio_text(block_ratios(results, "batched-auto", "pool-auto", **m)),
                     ratio_text(block_ratios(results, "batched-auto", "single-auto", **m)) if k == 1 else "–",
                     str(sum((r.get("stats") or {}).get("drafted") or 0
@@ -837,8 +849,40 @@ def goals(results, ks, settings, arrivals) -> List[str]:
           "Where auto drafted no token (all runs of a row), it ran the same passes as γ=0: the planner "
           "found no draft that pays at that K, and the two's ratio is run-to-run noise between identical "
           "work. `specdec-cpu plan --calibration FILE --users 1,2,4,8` prints the planner's predicted gain "
-          "over continuous batching for each K on a machine's measured pass times.", ""]
+          "over continuous batching for each K on a machine's measured pass times.", "",
+          "\"Needs\": the gain over γ=0 that 1.2× the faster llama-server mode means in this run (1.2 × the "
+          "median of that server's per-block ratios to γ=0). \"Forecast\": the gain over γ=0 the batch "
+          "planner expects at this K (`specdec_cpu.planning.forecast`) from "
+          + ("the pass times this run's decoder was calibrated with" if results.get("calibration")
+             else "this machine's stored calibration of the pair") +
+          " and the pair's acceptance at this setting (the median of auto's mean α over the runs that "
+          "drafted, every K). The calibration times passes with a short cache, so the forecast is an "
+          "upper bound for 128-token answers, whose passes cost more: where \"needs\" is above it, the goal "
+          "asks for more than drafting can add on this machine.", ""]
     return L
+
+
+def _calibration(results) -> Optional[Any]:
+    """The pair's CostModel: stored by the run, else this machine's cached
+    calibration of the pair (runs recorded before the run stored it), else None."""
+    from specdec_cpu.models import model_path
+    from specdec_cpu.planning.calibration import cached_calibration
+    from specdec_cpu.planning.costmodel import CostModel
+
+    if results.get("calibration"):
+        return CostModel.from_dict(results["calibration"])
+    target, draft = model_path(F32), model_path(Q4_0)
+    if not (target.is_file() and draft.is_file()):
+        return None
+    model = cached_calibration(str(target), str(draft), results["threads"])
+    return model if model is not None and model.draft_batch_ms else None
+
+
+def _pair_alpha(results, setting: str) -> Optional[float]:
+    """The median of auto's mean α over its runs at ``setting`` that drafted."""
+    alphas = [r["stats"]["mean_alpha"] for r in _runs(results, engine="batched-auto", setting=setting)
+              if (r.get("stats") or {}).get("mean_alpha") is not None]
+    return statistics.median(alphas) if alphas else None
 
 
 def _ttft_diffs(results, a: str, b: str, **match) -> List[float]:

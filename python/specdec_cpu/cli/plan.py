@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..planning import theory
-from ..planning.batch_planner import BatchPlanner, DraftOption, PlanRequest
 from ..planning.costmodel import CostModel
+from ..planning.forecast import forecast
 from ._common import UsageError, emit, int_in, nonneg_float, positive_float, probability
 from ._format import plan_lines
 
@@ -78,22 +78,13 @@ def users_lines(model: CostModel, alpha: float, users: list[int], gamma_max: int
     """The batch plan for each number of concurrent requests: every request
     accepts draft rows with probability α; one target pass verifies all of
     them, one draft pass per depth drafts for all (docs/serving.md §2)."""
-    if not model.draft_batch_ms:
-        raise ValueError("the calibration has no draft pass times by batch size (draft_batch_ms): "
-                         "run `specdec-cpu calibrate` with a draft model")
-    planner = BatchPlanner(model, max_rows=max(model.k_max, max(users) * (gamma_max + 1)),
-                           max_draft_rows=max(len(model.draft_batch_ms), max(users)))
-    option = DraftOption("model", [alpha] * gamma_max, costly=True, catch_up=1)
     lines = [f"K concurrent requests (α = {alpha:.4g} each; measured target and draft pass times by rows):",
              "    K   γ per request   tok/s planned   tok/s at γ = 0   speed-up over continuous batching"]
     plain_somewhere = False
-    for k in users:
-        gammas = [g for _, g in planner.plan([PlanRequest(options=[option])] * k)]
-        planned = 1000.0 * planner.last_rate
-        plain = 1000.0 * planner.plain_rate(k)
-        shown = str(gammas[0]) if len(set(gammas)) == 1 else ",".join(map(str, gammas))
-        lines.append(f"{k:5d}   {shown:<13s}   {planned:13.1f}   {plain:14.1f}   {planned / plain:.2f}×")
-        plain_somewhere |= not any(gammas)
+    for f in forecast(model, alpha, users, gamma_max):
+        shown = str(f.gammas[0]) if len(set(f.gammas)) == 1 else ",".join(map(str, f.gammas))
+        lines.append(f"{f.users:5d}   {shown:<13s}   {f.planned_tps:13.1f}   {f.plain_tps:14.1f}   {f.gain:.2f}×")
+        plain_somewhere |= not any(f.gammas)
     if plain_somewhere:
         lines.append("(γ = 0: the batch's rows are worth more as other requests' tokens than as drafts; "
                      "the planner runs continuous batching alone)")

@@ -12,7 +12,9 @@
   step, and its record of how steps did against their plans;
 - :mod:`.pass_times` — ``PassTimes``, pass time per row count, learnt live;
 - :mod:`.ledger` — ``DraftingLedger``, what drafting (catch-ups included)
-  has gained over plain batching per batch size.
+  has gained over plain batching per batch size;
+- :mod:`.forecast` — :func:`forecast`, the gain the batch planner expects
+  over continuous batching at K requests from a calibration and an α.
 
 Everything here is pure Python over numbers: no model, no llama.cpp.
 """
