@@ -123,6 +123,8 @@ class SpeculativeDecoder:
         self.n_threads: Optional[int] = None
         self._owned: tuple = ()  # what close() frees besides the contexts: from_gguf's weights
         self._closed = False
+        #: after a run, give back the thread's llama.cpp workers (from_gguf: engine.release_threads)
+        self._release_threads: Callable[[], object] = lambda: None
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -206,6 +208,8 @@ class SpeculativeDecoder:
         dec.draft_path = draft_w.path if draft_w is not None else None
         dec.n_threads = target_ctx.n_threads
         dec.cost_model = _initial_cost_model(dec, calibration, progress)
+        dec._release_threads = engine.release_threads
+        dec._release_threads()  # the calibration's passes ran on this thread
         return dec
 
     # ------------------------------------------------------------------ public API
@@ -454,6 +458,9 @@ class _Run:
                 dec._active = None
         finally:
             dec._lock.release()
+            # This thread may not decode again for a while: its OpenMP workers
+            # would slow every other decoder's passes meanwhile (engine/openmp.py).
+            dec._release_threads()
 
     def _finish(self, start: Optional[float]) -> None:
         if start is not None:

@@ -5,11 +5,13 @@
 * :class:`LlamaTokenizer` -- the model's vocabulary; implements ``Tokenizer``.
 * :func:`check_vocab_compatible` -- can a draft model speculate for a target?
 * :func:`quantize` -- write a GGUF at another precision.
+* :func:`release_threads` -- give back the calling thread's OpenMP workers.
 """
 
 from __future__ import annotations
 
 from .context import DecodeError, LlamaContext
+from .openmp import release_threads
 from .quantize import FTYPES, quantize
 from .vocab import LlamaTokenizer, check_vocab_compatible
 from .weights import LlamaWeights
@@ -22,4 +24,5 @@ __all__ = [
     "check_vocab_compatible",
     "quantize",
     "FTYPES",
+    "release_threads",
 ]

@@ -167,6 +167,8 @@ class BatchedDecoder:
                 n_threads=target_ctx.n_threads, k_max=min(BATCH_ROWS, n_batch),
                 b_max=min(max(max_sequences, prefill_chunk), n_batch),  # draft batches and catch-up chunks
                 progress=progress)
+            # The calibration ran on this thread; from now on the scheduler's thread decodes.
+            engine.release_threads()
             dec = cls(target_ctx, engine.LlamaTokenizer(target_w), draft_ctx, gamma=gamma, gamma_max=gamma_max,
                       ngram=ngram, ngram_kwargs=ngram_kwargs, seed=seed, max_queue=max_queue,
                       prefill_chunk=prefill_chunk, cost_model=cost_model, step_trace=step_trace)

@@ -32,6 +32,7 @@ from .. import sampling
 from ..drafters import NgramDrafter
 from ..drafters.unwrap import unwrapped_reference
 from ..engine.multi_context import LlamaMultiContext, Rows
+from ..engine.openmp import release_threads
 from ..errors import DecoderClosedError, InvalidLogitsError, QueueFullError, SpecDecError
 from ..model import Tokenizer, eog_id_array
 from ..planning.batch_planner import AlphaTracker, BatchPlanner, DraftOption, PlanRequest
@@ -169,11 +170,17 @@ class Scheduler:
                 with self._cond:
                     if self._abort:
                         break
-                    if not self._active and not self._waiting:
-                        if self._closed:
-                            break
-                        self._cond.wait()
-                        continue
+                    idle = not self._active and not self._waiting
+                    if idle and self._closed:
+                        break
+                if idle:
+                    # Idle, this thread keeps no OpenMP workers: they would slow every
+                    # other decoder's passes in the process (engine/openmp.py).
+                    release_threads()
+                    with self._cond:
+                        while not (self._active or self._waiting or self._closed or self._abort):
+                            self._cond.wait()
+                    continue
                 self._step()
         except BaseException as exc:  # a bug or a dead model: nobody may hang on us
             log.exception("batched decoder scheduler failed")
