@@ -1022,7 +1022,8 @@ def _ms(x: Optional[float]) -> Optional[float]:
 
 
 def _pctx(x: Optional[float]) -> str:
-    return "–" if x is None else f"{100 * x:.0f}%"
+    # The scheduler's share is what the step's timers leave over: a hair below 0 is 0.
+    return "–" if x is None else f"{max(100 * x, 0.0):.0f}%"
 
 
 def plot(results, path: Path) -> None:

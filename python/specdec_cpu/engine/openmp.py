@@ -10,8 +10,9 @@ instead, and a pass crosses a barrier after each of its hundreds of
 operations.  So a second thread that once ran a pass (a calibration on the
 main thread, an idle decoder's scheduler, a request thread of a pool)
 slows every later pass of the process: on 2 cores, 2 threads, F32 target,
-plain decoding fell from 13-16 to 10-11 tokens/s with one other idle
-decoder's pool alive (docs/architecture.md, "Threads").
+one such thread cost plain decoding 17% and speculative decoding 10%, and
+several (the serving benchmark's process) cost plain decoding 30%
+(docs/architecture.md §4; bench/RESULTS.md, "OpenMP workers").
 
 :func:`release_threads` frees the calling thread's pool; its next pass
 makes a new one (a fraction of a millisecond).  It is a no-op without
