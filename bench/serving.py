@@ -856,8 +856,8 @@ def goals(results, ks, settings, arrivals) -> List[str]:
           + ("the pass times this run's decoder was calibrated with" if results.get("calibration")
              else "this machine's stored calibration of the pair") +
           " and the pair's acceptance at this setting (the median of auto's mean α over the runs that "
-          "drafted, every K). The calibration times passes with a short cache, so the forecast is an "
-          "upper bound for 128-token answers, whose passes cost more: where \"needs\" is above it, the goal "
+          "drafted, every K). The calibration times passes with a short cache, so the forecast is "
+          "optimistic for 128-token answers, whose passes cost more: where \"needs\" is above it, the goal "
           "asks for more than drafting can add on this machine.", ""]
     return L
 

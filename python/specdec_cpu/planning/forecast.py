@@ -10,8 +10,8 @@ prints it; ``bench.serving`` sets it beside the measured gains, so a goal
 above it is seen to be above what the machine allows (docs/serving.md §2).
 
 The pass times are the calibration's, taken with a short cache: the
-forecast is the gain at the start of a conversation, an upper bound for a
-long one (whose passes cost more, drafts included).
+forecast is the gain at the start of a conversation, optimistic for a long
+one (whose passes cost more, drafts included).
 """
 
 from __future__ import annotations
