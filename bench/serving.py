@@ -650,7 +650,12 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
                     load(e)
                 if "calibration" not in results and isinstance(e, OursBatched) and e.dec.cost_model is not None:
                     # the pass times the planner started from: the report's forecast column
-                    results["calibration"] = e.dec.cost_model.to_dict()
+                    # (the model files by name only: where they lie is the machine's business)
+                    cal = e.dec.cost_model.to_dict()
+                    for role in ("target", "draft"):
+                        if isinstance(cal.get(role), dict) and cal[role].get("path"):
+                            cal[role]["path"] = f"<cache>/models/{Path(cal[role]['path']).name}"
+                    results["calibration"] = cal
             for rep in range(args.repeats):
                 for sid in args.settings:
                     for arrival in args.arrivals:
