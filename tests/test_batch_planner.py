@@ -176,6 +176,23 @@ def test_alpha_tracker_weighs_a_stale_estimate_less() -> None:
     assert b.first > fresh and b.row_alphas(3) == [b.first, b.rest, b.rest]
 
 
+def test_alpha_tracker_replaces_a_guess_with_the_first_rows_then_tracks_at_the_ema_rate() -> None:
+    """A guess counts as prior_rows observed rows: three steps accepted at
+    0.92 give their running mean with the guess, not a 5% step per row
+    (which left a pair measured at 0.92 planned at 0.72 after its first
+    probe); once rows outweigh 1/ema, one row moves it by the ema share."""
+    a = AlphaTracker(first=0.7, rest=0.7, ema=0.05, prior_rows=1.0)
+    for _ in range(3):
+        a.observe([0.92, 0.92])
+    assert a.first == pytest.approx((0.7 + 3 * 0.92) / 4)
+    assert 0.88 < a.rest < 0.92
+    for _ in range(100):
+        a.observe([0.92, 0.92])
+    before = a.first
+    a.observe([0.0])
+    assert a.first == pytest.approx(before - 0.05 * before)
+
+
 def test_a_pass_full_of_prompt_rows_is_not_a_reason_to_draft() -> None:
     """Prompt rows are done anyway: what a plan adds is judged against them.
     Beyond 32 rows this target's pass is compute-bound (linear): rows riding on

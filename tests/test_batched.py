@@ -10,6 +10,7 @@ import contextlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
 
 import pytest
 
@@ -24,7 +25,7 @@ from specdec_cpu import (
     SamplingParams,
     SpeculativeDecoder,
 )
-from specdec_cpu.serving.scheduler import INVESTMENT_GAIN
+from specdec_cpu.serving.scheduler import INVESTMENT_GAIN, PROBE_GAMMA
 from specdec_cpu.serving.step_trace import StepRecord
 from batched_helpers import assert_greedy_equal, endless_prompt, wait_idle
 
@@ -322,13 +323,15 @@ def test_async_streams_for_asyncio_servers(batched) -> None:
 
 
 @contextlib.contextmanager
-def _decoder_on_given_costs(target, draft, *, row_ms: float, max_sequences: int, n_ctx: int = 256):
+def _decoder_on_given_costs(target, draft, *, row_ms: float, max_sequences: int, n_ctx: int = 256,
+                            alpha: Optional[float] = 0.95):
     """A decoder whose planner keeps the given costs (nothing learnt from the
-    tiny model's passes): T(k) = 10 + row_ms·(k − 1) ms, a draft row 1 ms, α 0.95."""
+    tiny model's passes): T(k) = 10 + row_ms·(k − 1) ms, a draft row 1 ms, α
+    as measured by a calibration (None: not measured)."""
     from specdec_cpu.planning.costmodel import CostModel
 
     costs = CostModel(target_ms=[10.0 + row_ms * (k - 1) for k in range(1, 513)], draft_ms=1.0,
-                      draft_batch_ms=[1.0 * b for b in range(1, 513)], alpha=0.95)
+                      draft_batch_ms=[1.0 * b for b in range(1, 513)], alpha=alpha)
     with BatchedDecoder.from_gguf(target, draft, max_sequences=max_sequences, n_ctx=n_ctx, n_threads=1, seed=3,
                                   calibration=costs) as dec:
         planner = dec._scheduler.planner
@@ -428,6 +431,39 @@ def test_a_catch_up_must_repay_itself_within_the_expected_horizon(tiny_target, t
         long = dec.generate(prompt_of(600), max_tokens=300, params=params)
         assert long.stats.prompt_tokens >= 600 and long.stats.tokens > 64
         assert not draft_rows and long.stats.drafted == 0
+
+
+@pytest.mark.parametrize("alpha", [None, 0.95])
+def test_a_pair_without_a_measured_acceptance_probes_at_the_first_decoding_step(tiny_target, tiny_draft,
+                                                                                  alpha) -> None:
+    """Without an α from a calibration the pair's acceptance is a guess, and
+    plans made on it can keep a good draft idle (planned at 0.7, drafting at
+    two requests of the default pair looked no better than plain batching;
+    measured, it was 1.4x): the first request that can draft probes at its
+    first decoding step, and only until the pair has drafted rows.  That
+    probe buys knowledge for every later plan: it is not booked against
+    drafting at its batch size (the drafting ledger).  With a measured α
+    there is nothing to explore."""
+    with _decoder_on_given_costs(tiny_target, tiny_draft, row_ms=0.5, max_sequences=1, alpha=alpha) as dec:
+        sch = dec._scheduler
+        records: list[StepRecord] = []
+        sch.step_trace = records.append
+        booked = []
+        observe = sch.planner.observe_balance
+        sch.planner.observe_balance = lambda *a: (booked.append(a), observe(*a))[1]
+        params = SamplingParams(temperature=1.0, seed=1, ignore_eos=True)
+        for prompt in PROMPTS[:2]:
+            dec.generate(prompt, max_tokens=24, params=params)
+        wait_idle(dec)
+    decoding = [r for r in records if r.gammas]
+    explored = [r for r in decoding if any(r.probes)]
+    if alpha is None:
+        assert decoding[0].probes == (True,) and decoding[0].gammas == (PROBE_GAMMA,)
+        assert explored == decoding[:1]  # once: the pair's rows are no longer a guess
+        assert sch.pair_alpha.first_rows > 0
+        assert len(booked) == len(decoding) - 1
+    else:
+        assert not explored and len(booked) == len(decoding)
 
 
 def test_decoding_steps_are_scored_against_their_plans(tiny_target, tiny_draft) -> None:

@@ -90,7 +90,7 @@ class BatchedDecoder:
         self._scheduler = Scheduler(
             target=target, draft=draft, tokenizer=tokenizer, planner=planner, metrics=self._metrics,
             max_queue=max_queue, prefill_chunk=prefill_chunk, gamma_max=self.gamma_max, ngram_kwargs=ngram_args,
-            alpha_prior=(cost_model.alpha if cost_model is not None and cost_model.alpha is not None else 0.7),
+            alpha_prior=cost_model.alpha if cost_model is not None else None,
             step_trace=step_trace)
 
     # ------------------------------------------------------------------ loading

@@ -76,6 +76,12 @@ CAUGHT_UP_LAG = 2
 #: an acceptance of OPTIMISTIC_ALPHA.
 PROBE_GAMMA = 2
 OPTIMISTIC_ALPHA = 0.95
+#: The pair's acceptance before anything is measured.  While it is only this
+#: guess, the first request that could draft probes at its first decoding
+#: step: planned at 0.7, drafting at two requests looks no better than plain
+#: batching for the default pair (0.92 measured), and the first requests of a
+#: fresh decoder ran plain for 32 steps before their first probe.
+ALPHA_GUESS = 0.7
 MODEL, NGRAM = "model", "ngram"
 
 
@@ -90,6 +96,7 @@ class _Work:
     probs: Optional[np.ndarray] = None  # its q rows (model route)
     match: Optional[object] = None  # the n-gram match offered this step
     probe: bool = False
+    explore: bool = False  # a probe because the pair's acceptance is still the guess
     draft_seconds: float = 0.0
     # for a step trace: the α̂ its draft was planned with, and what the verify found
     alpha_hat: tuple = ()
@@ -106,14 +113,19 @@ class Scheduler:
 
     def __init__(self, *, target: LlamaMultiContext, draft: Optional[LlamaMultiContext], tokenizer: Tokenizer,
                  planner: BatchPlanner, metrics: ServingMetrics, max_queue: int, prefill_chunk: int,
-                 gamma_max: int, ngram_kwargs: Optional[dict], alpha_prior: float = 0.7,
+                 gamma_max: int, ngram_kwargs: Optional[dict], alpha_prior: Optional[float] = None,
                  probe_every: int = 32, probe_max: int = 256, step_trace: Optional[StepTrace] = None) -> None:
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.planner, self.metrics = planner, metrics
         self.max_queue, self.prefill_chunk, self.gamma_max = max_queue, prefill_chunk, gamma_max
         self.ngram_kwargs = ngram_kwargs
         self.match_alphas = MatchAlphas() if ngram_kwargs is not None else None
-        self.pair_alpha = AlphaTracker(first=alpha_prior, rest=alpha_prior, ema=0.05)
+        # The pair's acceptance: measured by a calibration, or a guess that the
+        # first rows drafted replace (a guess counts as one row) and that a
+        # request explores before anyone relies on it (_explorer).
+        self.alpha_known = alpha_prior is not None
+        prior = ALPHA_GUESS if alpha_prior is None else alpha_prior
+        self.pair_alpha = AlphaTracker(first=prior, rest=prior, ema=0.05, prior_rows=20.0 if self.alpha_known else 1.0)
         self.probe_every, self.probe_max = probe_every, probe_max
         self.step_trace = step_trace
         self._passes: Optional[tuple[list, list]] = None  # (target, draft) passes of a traced step
@@ -226,8 +238,10 @@ class Scheduler:
                 # A step of decoding alone (no prompt, no draft catching up, whose
                 # costs the plan sets aside): score it against its plan.
                 self.planner.observe_step(len(work), drafting, planned_rate, emitted, seconds)
-            # The ledger counts the catch-up too: it is what drafting cost here.
-            self.planner.observe_balance(len(work), drafting or bool(draft_parts), emitted, seconds)
+            # The ledger counts the catch-up too: it is what drafting cost here.  Not an
+            # exploring probe's: it buys what every later plan knows, at any batch size.
+            if not any(w.explore for w in work):
+                self.planner.observe_balance(len(work), drafting or bool(draft_parts), emitted, seconds)
         self._finish_step(t_step, emitted)
         if self.step_trace is not None:
             self._trace(t_step, work, target_parts, draft_parts, planned_rate, emitted)
@@ -307,7 +321,9 @@ class Scheduler:
         work = [_Work(r) for r in decoding]
         fixed_rows = sum(len(p.tokens) for p in target_parts)
         lagging: dict[int, int] = {}  # index in work -> tokens its draft lacks
-        plans = [self._options(w, i, lagging, len(work), fixed_rows) for i, w in enumerate(work)]
+        explorer = self._explorer(work)
+        plans = [self._options(w, i, lagging, len(work), fixed_rows, explore=w is explorer)
+                 for i, w in enumerate(work)]
         choice = self.planner.plan(plans, fixed_rows)
         rate = self.planner.last_rate
         self._catch_up_gain = 0.0
@@ -391,7 +407,20 @@ class Scheduler:
         room = self.target.n_ctx - len(req.seq)
         return max(1, min(req.max_tokens - req.stats.tokens - 1, room, self.gamma_max))
 
-    def _options(self, w: _Work, index: int, lagging: dict[int, int], batch: int, fixed_rows: int) -> PlanRequest:
+    def _explorer(self, work: list[_Work]) -> Optional[_Work]:
+        """The request that probes the draft model now because the pair's
+        acceptance is still the guess (the first one that may draft and whose
+        draft can take in its lag within the step), or None."""
+        if self.draft is None or self.alpha_known or self.pair_alpha.first_rows:
+            return None
+        for w in work:
+            req = w.req
+            if not isinstance(req.gamma, int) and len(req.seq) - self.draft.n_past(req.slot) <= CATCH_UP_LIMIT:
+                return w
+        return None
+
+    def _options(self, w: _Work, index: int, lagging: dict[int, int], batch: int, fixed_rows: int,
+                 explore: bool = False) -> PlanRequest:
         req = w.req
         room = self.target.n_ctx - len(req.seq)
         cap = max(0, min(req.max_tokens - req.stats.tokens - 1, room))
@@ -409,7 +438,7 @@ class Scheduler:
         probe = False
         if self.draft is not None:
             lag = len(req.seq) - self.draft.n_past(req.slot)  # the last token included
-            probe = (fixed is None and req.plain_run >= req.probe_interval and lag <= CATCH_UP_LIMIT
+            probe = (fixed is None and (explore or req.plain_run >= req.probe_interval) and lag <= CATCH_UP_LIMIT
                      and self._probe_could_pay(batch, fixed_rows))
             if lag <= IN_STEP_LAG or (lag <= CATCH_UP_LIMIT and (fixed is not None or probe)):
                 n = min(cap, self.gamma_max)
@@ -425,7 +454,8 @@ class Scheduler:
             return PlanRequest(options=options, fixed=fixed)
         model = [o for o in options if o.route == MODEL]
         if model and probe:
-            w.probe = True  # α̂ may be stale after a plain stretch: measure it again
+            w.probe = True  # α̂ may be stale after a plain stretch (or a guess): measure it
+            w.explore = explore
             return PlanRequest(options=model, fixed=min(PROBE_GAMMA, len(model[0].row_alphas)))
         return PlanRequest(options=options)
 
