@@ -23,6 +23,7 @@ from specdec_cpu.planning import (
     cpu_model,
     time_passes,
 )
+from specdec_cpu.planning.calibration import DRAFT_LOGIT_ROWS
 
 # docs/math.md §8 curves (ms per decode call over k rows, all rows' logits).
 KS = [1, 2, 4, 6, 8, 16]
@@ -265,6 +266,22 @@ def test_calibrate_key_follows_the_model_file(tmp_path, cache_env):
     (tmp_path / "t.gguf").write_bytes(b"a different, longer model file")
     m2 = calibrate(dec, gamma_max=2, clock=clock)
     assert m1.key != m2.key
+
+
+def test_the_draft_is_timed_as_it_runs_one_logits_row_per_request_and_none_for_catch_ups(tmp_path, cache_env):
+    """A draft pass returns a logits row per request drafting (DRAFT_LOGIT_ROWS
+    or fewer); its larger passes are catch-ups, which need the last row's only:
+    timed with every row's, they cost ~1.6x more on the default draft and the
+    planner priced catch-ups that much too high.  The target's passes are
+    verifies, every row's logits needed."""
+    clock = FakeClock()
+    dec = FakeDecoder(tmp_path, clock)
+    calibrate(dec, gamma_max=2, batch=64, clock=clock)
+    draft = {k: n for k, n in dec.draft.calls if k > 1}
+    assert draft and max(draft) == 64
+    assert all(n == (k if k <= DRAFT_LOGIT_ROWS else 1) for k, n in draft.items())
+    assert any(k > DRAFT_LOGIT_ROWS for k in draft) and any(1 < k <= DRAFT_LOGIT_ROWS for k in draft)
+    assert all(n == k for k, n in dec.target.calls[2:] if k > 1)  # after the warm context
 
 
 def test_time_passes_takes_the_median(tmp_path):

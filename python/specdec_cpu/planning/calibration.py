@@ -133,7 +133,7 @@ def calibrate(
         draft_ms, draft_batch = 0.0, None
         if decoder.draft is not None:
             bs = sorted({b for b in QUICK_DRAFT_ROWS if b <= batch} | {max(batch, 1)})
-            draft_batch = _dense(bs, time_passes(decoder.draft, bs, repeats, clock))
+            draft_batch = _dense(bs, time_passes(decoder.draft, bs, repeats, clock, all_logits_up_to=DRAFT_LOGIT_ROWS))
             draft_ms = draft_batch[0]
         model = CostModel(
             target_ms=target_ms,
@@ -168,8 +168,10 @@ def cached_calibration(target_path: Optional[str], draft_path: Optional[str],
 
 
 def time_passes(model: CausalLM, ks: Sequence[int], repeats: int = 3,
-                clock: Callable[[], float] = time.perf_counter) -> list[float]:
-    """Median milliseconds of ``model.eval`` over k tokens with all k rows' logits.
+                clock: Callable[[], float] = time.perf_counter,
+                all_logits_up_to: Optional[int] = None) -> list[float]:
+    """Median milliseconds of ``model.eval`` over k tokens with all k rows'
+    logits (for k above ``all_logits_up_to``: the last row's only).
 
     Evaluated after a short warm context (costs depend a little on context
     length); the cache is truncated back after every pass and restored to its
@@ -194,7 +196,8 @@ def time_passes(model: CausalLM, ks: Sequence[int], repeats: int = 3,
         for _ in range(repeats):
             for k in ks:
                 t0 = clock()
-                model.eval(tokens[n_warm:n_warm + k], k)
+                n_logits = k if all_logits_up_to is None or k <= all_logits_up_to else 1
+                model.eval(tokens[n_warm:n_warm + k], n_logits)
                 times[k].append(1000.0 * (clock() - t0))
                 model.truncate(base)
     finally:
@@ -263,6 +266,16 @@ BATCH_ROWS = 64
 #: where only a batch's total rows reach.
 QUICK_TARGET_ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 13, 16, 24, 32, 48, 64)
 QUICK_DRAFT_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 128)
+#: A draft pass needs one row's logits per request drafting at that depth
+#: (DRAFT_LOGIT_ROWS or fewer requests in practice); its larger passes are a
+#: draft's cache catching up (a prompt, a plain stretch), which needs the
+#: last row's at most.  So the draft is timed with every row's logits up to
+#: this count and with the last row's beyond.  The logits cost: on the
+#: default draft (Q4_0, 2 threads) 32/64/128 rows took 177/325/672 ms with
+#: every row's logits and 117/221/426 ms with the last row's, and catch-ups
+#: in serving ran at the second (53 rows: 182–198 ms), so with the first the
+#: planner priced every catch-up ~1.6× too high.
+DRAFT_LOGIT_ROWS = 16
 
 
 def ensure_timings(target: CausalLM, draft: Optional[CausalLM], *, target_path: Optional[str],
@@ -296,7 +309,7 @@ def ensure_timings(target: CausalLM, draft: Optional[CausalLM], *, target_path: 
     draft_ms, draft_batch = 0.0, None
     if draft is not None:
         bs = sorted({b for b in QUICK_DRAFT_ROWS if b <= b_max} | {max(b_max, 1)})
-        draft_batch = _dense(bs, time_passes(draft, bs, repeats))
+        draft_batch = _dense(bs, time_passes(draft, bs, repeats, all_logits_up_to=DRAFT_LOGIT_ROWS))
         draft_ms = draft_batch[0]
     model = CostModel(
         target_ms=target_ms, draft_ms=draft_ms, draft_batch_ms=draft_batch if b_max > 1 else None,

@@ -32,6 +32,10 @@ __all__ = [
 ]
 
 FORMAT_VERSION = 1
+#: How the timings are taken (part of the cache key: a calibration taken the
+#: old way is measured again).  2: draft passes beyond DRAFT_LOGIT_ROWS rows
+#: return only their last row's logits (calibration.py).
+TIMING_METHOD = 2
 
 
 @dataclass(frozen=True)
@@ -254,14 +258,15 @@ def calibration_key(target: Optional[ModelIdentity], draft: Optional[ModelIdenti
     Model files are identified by path, size and mtime: replacing or
     re-quantising a file changes the key.  Sampling settings are not part of
     the key because they change α but not the timings (α is re-measured when
-    they differ).
+    they differ).  Nor is the way timings are taken, but for
+    ``TIMING_METHOD`` > 1 (older files keep their names and are not read).
     """
     parts: Sequence[Any] = (
         None if target is None else [target.path, target.size, target.mtime],
         None if draft is None else [draft.path, draft.size, draft.mtime],
         int(n_threads),
         cpu,
-    )
+    ) + ((TIMING_METHOD,) if TIMING_METHOD > 1 else ())
     digest = hashlib.sha256(json.dumps(parts).encode("utf-8")).hexdigest()
     return digest[:24]
 
