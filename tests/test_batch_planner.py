@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from specdec_cpu.planning import theory
-from specdec_cpu.planning.batch_planner import AlphaTracker, BatchPlanner, DraftOption, PlanRequest
+from specdec_cpu.planning.batch_planner import NO_HARM, AlphaTracker, BatchPlanner, DraftOption, PlanRequest
 from specdec_cpu.planning.costmodel import CostModel
 from specdec_cpu.planning.pass_times import PassTimes
 
@@ -52,8 +52,8 @@ def test_gamma_falls_towards_zero_as_the_batch_fills() -> None:
 
 def test_the_plan_beats_the_alternatives_it_rejected() -> None:
     """Coordinate ascent finds a plan no single change improves, at least as
-    good as every uniform γ."""
-    p = planner()
+    good as every uniform γ (without the no-harm rule, which excludes some)."""
+    p = planner(no_harm=0.0)
     alphas = [0.95, 0.9, 0.5, 0.2]
     reqs = [PlanRequest([model_option(a)]) for a in alphas]
     plan = p.plan(reqs)
@@ -68,6 +68,31 @@ def test_the_plan_beats_the_alternatives_it_rejected() -> None:
             assert rate >= p.rate(trial) * (1 - 1e-9)
     gammas = [g for _, g in plan]
     assert gammas[0] >= gammas[1] >= gammas[2] >= gammas[3]  # better drafts get more rows
+
+
+def _per_request_gains(p: BatchPlanner, alphas, plan) -> list[float]:
+    """Each request's expected rate under ``plan`` over its rate under plain batching."""
+    e = [sum(a ** j for j in range(g + 1)) for a, (_, g) in zip(alphas, plan)]
+    step_ms = sum(e) / p.rate([([a] * 12, g, True, 1) for a, (_, g) in zip(alphas, plan)])
+    plain_ms = len(alphas) / p.plain_rate(len(alphas))
+    return [x * plain_ms / step_ms for x in e]
+
+
+@pytest.mark.parametrize("alphas", [(0.97, 0.6), (0.95, 0.5), (0.9, 0.3)])
+def test_no_request_falls_below_its_plain_batching_rate_for_anothers_long_drafts(alphas) -> None:
+    """The batch's best rate alone gives a well-accepted draft long drafts,
+    and every step then takes that long for the other request too (0.6-0.7x
+    its plain-batching rate here; traced on the default pair, that request
+    fell behind and finished alone).  No plan leaves a request below NO_HARM
+    of the rate plain batching gives it."""
+    reqs = [PlanRequest([model_option(a)]) for a in alphas]
+    free = planner(no_harm=0.0)
+    assert min(_per_request_gains(free, alphas, free.plan(reqs))) < 0.75  # the rule binds here
+    p = planner()
+    plan = p.plan(reqs)
+    assert NO_HARM == 0.9 and min(_per_request_gains(p, alphas, plan)) >= NO_HARM - 1e-9
+    if alphas[1] >= 0.5:  # and the batch still drafts where a harmless plan pays
+        assert p.last_rate > 1.1 * p.plain_rate(2) and all(g > 0 for _, g in plan)
 
 
 def test_free_lookup_drafts_and_a_plain_fallback() -> None:

@@ -25,7 +25,7 @@ from specdec_cpu import (
     SamplingParams,
     SpeculativeDecoder,
 )
-from specdec_cpu.serving.scheduler import INVESTMENT_GAIN, PROBE_GAMMA
+from specdec_cpu.serving.scheduler import CATCH_UP_LIMIT, INVESTMENT_GAIN, PROBE_GAMMA
 from specdec_cpu.serving.step_trace import StepRecord
 from batched_helpers import assert_greedy_equal, endless_prompt, wait_idle
 
@@ -433,18 +433,21 @@ def test_a_catch_up_must_repay_itself_within_the_expected_horizon(tiny_target, t
         assert not draft_rows and long.stats.drafted == 0
 
 
-@pytest.mark.parametrize("alpha", [None, 0.95])
+@pytest.mark.parametrize("alpha, prompt_tokens", [(None, 5), (None, 100), (0.95, 5)])
 def test_a_pair_without_a_measured_acceptance_probes_at_the_first_decoding_step(tiny_target, tiny_draft,
-                                                                                  alpha) -> None:
+                                                                                  alpha, prompt_tokens) -> None:
     """Without an α from a calibration the pair's acceptance is a guess, and
     plans made on it can keep a good draft idle (planned at 0.7, drafting at
     two requests of the default pair looked no better than plain batching;
     measured, it was 1.4x): the first request that can draft probes at its
-    first decoding step, and only until the pair has drafted rows.  That
-    probe buys knowledge for every later plan: it is not booked against
-    drafting at its batch size (the drafting ledger).  With a measured α
-    there is nothing to explore."""
-    with _decoder_on_given_costs(tiny_target, tiny_draft, row_ms=0.5, max_sequences=1, alpha=alpha) as dec:
+    first decoding step, its draft catching up first where the prompt is too
+    long to take in within the step (> CATCH_UP_LIMIT), and only until the
+    pair has drafted rows.  That exploration buys knowledge for every later
+    plan: it is not booked against drafting at its batch size (the drafting
+    ledger).  With a measured α there is nothing to explore.  The costs
+    (T(k) = 10 + 6(k − 1) ms, a draft row 1 ms) make drafting pay at 0.95
+    but not at the guess: nothing but the exploration drafts first."""
+    with _decoder_on_given_costs(tiny_target, tiny_draft, row_ms=6.0, max_sequences=1, alpha=alpha) as dec:
         sch = dec._scheduler
         records: list[StepRecord] = []
         sch.step_trace = records.append
@@ -452,16 +455,26 @@ def test_a_pair_without_a_measured_acceptance_probes_at_the_first_decoding_step(
         observe = sch.planner.observe_balance
         sch.planner.observe_balance = lambda *a: (booked.append(a), observe(*a))[1]
         params = SamplingParams(temperature=1.0, seed=1, ignore_eos=True)
-        for prompt in PROMPTS[:2]:
-            dec.generate(prompt, max_tokens=24, params=params)
+        words = "the quick brown fox and hello world it is of "
+        prompt = words
+        while len(dec.tokenizer.tokenize(prompt)) < prompt_tokens:
+            prompt += words
+        assert (len(dec.tokenizer.tokenize(prompt)) > CATCH_UP_LIMIT) == (prompt_tokens > CATCH_UP_LIMIT)
+        for p in (prompt, PROMPTS[1]):
+            dec.generate(p, max_tokens=24, params=params)
         wait_idle(dec)
     decoding = [r for r in records if r.gammas]
     explored = [r for r in decoding if any(r.probes)]
     if alpha is None:
-        assert decoding[0].probes == (True,) and decoding[0].gammas == (PROBE_GAMMA,)
-        assert explored == decoding[:1]  # once: the pair's rows are no longer a guess
+        first = decoding.index(explored[0])
+        assert decoding[first].gammas == (PROBE_GAMMA,) and explored == [decoding[first]]  # once
+        catch_ups = [r.catch_up_rows for r in decoding[:first]]
+        if prompt_tokens > CATCH_UP_LIMIT:  # its draft caught up first, in chunks
+            assert catch_ups and all(catch_ups) and sum(catch_ups) > CATCH_UP_LIMIT
+        else:
+            assert first == 0
         assert sch.pair_alpha.first_rows > 0
-        assert len(booked) == len(decoding) - 1
+        assert len(booked) == len(decoding) - first - 1
     else:
         assert not explored and len(booked) == len(decoding)
 

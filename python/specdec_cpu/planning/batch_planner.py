@@ -56,6 +56,16 @@ _REST_EVIDENCE = 8  # later rows after which first rows stop teaching the later-
 #: drafted at 0.55-0.82x γ=0 from then on (8 blocks in two runs).
 DRIFT_BAND = 1.0
 MAX_JUMP = 1.3
+#: No request's expected rate may fall below this share of what plain batching
+#: gives it (one token per plain step).  The batch's best rate alone lets a
+#: request whose drafts are accepted well draft long, and every step then
+#: takes that long for all: traced at two requests of the default pair, the
+#: other request, drafting 2 at α 0.8, got 2.5 tokens per 320 ms step (0.67x
+#: its plain-batching rate), fell behind, and decoded its last ~70 tokens
+#: alone at the single-request rate; the batch's steps had run 1.2-1.35x
+#: plain batching, the whole burst 1.0-1.2x.  Below 1 a request that cannot
+#: draft (a fixed γ = 0, its last token) still lets the others draft a little.
+NO_HARM = 0.9
 
 
 @dataclass(frozen=True)
@@ -203,15 +213,20 @@ class BatchPlanner:
         sweeps: most rounds of coordinate ascent.
         forget: per plain step of a batch size, how far that size's
             drafting record moves back towards "as predicted".
+        no_harm: a plan must leave every request at least this share of
+            the rate plain batching gives it (expected tokens over the
+            step's time; 0: no such rule).
     """
 
     def __init__(self, cost_model: Optional[CostModel] = None, *, max_rows: int = 512,
                  max_draft_rows: int = 512, min_speedup: float = 1.02, cost_prior: float = 0.2,
-                 sweeps: int = 4, forget: float = 0.01) -> None:
+                 sweeps: int = 4, forget: float = 0.01, no_harm: float = NO_HARM) -> None:
         if max_rows < 1 or max_draft_rows < 1:
             raise ValueError(f"max_rows and max_draft_rows must be >= 1, got {max_rows}, {max_draft_rows}")
         if min_speedup <= 0 or cost_prior < 0:
             raise ValueError("min_speedup must be > 0 and cost_prior >= 0")
+        if not 0.0 <= no_harm <= 1.0:
+            raise ValueError(f"no_harm must be in [0, 1], got {no_harm}")
         target_seed = None if cost_model is None else [cost_model.target_time(k)
                                                        for k in range(1, min(cost_model.k_max, max_rows) + 1)]
         draft_seed = None
@@ -223,6 +238,7 @@ class BatchPlanner:
         self.draft = PassTimes(max_draft_rows, draft_seed, drift_band=DRIFT_BAND, max_jump=MAX_JUMP)
         self.max_rows, self.max_draft_rows = max_rows, max_draft_rows
         self.min_speedup, self.cost_prior, self.sweeps, self.forget = min_speedup, cost_prior, sweeps, forget
+        self.no_harm = no_harm
         #: expected tokens per millisecond of the last plan returned
         self.last_rate = 0.0
         #: (batch size, drafting) -> how such steps did against their plans
@@ -323,8 +339,9 @@ class BatchPlanner:
         # drafting at its depth, so drafting may pay for the batch while it pays
         # for no single request moving alone (a local optimum of coordinate moves).
         best_rate, best_g = plain_rate, 0
+        share = self.no_harm if n > 1 else 0.0
         for g in range(1, max(o.n for i in free for o in options[i]) + 1):
-            rate = state.uniform_rate(free, options, g)
+            rate = state.uniform_rate(free, options, g, share)
             if rate > best_rate:
                 best_rate, best_g = rate, g
         if best_g:
@@ -334,10 +351,16 @@ class BatchPlanner:
         for _ in range(self.sweeps):
             changed = False
             for i in free:
-                if state.improve(i, options[i]):
+                if state.improve(i, options[i], share):
                     changed = True
             if not changed:
                 break
+        while not state.harmless(share):  # (a request with a fixed γ may leave it so) shorten the longest draft
+            drafting = [i for i in free if state.gamma[i] > 0]
+            if not drafting:
+                break
+            i = max(drafting, key=lambda j: state.gamma[j])
+            state.set(i, state.opt[i], state.gamma[i] - 1)
         if not self._drafting_beats_plain(n, state.rate(), plain_rate, self.min_speedup):
             for i in free:
                 state.set(i, None, 0)
@@ -406,6 +429,7 @@ class _State:
         self.max_rows, self.max_draft_rows = max_rows, max_draft_rows
         self.opt: list[Optional[_Option]] = [None] * n
         self.gamma = [0] * n
+        self.e = [1.0] * n  # each request's expected tokens this step
         self.rows = fixed_rows + n  # every request has at least its one row
         self.total_e = float(n)
         self.depth_rows = [0] * (_MAX_DEPTH + 1)  # draft rows at depth d (catch-up rows at depth 0)
@@ -417,17 +441,24 @@ class _State:
         self.sunk = (self._t(fixed_rows) if fixed_rows else 0.0) + self.draft_cost
         # Learnt curves need not be monotone: the time a plan adds is kept positive.
         self.floor = 0.01 * max(self._t(1), 1e-9)
+        # What plain batching's step adds to the prompt rows: each request's token
+        # comes at 1 / t_plain there (the reference of the no-harm rule).
+        self.t_plain = max(self._t(fixed_rows + n) - (self._t(fixed_rows) if fixed_rows else 0.0), self.floor)
 
-    def uniform_rate(self, free: Sequence[int], options: Sequence[Sequence[_Option]], g: int) -> float:
+    def uniform_rate(self, free: Sequence[int], options: Sequence[Sequence[_Option]], g: int,
+                     share: float = 0.0) -> float:
         """The rate if every request of ``free`` (now plain) drafted γ = g
         through its best option (fewer where an option or the pass is
-        shorter); 0 if a draft pass would not fit."""
+        shorter); 0 if a draft pass would not fit, or if a request would
+        get less than ``share`` of its plain-batching rate."""
         total_e, rows = self.total_e, self.rows
         depth = list(self.depth_rows[:g])
+        e = list(self.e)
         for i in free:
             opt = max(options[i], key=lambda o: o.cum_e[min(g, o.n)])
             gi = min(g, opt.n, max(self.max_rows - rows, 0))
             total_e += opt.cum_e[gi] - 1.0
+            e[i] = opt.cum_e[gi]
             rows += gi
             if opt.costly and gi:
                 depth[0] += opt.catch_up
@@ -436,7 +467,10 @@ class _State:
         if max(depth) > self.max_draft_rows:
             return 0.0
         draft_cost = self.draft_cost + sum(self._d(r) - self._d(r0) for r, r0 in zip(depth, self.depth_rows))
-        return total_e / max(self._t(rows) + draft_cost - self.sunk, self.floor)
+        time = max(self._t(rows) + draft_cost - self.sunk, self.floor)
+        if not self._harmless(min(e), time, share):
+            return 0.0
+        return total_e / time
 
     def _t(self, rows: int) -> float:
         t = self.t
@@ -452,8 +486,21 @@ class _State:
             return d[rows]
         return d[-1] + max(d[-1] - d[-2], 0.0) * (rows - len(d) + 1)
 
+    def time(self) -> float:
+        """What the plan adds to the step's prompt and catch-up rows (ms)."""
+        return max(self._t(self.rows) + self.draft_cost - self.sunk, self.floor)
+
     def rate(self) -> float:
-        return self.total_e / max(self._t(self.rows) + self.draft_cost - self.sunk, self.floor)
+        return self.total_e / self.time()
+
+    def _harmless(self, min_e: float, time: float, share: float) -> bool:
+        """Whether the request expecting fewest tokens, ``min_e`` in ``time``,
+        gets at least ``share`` of its rate under plain batching."""
+        return min_e * self.t_plain >= share * time * (1.0 - 1e-12)
+
+    def harmless(self, share: float) -> bool:
+        """Whether every request gets at least ``share`` of its plain-batching rate."""
+        return self._harmless(min(self.e), self.time(), share)
 
     def feasible(self) -> bool:
         """Whether every draft pass fits its context's batch."""
@@ -468,7 +515,7 @@ class _State:
         self._remove(i)
         if opt is None or g <= 0:
             return
-        self.opt[i], self.gamma[i] = opt, g
+        self.opt[i], self.gamma[i], self.e[i] = opt, g, opt.cum_e[g]
         self.total_e += opt.cum_e[g] - 1.0  # _remove left the request counted as one plain token
         self.rows += g
         if opt.costly:
@@ -486,16 +533,22 @@ class _State:
             self._add_draft_rows(0, -opt.catch_up)
             for j in range(1, g):
                 self._add_draft_rows(j, -1)
-        self.opt[i], self.gamma[i] = None, 0
+        self.opt[i], self.gamma[i], self.e[i] = None, 0, 1.0
 
-    def improve(self, i: int, options: Sequence[_Option]) -> bool:
-        """Give request i its best (option, γ) given the others; True if it changed."""
+    def improve(self, i: int, options: Sequence[_Option], share: float = 0.0) -> bool:
+        """Give request i its best (option, γ) given the others, among those
+        that leave every request ``share`` of its plain-batching rate (plain
+        when none does); True if it changed."""
         before = (self.opt[i], self.gamma[i])
         self._remove(i)
         base_e = self.total_e - 1.0
         base_rows = self.rows  # includes request i's one row
         draft_base = self.draft_cost - self.sunk
-        best_rate, best_opt, best_g = self.total_e / max(self._t(base_rows) + draft_base, self.floor), None, 0
+        others = min((e for j, e in enumerate(self.e) if j != i), default=math.inf)
+        time = max(self._t(base_rows) + draft_base, self.floor)
+        best_rate, best_opt, best_g = self.total_e / time, None, 0
+        if not self._harmless(min(others, 1.0), time, share):
+            best_rate = -1.0  # any harmless choice beats it; else i stays plain (the shortest step)
         room = self.max_rows - base_rows
         for opt in options:
             extra_draft = 0.0
@@ -510,8 +563,9 @@ class _State:
                     if have + add > self.max_draft_rows:
                         break
                     extra_draft += self._d(have + add) - self._d(have)
-                rate = (base_e + cum[g]) / max(self._t(base_rows + g) + draft_base + extra_draft, self.floor)
-                if rate > best_rate * (1.0 + 1e-12):
+                time = max(self._t(base_rows + g) + draft_base + extra_draft, self.floor)
+                rate = (base_e + cum[g]) / time
+                if rate > best_rate * (1.0 + 1e-12) and self._harmless(min(others, cum[g]), time, share):
                     best_rate, best_opt, best_g = rate, opt, g
         self.set(i, best_opt, best_g)
         return (self.opt[i], self.gamma[i]) != before

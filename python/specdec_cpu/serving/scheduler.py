@@ -364,7 +364,8 @@ class Scheduler:
         # Only a request that asked for a fixed γ catches up where drafting has not
         # yet paid back its earlier catch-ups at this batch size (planning/ledger.py).
         hold = joining or not self.planner.may_invest(len(work))
-        if hold and not any(isinstance(work[i].req.gamma, int) for i in lagging):
+        # So does the request exploring a pair nobody has measured (_explorer).
+        if hold and not any(isinstance(work[i].req.gamma, int) or work[i].explore for i in lagging):
             return []
         r0 = self.planner.last_rate
         hypothetical = list(plans)
@@ -377,13 +378,14 @@ class Scheduler:
         drafting = [i for i in lagging if alt[i][0] == MODEL and alt[i][1] > 0]
         pays = drafting and r0 > 0 and r1 > INVESTMENT_GAIN * r0
         saving_per_token = (1.0 / r0 - 1.0 / r1) / len(drafting) if pays else 0.0
+        drafting += [i for i in lagging if work[i].explore and i not in drafting]
         budget = min(self.prefill_chunk, self.draft.n_batch - len(work))
         parts: list[Rows] = []
         for i in drafting:
             req, lag = work[i].req, lagging[i]
             if budget <= 0:
                 break
-            if not isinstance(req.gamma, int):
+            if not isinstance(req.gamma, int) and not work[i].explore:
                 if hold:
                     continue
                 remaining = min(req.max_tokens - req.stats.tokens, self.target.n_ctx - len(req.seq),
@@ -409,15 +411,11 @@ class Scheduler:
 
     def _explorer(self, work: list[_Work]) -> Optional[_Work]:
         """The request that probes the draft model now because the pair's
-        acceptance is still the guess (the first one that may draft and whose
-        draft can take in its lag within the step), or None."""
+        acceptance is still the guess (the first one that may draft), or None.
+        Its draft catches up first where the lag is too long for one step."""
         if self.draft is None or self.alpha_known or self.pair_alpha.first_rows:
             return None
-        for w in work:
-            req = w.req
-            if not isinstance(req.gamma, int) and len(req.seq) - self.draft.n_past(req.slot) <= CATCH_UP_LIMIT:
-                return w
-        return None
+        return next((w for w in work if not isinstance(w.req.gamma, int)), None)
 
     def _options(self, w: _Work, index: int, lagging: dict[int, int], batch: int, fixed_rows: int,
                  explore: bool = False) -> PlanRequest:
@@ -438,8 +436,9 @@ class Scheduler:
         probe = False
         if self.draft is not None:
             lag = len(req.seq) - self.draft.n_past(req.slot)  # the last token included
-            probe = (fixed is None and (explore or req.plain_run >= req.probe_interval) and lag <= CATCH_UP_LIMIT
-                     and self._probe_could_pay(batch, fixed_rows))
+            explore = explore and fixed is None and self._probe_could_pay(batch, fixed_rows)
+            probe = fixed is None and lag <= CATCH_UP_LIMIT and (
+                explore or (req.plain_run >= req.probe_interval and self._probe_could_pay(batch, fixed_rows)))
             if lag <= IN_STEP_LAG or (lag <= CATCH_UP_LIMIT and (fixed is not None or probe)):
                 n = min(cap, self.gamma_max)
                 # The first pass that drafts takes in every token the draft lacks: the plan is
@@ -448,6 +447,7 @@ class Scheduler:
                 options.append(DraftOption(MODEL, self._alphas(req).row_alphas(n), costly=True, catch_up=lag))
             else:
                 lagging[index] = lag - 1
+                w.explore = explore  # its draft catches up, then it probes
         if not options:
             return PlanRequest(fixed=fixed)
         if fixed is not None:
