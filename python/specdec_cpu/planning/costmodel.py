@@ -258,15 +258,16 @@ def calibration_key(target: Optional[ModelIdentity], draft: Optional[ModelIdenti
     Model files are identified by path, size and mtime: replacing or
     re-quantising a file changes the key.  Sampling settings are not part of
     the key because they change α but not the timings (α is re-measured when
-    they differ).  Nor is the way timings are taken, but for
-    ``TIMING_METHOD`` > 1 (older files keep their names and are not read).
+    they differ).  How the timings are taken (``TIMING_METHOD``) is: a
+    calibration taken an older way is measured again.
     """
     parts: Sequence[Any] = (
         None if target is None else [target.path, target.size, target.mtime],
         None if draft is None else [draft.path, draft.size, draft.mtime],
         int(n_threads),
         cpu,
-    ) + ((TIMING_METHOD,) if TIMING_METHOD > 1 else ())
+        TIMING_METHOD,
+    )
     digest = hashlib.sha256(json.dumps(parts).encode("utf-8")).hexdigest()
     return digest[:24]
 

@@ -466,8 +466,8 @@ class Scheduler:
         repays the draft passes: a probe there would spend a draft pass over
         every token the draft missed to measure an α̂ no plan uses.  Nor where
         drafting has not yet paid back what it cost at this batch size."""
-        return self.planner.may_invest(batch) and self.planner.drafting_could_pay(batch, PROBE_GAMMA, CAUGHT_UP_LAG, OPTIMISTIC_ALPHA, fixed_rows,
-                                               margin=INVESTMENT_GAIN)
+        return self.planner.may_invest(batch) and self.planner.drafting_could_pay(
+            batch, PROBE_GAMMA, CAUGHT_UP_LAG, OPTIMISTIC_ALPHA, fixed_rows, margin=INVESTMENT_GAIN)
 
     # ------------------------------------------------------------ drafting
     def _draft(self, work: list[_Work], prefill: list[Rows]) -> None:
