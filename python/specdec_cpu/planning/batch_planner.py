@@ -112,9 +112,8 @@ class AlphaTracker:
     first rows move a guess most of the way to what they measured (a running
     mean with the prior as pseudo-rows), and later ones track a change of
     text at the ``ema`` rate.  With the ``ema`` weight from the first row, a
-    pair whose drafts were accepted at 0.92 was still planned at 0.72 after
-    its first probe, and 0.7 (the guess) made drafting at two requests look
-    3% better than plain batching where it measured 41% (docs/serving.md §2).
+    pair accepted at 0.92 was still planned at 0.72 after its first probe
+    (docs/serving.md §2).
     """
 
     first: float = 0.7
@@ -547,7 +546,7 @@ class _State:
         others = min((e for j, e in enumerate(self.e) if j != i), default=math.inf)
         time = max(self._t(base_rows) + draft_base, self.floor)
         best_rate, best_opt, best_g = self.total_e / time, None, 0
-        if not self._harmless(min(others, 1.0), time, share):
+        if not self._harmless(1.0, time, share):  # i plain: one token (the others expect >= 1)
             best_rate = -1.0  # any harmless choice beats it; else i stays plain (the shortest step)
         room = self.max_rows - base_rows
         for opt in options:
