@@ -326,7 +326,7 @@ def test_flat_verify_cost_gives_a_large_gamma():
 
 
 def test_steep_verify_cost_gives_plain_decoding():
-    ctl = GammaController(cost_model(Q4KM, 0.25), gamma_max=12)  # α prior 0.7
+    ctl = GammaController(cost_model(Q4KM, 0.25, alpha=0.7), gamma_max=12)
     assert ctl.next_gamma() == 0
     for _ in range(20):
         assert ctl.next_gamma() == 0
@@ -382,6 +382,43 @@ def test_without_a_cost_model_it_measures_plain_first_then_learns():
     assert ctl.cost == pytest.approx(0.1, rel=0.05)
     # The verify cost at the γ it settled on is the measured one, not the prior.
     assert ctl.verify_curve()[g + 1] == pytest.approx(F32[g] / F32[0], rel=0.05)
+
+
+def test_a_guessed_acceptance_is_replaced_by_the_first_rows():
+    """A fresh decoder's α̂ is a guess (0.7): the first drafted rows replace it
+    by their running mean, so γ reaches what the real α asks for within a few
+    steps; moving the guess by the EMA weight per row took ~20 rows."""
+    best = GammaController(cost_model(F32, 0.2, alpha=0.95))._choose()
+    ctl = GammaController(cost_model(F32, 0.2))
+    assert ctl.next_gamma() < best  # planned on the guess
+    gammas = []
+    for _ in range(4):
+        g = ctl.next_gamma()
+        gammas.append(g)
+        spec_step(ctl, g, 0.95, F32, 0.2)
+    assert gammas[-1] == best, gammas
+    assert ctl.alpha_first > 0.85  # (0.7 + 4 × 0.95) / 5 = 0.9; the EMA weight alone leaves 0.79
+    # A measured α counts as 20 rows: a row moves it at the EMA rate from the start.
+    known = GammaController(cost_model(F32, 0.2, alpha=0.95))
+    spec_step(known, 2, 0.3, F32, 0.2)
+    assert known.alpha_first == pytest.approx(0.95 + known.ema * (0.3 - 0.95))
+
+
+def test_a_guessed_acceptance_is_probed_at_once():
+    """Where the guess says plain decoding, the first step probes anyway (a
+    good pair would otherwise wait ``probe_every`` steps to be found out);
+    once rows are in, probes back off as usual.  A measured α is trusted."""
+    ctl = GammaController(cost_model(Q4KM, 0.25), gamma_max=12, probe_every=8)
+    assert ctl._choose() == 0
+    assert ctl.next_gamma() == ctl.probe_gamma
+    spec_step(ctl, ctl.probe_gamma, 0.3, Q4KM, 0.25)
+    seen = []
+    for _ in range(8):
+        seen.append(ctl.next_gamma())
+        plain_step(ctl, Q4KM[0])
+    assert seen == [0] * 8
+    measured = GammaController(cost_model(Q4KM, 0.25, alpha=0.7), gamma_max=12, probe_every=8)
+    assert measured.next_gamma() == 0
 
 
 def simulate(ctl, curve, c, alpha, steps, rng, fixed=None):
@@ -462,7 +499,7 @@ def test_gamma_max_zero_never_speculates():
 
 
 def test_a_probe_cut_short_is_retried():
-    ctl = GammaController(cost_model(Q4KM, 0.25), probe_every=4)
+    ctl = GammaController(cost_model(Q4KM, 0.25, alpha=0.7), probe_every=4)
     seen = []
     for _ in range(6):
         seen.append(ctl.next_gamma())

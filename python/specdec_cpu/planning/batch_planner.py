@@ -43,7 +43,7 @@ from .costmodel import CostModel
 from .ledger import DraftingLedger
 from .pass_times import PassTimes
 
-__all__ = ["BatchPlanner", "DraftOption", "PlanRequest", "AlphaTracker", "Realised"]
+__all__ = ["BatchPlanner", "DraftOption", "PlanRequest", "AlphaTracker", "Realised", "row_weight"]
 
 _MAX_DEPTH = GAMMA_LIMIT  # the longest draft any route may propose
 _REST_EVIDENCE = 8  # later rows after which first rows stop teaching the later-row estimate
@@ -101,6 +101,13 @@ class PlanRequest:
     fixed: Optional[int] = None
 
 
+def row_weight(ema: float, prior_rows: float, seen: int) -> float:
+    """The weight of an acceptance estimate's next row after ``seen`` rows:
+    a running mean that counts the starting value as ``prior_rows`` rows,
+    until its weight falls to the moving average's ``ema``."""
+    return max(ema, 1.0 / (prior_rows + seen + 1))
+
+
 @dataclass
 class AlphaTracker:
     """Moving averages of one drafter's acceptance: of a draft's first row,
@@ -148,7 +155,7 @@ class AlphaTracker:
 
     def _weight(self, seen: int) -> float:
         """The weight of the next row of a kind after ``seen`` of them."""
-        return max(self.ema, 1.0 / (self.prior_rows + seen + 1))
+        return row_weight(self.ema, self.prior_rows, seen)
 
     def row_alphas(self, n: int) -> list[float]:
         """α̂ of rows 0..n−1."""

@@ -24,6 +24,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from . import theory
+from .batch_planner import row_weight
 from .costmodel import CostModel
 from .pass_times import PassTimes
 
@@ -42,7 +43,14 @@ class GammaController:
             first ``warmup`` steps on plain decoding to measure T(1).
         gamma_max: largest γ ever returned.
         alpha_prior: α̂ before any row is observed (unless the cost model has α).
+            While α̂ is this guess and plain decoding is chosen, the first
+            step after the warm-up is a probe: the guess is never relied on.
         ema: weight of one row's α in the moving average.
+        prior_rows: how many observed rows the starting α̂ counts as (default:
+            20 for an α the cost model measured, 1 for ``alpha_prior``): the
+            n-th row weighs 1 / (prior_rows + n) until that falls to ``ema``,
+            so the first rows replace a guess by their running mean instead
+            of moving it by ``ema`` per row.
         time_ema: weight of one step's timing in the T̂(k) and d̂ averages.
         probe_every: plain steps between probes while γ = 0 is chosen.  After
             a probe whose own rows say speculation would pay, the next probe
@@ -69,6 +77,7 @@ class GammaController:
         gamma_max: int = 12,
         alpha_prior: float = 0.7,
         ema: float = 0.1,
+        prior_rows: Optional[float] = None,
         time_ema: float = 0.2,
         probe_every: int = 32,
         probe_max: int = 256,
@@ -89,6 +98,8 @@ class GammaController:
                 raise ValueError(f"{name} must be in (0, 1], got {w}")
         if not 0.0 <= alpha_prior <= 1.0:
             raise ValueError(f"alpha_prior must be in [0, 1], got {alpha_prior}")
+        if prior_rows is not None and not prior_rows >= 0:
+            raise ValueError(f"prior_rows must be >= 0, got {prior_rows}")
         if probe_every < 1 or probe_max < probe_every:
             raise ValueError(f"need 1 <= probe_every <= probe_max, got {probe_every}, {probe_max}")
         if probe_gamma < 1:
@@ -111,12 +122,15 @@ class GammaController:
         self._d: Optional[float] = None  # d̂, ms per drafted token
         self.alpha = alpha_prior
         self._warmup = warmup
+        self._alpha_measured = cost_model is not None and cost_model.alpha is not None
         if cost_model is not None:
             self._d = cost_model.draft_ms
             if cost_model.alpha is not None:
                 self.alpha = cost_model.alpha
             self._warmup = 0  # T(1) is known from the calibration
         self.alpha_first = self.alpha_rest = self.alpha  # see _observe_alpha
+        self.prior_rows = (20.0 if self._alpha_measured else 1.0) if prior_rows is None else float(prior_rows)
+        self._rows_seen = [0, 0, 0]  # rows observed: all, first rows, later rows
 
         self._stale = 0  # plain steps since the last α observation
         self._skip_draft_time = True  # the first draft of a sequence includes its prefill
@@ -137,7 +151,7 @@ class GammaController:
             self._plain_run = 0
             return 0 if self._refresh_due() else self._best
         self._plain_run += 1
-        if self._plain_run > self._probe_interval:
+        if self._plain_run > self._probe_interval or self._alpha_is_guess():
             self._plain_run = 0
             if self._could_pay():
                 self._probing = True
@@ -248,29 +262,42 @@ class GammaController:
         return runs
 
     # ------------------------------------------------------------ internals
+    def _alpha_is_guess(self) -> bool:
+        """Whether α̂ is still ``alpha_prior``: no cost model measured it and
+        no row has been verified (such a controller probes at once)."""
+        return not self._alpha_measured and self._rows_seen[0] == 0
+
     def _observe_alpha(self, rows: list[float]) -> None:
         if not rows:
             return
         # After s plain steps the estimate is s tokens old: the first new row
         # gets the weight s+1 rows would have had (capped), so a probe can
         # reveal a change of content quickly.
-        w = self.ema
+        stale = 0.0
         if self._stale:
-            w = max(self.ema, min(self.stale_cap, 1.0 - (1.0 - self.ema) ** (1 + self._stale)))
+            stale = min(self.stale_cap, 1.0 - (1.0 - self.ema) ** (1 + self._stale))
+        seen = self._rows_seen
         for i, a in enumerate(rows):
             a = min(max(a, 0.0), 1.0)
-            self.alpha += w * (a - self.alpha)
+            self.alpha += max(stale, self._weight(seen[0])) * (a - self.alpha)
             # Row 0 is verified every step; a later row only after the rows
             # before it were accepted.  Tracking the two apart captures
             # correlated acceptance (an n-gram continuation that matches its
             # first token usually matches the next ones too), which the
             # i.i.d. formula E = (1 - α^(γ+1)) / (1 - α) cannot express.
+            kind = 1 if i == 0 else 2
+            w = max(stale, self._weight(seen[kind]))
             if i == 0:
                 self.alpha_first += w * (a - self.alpha_first)
             else:
                 self.alpha_rest += w * (a - self.alpha_rest)
-            w = self.ema
+            seen[0] += 1
+            seen[kind] += 1
+            stale = 0.0
         self._stale = 0
+
+    def _weight(self, seen: int) -> float:
+        return row_weight(self.ema, self.prior_rows, seen)
 
     def _after_probe(self, rows: list[float]) -> None:
         if self._best > 0:  # speculation is back on
