@@ -454,6 +454,13 @@ def test_a_pair_without_a_measured_acceptance_probes_at_the_first_decoding_step(
         booked = []
         observe = sch.planner.observe_balance
         sch.planner.observe_balance = lambda *a: (booked.append(a), observe(*a))[1]
+        seeds = []  # (request, how many rows its acceptance starts as), in order of admission
+        admit = sch._admit
+
+        def admitting() -> None:
+            admit()
+            seeds.extend((r, r.alpha.prior_rows) for r in sch._active if not any(r is q for q, _ in seeds))
+        sch._admit = admitting
         params = SamplingParams(temperature=1.0, seed=1, ignore_eos=True)
         words = "the quick brown fox and hello world it is of "
         prompt = words
@@ -475,8 +482,10 @@ def test_a_pair_without_a_measured_acceptance_probes_at_the_first_decoding_step(
             assert first == 0
         assert sch.pair_alpha.first_rows > 0
         assert len(booked) == len(decoding) - first - 1
+        assert [n for _, n in seeds] == [1.0, 2.0]  # the first request started from the guess, the second from rows
     else:
         assert not explored and len(booked) == len(decoding)
+        assert [n for _, n in seeds] == [2.0, 2.0]
 
 
 def test_decoding_steps_are_scored_against_their_plans(tiny_target, tiny_draft) -> None:

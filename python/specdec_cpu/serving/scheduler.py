@@ -273,7 +273,10 @@ class Scheduler:
                 self.metrics.prompt_tokens += len(req.prompt)
                 self.metrics.prompt_tokens_cached += claim.target_cached
                 self.metrics.prefix_cache_hits += claim.target_cached > 0
-            req.alpha = AlphaTracker(first=self.pair_alpha.first, rest=self.pair_alpha.rest)
+            # Seeded by the pair: as two rows where the pair's α was measured, as one while it is the guess.
+            measured = self.alpha_known or self.pair_alpha.first_rows > 0
+            req.alpha = AlphaTracker(first=self.pair_alpha.first, rest=self.pair_alpha.rest,
+                                     prior_rows=2.0 if measured else 1.0)
             req.probe_interval = self.probe_every
             if self.ngram_kwargs is not None and req.gamma != 0:
                 req.ngram = NgramDrafter(**self.ngram_kwargs)
