@@ -495,6 +495,8 @@ class OpenAIServer(Engine):
 ENGINES: Dict[str, Callable[[], Engine]] = {
     "batched-auto": lambda: OursBatched("auto"),
     "batched-g0": lambda: OursBatched(0),
+    # every request at one fixed γ: the best of them bounds what a choice of one γ for all could reach
+    **{f"batched-g{g}": (lambda g=g: OursBatched(g)) for g in range(1, 13)},
     "pool-auto": OursPool,
     "single-auto": OursSingle,
     "server-plain": lambda: LlamaServer(None),
