@@ -508,7 +508,8 @@ def test_a_probe_cut_short_is_retried():
 
 
 @pytest.mark.parametrize("kw", [dict(gamma_max=-1), dict(ema=0.0), dict(alpha_prior=2.0),
-                                dict(probe_every=0), dict(probe_gamma=0), dict(min_speedup=0.0)])
+                                dict(probe_every=0), dict(probe_gamma=0), dict(min_speedup=0.0),
+                                dict(prior_rows=-1.0), dict(prior_rows=float("nan"))])
 def test_controller_rejects_bad_settings(kw):
     with pytest.raises(ValueError):
         GammaController(None, **kw)
