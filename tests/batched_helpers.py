@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
+import pytest
 
 from specdec_cpu import BatchedDecoder
 from specdec_cpu.engine import LlamaContext
@@ -50,3 +52,25 @@ def endless_prompt(dec: BatchedDecoder, candidates: Sequence[str]) -> str:
         if dec.generate(p, max_tokens=300, params=greedy).finish_reason == "length":
             return p
     raise AssertionError("every candidate prompt reaches an end-of-generation token")
+
+
+def call_or_fail(fn: Callable[[], object], timeout: float = 60.0) -> object:
+    """``fn()`` on a daemon thread: its result, or its exception re-raised;
+    a call still waiting after ``timeout`` seconds fails the test (and is
+    abandoned, so a regression that hangs a caller cannot hang the suite)."""
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # handed to the test thread
+            box["error"] = exc
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout)
+    if t.is_alive():
+        pytest.fail(f"the call was still waiting after {timeout} s")
+    if "error" in box:
+        raise box["error"]
+    return box["result"]

@@ -23,11 +23,12 @@ from specdec_cpu import (
     InvalidPromptError,
     QueueFullError,
     SamplingParams,
+    SpecDecError,
     SpeculativeDecoder,
 )
 from specdec_cpu.serving.scheduler import CATCH_UP_LIMIT, INVESTMENT_GAIN, PROBE_GAMMA
 from specdec_cpu.serving.step_trace import StepRecord
-from batched_helpers import assert_greedy_equal, endless_prompt, wait_idle
+from batched_helpers import assert_greedy_equal, call_or_fail, endless_prompt, wait_idle
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ["the quick brown fox", "hello world", "def return print", "and the", "it is of",
@@ -228,7 +229,7 @@ def test_close_with_requests_in_flight_never_hangs(tiny_target, tiny_draft) -> N
         with pytest.raises(DecoderClosedError) as info:
             list(stream)
         assert info.value.partial is not None and len(info.value.partial.tokens) >= 1
-    with pytest.raises(ValueError, match="closed"):
+    with pytest.raises(DecoderClosedError, match="closed"):
         dec.generate("hi")
     dec.close()  # idempotent
 
@@ -275,6 +276,46 @@ def test_constructor_arguments_are_checked(tiny_target, tiny_draft) -> None:
         BatchedDecoder.from_gguf(tiny_target, None, gamma=3)
     with pytest.raises(ValueError, match="ngram_kwargs"):
         BatchedDecoder.from_gguf(tiny_target, tiny_draft, ngram_kwargs={"max_draft": 4})
+    # Checked before a model loads (the path does not exist): a bad n-gram setting
+    # would otherwise surface only inside the scheduler, at the first request.
+    for kwargs, name in (({"ngram": True, "ngram_kwargs": {"max_draft": 0}}, "max_draft"),
+                         ({"prefill_chunk": "64"}, "prefill_chunk"), ({"max_queue": -1}, "max_queue"),
+                         ({"gamma_max": 0}, "gamma_max")):
+        with pytest.raises(ValueError, match=name):
+            BatchedDecoder.from_gguf("no-such-model.gguf", **kwargs)
+
+
+def test_a_request_that_cannot_start_fails_alone(tiny_target, tiny_draft, monkeypatch) -> None:
+    with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=2, n_ctx=256, n_threads=1) as dec:
+        slots = dec._scheduler.slots
+        claim, calls = slots.claim, []
+
+        def fails_once(prompt):
+            calls.append(prompt)
+            if len(calls) == 1:
+                raise RuntimeError("no cells left")
+            return claim(prompt)
+
+        monkeypatch.setattr(slots, "claim", fails_once)
+        with pytest.raises(SpecDecError, match="could not start.*no cells left"):
+            call_or_fail(lambda: dec.generate("hello", max_tokens=4, params=GREEDY))
+        assert len(dec.generate("hello", max_tokens=4, params=GREEDY).tokens) == 4
+        assert dec.healthy and slots.n_free == 2
+
+
+def test_a_failed_scheduler_ends_its_requests_and_refuses_new_ones(tiny_target, tiny_draft, monkeypatch) -> None:
+    with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=1, n_ctx=256, n_threads=1) as dec:
+        def bug(*args, **kwargs):
+            raise RuntimeError("a bug in planning")
+
+        monkeypatch.setattr(dec._scheduler, "_plan", bug)
+        with pytest.raises(SpecDecError, match="scheduler failed.*a bug in planning") as info:
+            call_or_fail(lambda: dec.generate("hello", max_tokens=4, params=GREEDY))
+        assert not isinstance(info.value, DecoderClosedError)
+        assert not dec.healthy
+        # As after close(): the same error type SpecDecError-catching code moved from SpeculativeDecoder expects.
+        with pytest.raises(DecoderClosedError, match="scheduler failed.*no more requests"):
+            dec.generate("hello", max_tokens=4, params=GREEDY)
 
 
 def test_async_streams_for_asyncio_servers(batched) -> None:

@@ -289,6 +289,28 @@ def test_sigterm_during_load_drains_and_exits_zero(tiny_target, tiny_draft, tmp_
         httpx.get(s.url + "/health")
 
 
+def test_a_stopped_decoder_answers_503_not_400(tiny_target, tiny_draft) -> None:
+    from fastapi.testclient import TestClient
+
+    from specdec_cpu import BatchedDecoder
+    from specdec_cpu.serving.app import ServerOptions, create_app
+
+    def load():
+        dec = BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=1, n_ctx=128, n_threads=1)
+        dec._scheduler._plan = lambda *a, **k: 1 / 0  # a bug: the scheduler's first step fails
+        return dec
+
+    with TestClient(create_app(load, ServerOptions(model_name="tiny"))) as http:
+        end = time.monotonic() + 30
+        while http.get("/health").json().get("status") == "loading" and time.monotonic() < end:
+            time.sleep(0.05)
+        first = http.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2})
+        assert first.status_code == 500 and first.json()["error"]["type"] == "server_error"
+        r = http.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 2})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_ready", r.text
+        assert http.get("/health").status_code == 503
+
+
 def test_health_is_503_while_the_model_loads(tiny_target, tiny_draft) -> None:
     from fastapi.testclient import TestClient
 

@@ -137,9 +137,12 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
                                code="invalid_api_key")
 
     def ready_decoder() -> BatchedDecoder:
-        if state.decoder is not None and not state.decoder.closed:
+        if state.decoder is not None and state.decoder.healthy:
             return state.decoder
-        what = "the model failed to load" if state.error else "the model is still loading"
+        if state.decoder is not None:
+            what = "the decoder stopped" if not state.decoder.closed else "the server is shutting down"
+        else:
+            what = "the model failed to load" if state.error else "the model is still loading"
         raise RequestError(503, f"{what}; retry later", type="server_error", code="model_not_ready",
                            headers={"Retry-After": "5"})
 

@@ -10,7 +10,8 @@ from typing import Callable, Optional, Sequence, Union
 from .. import sampling
 from ..decoder import Generation
 from ..engine.multi_context import LlamaMultiContext, SequenceView
-from ..errors import GenerationCancelled
+from ..drafters import NgramDrafter
+from ..errors import DecoderClosedError, GenerationCancelled
 from ..model import Tokenizer
 from ..params import SamplingParams
 from ..planning.batch_planner import BatchPlanner
@@ -57,19 +58,10 @@ class BatchedDecoder:
                  ngram_kwargs: Optional[dict] = None, seed: Optional[int] = None, max_queue: int = 64,
                  prefill_chunk: int = 128, cost_model: Optional[CostModel] = None,
                  step_trace: Optional[StepTrace] = None) -> None:
-        check_gamma(gamma)
-        if isinstance(gamma_max, bool) or not isinstance(gamma_max, int) or not 1 <= gamma_max <= GAMMA_LIMIT:
-            raise ValueError(f"gamma_max must be an int in [1, {GAMMA_LIMIT}], got {gamma_max!r}")
-        if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0:
-            raise ValueError(f"max_queue must be an int >= 0, got {max_queue!r}")
-        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk must be an int >= 1, got {prefill_chunk!r}")
-        if ngram_kwargs is not None and not ngram:
-            raise ValueError("ngram_kwargs needs ngram=True")
+        _check_settings(gamma=gamma, gamma_max=gamma_max, max_queue=max_queue, prefill_chunk=prefill_chunk,
+                        ngram=ngram, ngram_kwargs=ngram_kwargs, has_drafter=draft is not None or ngram)
         if draft is not None and draft.n_seq != target.n_seq:
             raise ValueError(f"target and draft contexts must hold as many sequences ({target.n_seq} != {draft.n_seq})")
-        if draft is None and not ngram and gamma not in (0, "auto"):
-            raise ValueError(f"gamma={gamma} needs a drafter: pass a draft model, ngram=True, or gamma=0")
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.gamma, self.gamma_max = gamma, max(gamma_max, gamma if isinstance(gamma, int) else 0)
         # A verify pass needs γ + 1 rows and every sequence at least one.
@@ -138,13 +130,12 @@ class BatchedDecoder:
         """
         from .. import engine
 
-        check_gamma(gamma)
+        _check_settings(gamma=gamma, gamma_max=gamma_max, max_queue=max_queue, prefill_chunk=prefill_chunk,
+                        ngram=ngram, ngram_kwargs=ngram_kwargs, has_drafter=draft is not None or ngram)
         if not (calibration is None or isinstance(calibration, CostModel) or calibration in ("auto", "cached")):
             raise ValueError(f"calibration must be 'auto', 'cached', a CostModel or None, got {calibration!r}")
         if isinstance(max_sequences, bool) or not isinstance(max_sequences, int) or not 1 <= max_sequences <= 256:
             raise ValueError(f"max_sequences must be an int in [1, 256], got {max_sequences!r}")
-        if ngram_kwargs is not None and not ngram:
-            raise ValueError("ngram_kwargs needs ngram=True")
         target_w = engine.LlamaWeights(target)
         draft_w = None
         contexts: list = []
@@ -307,7 +298,7 @@ class BatchedDecoder:
     # ------------------------------------------------------------------ internals
     def _submit(self, prompt, max_tokens, params, stop, gamma, cancel, timeout) -> Request:
         if self._closed:
-            raise ValueError("BatchedDecoder is closed")
+            raise DecoderClosedError("BatchedDecoder is closed")
         if gamma is None:
             gamma = self.gamma
         check_request(max_tokens=max_tokens, params=params, gamma=gamma, has_drafter=self._has_drafter,
@@ -334,3 +325,22 @@ class BatchedDecoder:
         z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
         return z ^ (z >> 31)
+
+
+def _check_settings(*, gamma: GammaSetting, gamma_max: int, max_queue: int, prefill_chunk: int, ngram: bool,
+                    ngram_kwargs: Optional[dict], has_drafter: bool) -> None:
+    """Raise ValueError, naming the argument, for a setting the decoder cannot
+    run with: checked before any model is loaded."""
+    check_gamma(gamma)
+    if isinstance(gamma_max, bool) or not isinstance(gamma_max, int) or not 1 <= gamma_max <= GAMMA_LIMIT:
+        raise ValueError(f"gamma_max must be an int in [1, {GAMMA_LIMIT}], got {gamma_max!r}")
+    if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0:
+        raise ValueError(f"max_queue must be an int >= 0, got {max_queue!r}")
+    if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+        raise ValueError(f"prefill_chunk must be an int >= 1, got {prefill_chunk!r}")
+    if ngram_kwargs is not None and not ngram:
+        raise ValueError("ngram_kwargs needs ngram=True")
+    if ngram:
+        NgramDrafter(**(ngram_kwargs or {}))  # its own ValueError names a bad setting
+    if not has_drafter and gamma not in (0, "auto"):
+        raise ValueError(f"gamma={gamma} needs a drafter: pass a draft model, ngram=True, or gamma=0")

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable, Optional, Union
 import numpy as np
 
 from ..decoder import Generation
+from ..errors import DecoderClosedError
 from ..params import SamplingParams
 from ..planning.batch_planner import AlphaTracker
 from ..sampling import Rng
@@ -122,6 +123,8 @@ class Request:
         if self.admitted is not None:
             stats.total_seconds = now - self.admitted
         self.result = Generation(self.text.text, self.out, stats)
+        if isinstance(error, DecoderClosedError) and error.partial is None:
+            error.partial = self.result  # before the caller wakes to raise it
         self.error = error
         self.done.set()  # before the marker: a reader that saw the marker sees the result
         self.outbox.put(_END)

@@ -137,6 +137,7 @@ class Scheduler:
         self._waiting: "collections.deque[Request]" = collections.deque()
         self._active: list[Request] = []
         self._closed = False  # no more submissions
+        self._failed: Optional[str] = None  # why the scheduler stopped, if it failed
         self._abort = False  # end everything in flight now
         self._thread = threading.Thread(target=self._loop, name="specdec-scheduler", daemon=True)
         self._thread.start()
@@ -146,7 +147,7 @@ class Scheduler:
         """Queue a request (FIFO); ``QueueFullError`` when ``max_queue`` wait already."""
         with self._cond:
             if self._closed:
-                raise ValueError("BatchedDecoder is closed")
+                raise DecoderClosedError(self._failed or "BatchedDecoder is closed")
             if len(self._waiting) - self.slots.n_free >= self.max_queue:
                 self.metrics.count_request("rejected")
                 raise QueueFullError(
@@ -196,23 +197,24 @@ class Scheduler:
                 self._step()
         except BaseException as exc:  # a bug or a dead model: nobody may hang on us
             log.exception("batched decoder scheduler failed")
-            self._fail_all(SpecDecError(f"the batched decoder's scheduler failed: {exc!r}"))
-            with self._cond:
-                self._closed = True
+            self._fail_all(f"the batched decoder's scheduler failed: {exc!r}")
             return
         self._fail_all(None)
 
-    def _fail_all(self, error: Optional[BaseException]) -> None:
-        with self._cond:
+    def _fail_all(self, failure: Optional[str]) -> None:
+        """End every request in flight: with a SpecDecError carrying
+        ``failure`` if the scheduler failed, else (a close) with a
+        DecoderClosedError carrying what each request had produced."""
+        with self._cond:  # closed in the same breath: no submission can slip in after
+            self._closed = True
+            self._failed = failure and f"{failure}; the decoder takes no more requests"
             pending = list(self._waiting) + list(self._active)
             self._waiting.clear()
-        for req in pending:
-            err = error or DecoderClosedError(
+        for req in pending:  # an error object of its own for each caller's traceback
+            err = SpecDecError(failure) if failure else DecoderClosedError(
                 f"the decoder was closed while request {req.id} was "
-                f"{'running' if req.slot is not None else 'waiting'}", partial=None)
+                f"{'running' if req.slot is not None else 'waiting'}")
             self._end(req, "cancelled", err)
-            if isinstance(err, DecoderClosedError):
-                err.partial = req.result
         self._active.clear()
         self._publish_gauges()
 
@@ -264,25 +266,34 @@ class Scheduler:
                 if not self._waiting:
                     break
                 req = self._waiting.popleft()
-            claim = self.slots.claim(req.prompt)
-            req.slot = claim.slot
-            req.admitted = time.perf_counter()
-            req.stats.queue_seconds = req.admitted - req.submitted
-            req.stats.prompt_cached = claim.target_cached
-            with self.metrics.lock():
-                self.metrics.prompt_tokens += len(req.prompt)
-                self.metrics.prompt_tokens_cached += claim.target_cached
-                self.metrics.prefix_cache_hits += claim.target_cached > 0
-            # Seeded by the pair: as two rows where the pair's α was measured, as one while it is the guess.
-            measured = self.alpha_known or self.pair_alpha.first_rows > 0
-            req.alpha = AlphaTracker(first=self.pair_alpha.first, rest=self.pair_alpha.rest,
-                                     prior_rows=2.0 if measured else 1.0)
-            req.probe_interval = self.probe_every
-            if self.ngram_kwargs is not None and req.gamma != 0:
-                req.ngram = NgramDrafter(**self.ngram_kwargs)
-            self._active.append(req)
-            self._check_prefilled(req)
+            try:
+                self._admit_one(req)
+            except Exception as exc:  # it alone fails; an uncaught error here would leave its caller waiting
+                log.exception("admitting request %d failed", req.id)
+                self._end(req, None, SpecDecError(f"request {req.id} could not start: {exc!r}"))
         self._publish_gauges()
+
+    def _admit_one(self, req: Request) -> None:
+        """Give ``req`` a sequence (its cached prompt prefix reused) and its
+        acceptance estimates, and make it active."""
+        claim = self.slots.claim(req.prompt)
+        req.slot = claim.slot
+        req.admitted = time.perf_counter()
+        req.stats.queue_seconds = req.admitted - req.submitted
+        req.stats.prompt_cached = claim.target_cached
+        with self.metrics.lock():
+            self.metrics.prompt_tokens += len(req.prompt)
+            self.metrics.prompt_tokens_cached += claim.target_cached
+            self.metrics.prefix_cache_hits += claim.target_cached > 0
+        # Seeded by the pair: as two rows where the pair's α was measured, as one while it is the guess.
+        measured = self.alpha_known or self.pair_alpha.first_rows > 0
+        req.alpha = AlphaTracker(first=self.pair_alpha.first, rest=self.pair_alpha.rest,
+                                 prior_rows=2.0 if measured else 1.0)
+        req.probe_interval = self.probe_every
+        if self.ngram_kwargs is not None and req.gamma != 0:
+            req.ngram = NgramDrafter(**self.ngram_kwargs)
+        self._active.append(req)
+        self._check_prefilled(req)
 
     def _prefill_parts(self, has_decoders: bool) -> list[Rows]:
         """Prompt chunks of the requests still being prefilled, within this
@@ -589,6 +600,10 @@ class Scheduler:
             self._end(req, None, InvalidLogitsError(
                 f"the target model produced invalid logits for request {req.id} at the end of its prompt "
                 f"(position {len(req.seq) - 1}): {exc}"))
+            return 0
+        except Exception as exc:  # a fault of this request's sampling: it alone fails
+            log.exception("sampling the first token of request %d failed", req.id)
+            self._end(req, None, SpecDecError(f"request {req.id} failed at its first token: {exc!r}"))
             return 0
         stats = req.stats
         stats.steps += 1
