@@ -164,6 +164,7 @@ def test_fixed_gamma(env, pair):
     (["--max-tokens", "0"], "--max-tokens"),
     (["--ctx", "10"], "--ctx"),
     (["--threads", "0"], "--threads"),
+    (["--draft-vocab", "0"], "--draft-vocab"),
 ])
 def test_bad_flag_values_are_usage_errors(env, pair, flags, culprit):
     code, out, err = cli("generate", *pair, *flags, "hello", env=env)
@@ -176,9 +177,10 @@ def test_bad_flag_values_are_usage_errors(env, pair, flags, culprit):
 @pytest.mark.parametrize("argv, message", [
     (["--draft", "D.gguf"], "--draft needs --target"),
     (["--gamma", "4"], "needs a drafter"),
+    (["--draft-vocab", "300"], "--draft-vocab cuts the draft model"),
 ])
 def test_flag_combinations_that_cannot_work(env, tiny_target, argv, message):
-    if "--gamma" in argv:
+    if "--gamma" in argv or "--draft-vocab" in argv:
         argv = ["--target", tiny_target, *argv]
     code, out, err = cli("generate", *argv, "hello", env=env)
     assert code == 2 and out == ""
@@ -279,3 +281,15 @@ def test_ignore_eos_reaches_the_decoder(env, pair):
     plain, banned = run(), run("--ignore-eos")
     assert banned["params"]["ignore_eos"] is True and plain["params"]["ignore_eos"] is False
     assert banned["finish_reason"] == "length" and len(banned["tokens"]) == 40
+
+
+def test_a_draft_cut_to_part_of_its_vocabulary(env, pair):
+    code, out, err = cli("generate", *pair, "--draft-vocab", "300", "--json", "--temperature", "1",
+                         "--max-tokens", "16", "--seed", "2", "hello world", env=env)
+    assert code == 0, err
+    assert "cutting draft.gguf's vocabulary to its first 300 ids" in err
+    data = json.loads(out)
+    assert data["stats"]["drafted"] > 0 and "vocab300" in data["draft"]
+    assert len(list((Path(env["SPECDEC_CACHE_DIR"]) / "drafts").glob("draft-vocab300-*.gguf"))) == 1
+    code, out, err = cli("generate", *pair, "--draft-vocab", "384", "hello", env=env)
+    assert code == 2 and "draft_vocab=384" in err and "Traceback" not in err

@@ -16,16 +16,20 @@ sequence early and are one outcome; tails too thin to enumerate are one
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import pytest
 
 from specdec_cpu import SamplingParams, SpeculativeDecoder, engine
+from specdec_cpu.drafters.vocab_map import DraftVocab
 from stats_helpers import assert_matches_distribution, expected_distribution
 
 EOG = "eog"
 FLOOR = 0.01  # branches below this probability are left to the "other" cell
+#: The ids a cut of tiny_draft keeps, of 384: its control tokens (ids 310-313)
+#: come after a gap, so its q rows are scattered run by run.
+CUT = 300
 Cell = Tuple[object, ...]
 
 # (sampling parameters, γ): truncated supports of a few ids, and a sharp
@@ -82,7 +86,9 @@ def observed_cell(tokens: List[int], finish_reason: str) -> Cell:
 
 
 def check_joint_law(target: str, draft: str, ctx, tok, params: SamplingParams, gamma: int, n: int,
-                    seed: int) -> None:
+                    seed: int, draft_vocab: Optional[int] = None) -> List[List[int]]:
+    """Chi-square of the first three tokens of ``n`` generations against the
+    exact law; returns the generations' tokens."""
     prompt = tok.tokenize("hello world")
     cells = exact_joint(ctx, tok, prompt, params)
     keys = list(cells)
@@ -91,9 +97,10 @@ def check_joint_law(target: str, draft: str, ctx, tok, params: SamplingParams, g
     probs /= probs.sum()
 
     decoder = SpeculativeDecoder.from_gguf(target, draft, gamma=gamma, n_ctx=64, n_batch=16,
-                                           n_threads=1, seed=seed, calibration=None)
+                                           n_threads=1, seed=seed, calibration=None, draft_vocab=draft_vocab)
     counts = np.zeros(len(probs))
     bonus = 0
+    outputs = []
     assert gamma >= 2
     max_tokens = gamma + 1  # the first step drafts all γ tokens; all accepted = one step
     for _ in range(n):
@@ -101,10 +108,12 @@ def check_joint_law(target: str, draft: str, ctx, tok, params: SamplingParams, g
         assert gen.stats.gammas[0] == gamma, gen.stats.gammas
         bonus += gen.stats.steps == 1 and len(gen.tokens) == max_tokens
         counts[index.get(observed_cell(gen.tokens, gen.finish_reason), len(keys))] += 1
+        outputs.append(gen.tokens)
     print(f"γ={gamma} {params}: {len(keys)} cells (+ other {probs[-1]:.2e}); "
           f"all {gamma} drafts accepted in the first step in {bonus}/{n} runs")
     assert 0 < bonus < n  # both the bonus path and rejections ran
     assert_matches_distribution(counts, probs, what=f"first three tokens, γ={gamma}, {params}")
+    return outputs
 
 
 def test_target_depends_on_more_than_the_last_token(target_ctx):
@@ -145,3 +154,19 @@ def test_first_three_tokens_follow_target_long_drafts(tiny_wide_target, tiny_wid
                                                       params, gamma):
     ctx, tok = target_ctx
     check_joint_law(tiny_wide_target, tiny_wide_draft, ctx, tok, params, gamma, n=3000, seed=200 + gamma)
+
+
+@pytest.mark.parametrize("params,gamma", [CASES[0], CASES[2]], ids=["T1.0-k4", "T0.5"])
+def test_a_draft_cut_to_part_of_the_vocabulary_keeps_the_law(tiny_target, tiny_draft, params, gamma,
+                                                             tmp_path, monkeypatch):
+    """A draft cut to its first CUT ids (engine/vocab_cut.py) never proposes
+    the others: they come only from the residual, and the law must hold."""
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))  # where the cut is written
+    with engine.LlamaWeights(engine.cached_cut(tiny_draft, CUT)) as cut:
+        assert len(DraftVocab(cut.n_vocab, 384, cut.source_ids).runs) == 2
+    with engine.LlamaWeights(tiny_target) as weights:
+        ctx, tok = weights.new_context(n_ctx=64, n_batch=16, n_threads=1), engine.LlamaTokenizer(weights)
+        outputs = check_joint_law(tiny_target, tiny_draft, ctx, tok, params, gamma, n=2500,
+                                  seed=300 + gamma, draft_vocab=CUT)
+        lacking = sum(t >= CUT and not tok.is_eog(t) for out in outputs for t in out)
+    assert lacking > 100, f"only {lacking} emitted tokens the cut draft lacks: the residual-only ids untested"

@@ -99,7 +99,9 @@ class SpeculativeDecoder:
         self.gamma_max = gamma_max
         self.cost_model = cost_model
         if drafter is None and draft is not None:
-            drafter = ModelDrafter(draft, target.n_vocab, gamma_max)
+            # A draft cut to part of the vocabulary says which target id each of its ids is.
+            source_ids = getattr(getattr(draft, "weights", None), "source_ids", None)
+            drafter = ModelDrafter(draft, target.n_vocab, gamma_max, source_ids)
         self.drafter = drafter
         if self.drafter is None and gamma not in (0, "auto"):
             raise ValueError(f"gamma={gamma} needs a drafter: pass a draft model (or gamma=0)")
@@ -143,6 +145,7 @@ class SpeculativeDecoder:
         ngram_kwargs: Optional[dict] = None,
         calibration: object = "auto",
         progress: Optional[Callable[[str], None]] = None,
+        draft_vocab: Optional[int] = None,
     ) -> "SpeculativeDecoder":
         """Load a target (and optionally a draft) GGUF model through llama.cpp.
 
@@ -160,6 +163,13 @@ class SpeculativeDecoder:
         calibration now (timings and α at default sampling); a ``CostModel``
         is used as given; ``None`` starts from priors.  In every case the
         planner keeps refining its estimates from real steps.
+
+        ``draft_vocab=N`` drafts with a copy of the draft cut to its first N
+        ids and its control tokens (written once to the cache): cheaper draft
+        passes, the same exact output (docs/math.md §10).  Byte-pair ids come
+        roughly in merge order; for Qwen2.5, 98304 keeps the acceptance of
+        English and code (bench/RESULTS.md, "A draft cut to its common
+        vocabulary").
         """
         from . import engine  # the only place llama.cpp is touched
 
@@ -167,6 +177,7 @@ class SpeculativeDecoder:
         if ngram_kwargs is not None and not ngram:
             raise ValueError("ngram_kwargs needs ngram=True")
         _check_calibration(calibration)
+        draft = engine.cut_draft(draft, draft_vocab, progress)
         target_w = engine.LlamaWeights(target)
         draft_w = None
         try:
@@ -201,7 +212,8 @@ class SpeculativeDecoder:
         draft_ctx = (draft_w.new_context(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
                      if draft_w is not None else None)
         if drafter is not None and draft_ctx is not None:
-            drafter = CombinedDrafter(ModelDrafter(draft_ctx, target_ctx.n_vocab, gamma_max), drafter)
+            drafter = CombinedDrafter(ModelDrafter(draft_ctx, target_ctx.n_vocab, gamma_max, draft_w.source_ids),
+                                      drafter)
         dec = cls(target_ctx, engine.LlamaTokenizer(target_w), draft_ctx, gamma=gamma,
                   gamma_max=gamma_max, seed=seed, drafter=drafter)
         dec.target_path = target_w.path

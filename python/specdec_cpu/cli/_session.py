@@ -22,6 +22,9 @@ GammaSetting = Union[int, str]
 DEFAULT_TEMPERATURE = 0.7
 DEFAULT_CTX = 4096
 GAMMA_MAX = 64
+DRAFT_VOCAB_HELP = ("draft with a copy of the draft cut to its first N ids and its control tokens "
+                    "(written once to the cache): cheaper draft passes, the same exact output. "
+                    "98304 suits Qwen2.5 drafts on English and code")
 
 #: Keys of the sampling/generation settings, as ``/params`` and ``--json`` name them.
 PARAM_KEYS = ("temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "gamma")
@@ -83,6 +86,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "but no --draft: plain decoding (or n-gram drafting with --ngram)")
     g.add_argument("--ngram", action="store_true",
                    help="also draft by prompt lookup (n-gram matches in the context)")
+    g.add_argument("--draft-vocab", type=int_in(1, 1 << 24), default=None, metavar="N", help=DRAFT_VOCAB_HELP)
     g.add_argument("--gamma", type=gamma_value, default="auto", metavar="auto|N",
                    help="draft tokens per step: 'auto' lets the cost model choose per step "
                         "(default), N fixes it, 0 is plain decoding")
@@ -135,6 +139,8 @@ def check_args(args: argparse.Namespace) -> None:
     """Flag combinations that cannot work, caught before any model is loaded."""
     if args.draft is not None and args.target is None:
         raise UsageError("--draft needs --target (without either, the default pair is used)")
+    if args.draft_vocab is not None and args.target is not None and args.draft is None:
+        raise UsageError("--draft-vocab cuts the draft model: add --draft D.gguf")
     no_drafter = args.target is not None and args.draft is None and not args.ngram
     if no_drafter and isinstance(args.gamma, int) and args.gamma > 0:
         raise UsageError(f"--gamma {args.gamma} needs a drafter: add --draft D.gguf or --ngram")
@@ -174,6 +180,8 @@ def load_decoder(args: argparse.Namespace, announce: Optional[TextIO] = None):
                                   seed=args.seed, progress=lambda line: emit(line, sys.stderr))
     if args.ngram:
         kwargs["ngram"] = True
+    if args.draft_vocab is not None:
+        kwargs["draft_vocab"] = args.draft_vocab
     try:
         return SpeculativeDecoder.from_gguf(target, draft, **kwargs)
     except ValueError as exc:  # e.g. a γ the drafter cannot serve

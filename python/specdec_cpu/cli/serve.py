@@ -9,7 +9,7 @@ from typing import Optional
 
 from ..errors import ModelLoadError
 from ._common import UsageError, emit, int_in, positive_float
-from ._session import gamma_value
+from ._session import DRAFT_VOCAB_HELP, gamma_value
 
 API_KEY_ENV = "SPECDEC_API_KEY"
 
@@ -26,6 +26,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("target", nargs="?", metavar="TARGET", help="target model (GGUF); default: the demo pair")
     p.add_argument("draft", nargs="?", metavar="DRAFT", help="draft model (GGUF) sharing the target's vocabulary")
     p.add_argument("--ngram", action="store_true", help="also draft by prompt lookup")
+    p.add_argument("--draft-vocab", type=int_in(1, 1 << 24), default=None, metavar="N", help=DRAFT_VOCAB_HELP)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int_in(0, 65535), default=8000, help="port (default 8000)")
     p.add_argument("--max-sequences", type=int_in(1, 256), default=8, metavar="N",
@@ -77,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("serving needs the [server] extra: pip install 'specdec-cpu[server]'") from None
     if args.draft is not None and args.target is None:  # pragma: no cover - argparse fills target first
         raise UsageError("DRAFT needs TARGET")
+    if args.draft_vocab is not None and args.target is not None and args.draft is None:
+        raise UsageError("--draft-vocab cuts the draft model: give DRAFT")
     target, draft = _model_paths(args)
     name = args.model_name or Path(target).stem
     if args.ray:
@@ -89,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         return BatchedDecoder.from_gguf(
             target, draft, max_sequences=args.max_sequences, n_ctx=args.n_ctx, gamma=args.gamma,
             ngram=args.ngram, n_threads=args.threads, max_queue=args.max_queue,
-            prefill_chunk=args.prefill_chunk, progress=lambda line: emit(line))
+            prefill_chunk=args.prefill_chunk, progress=lambda line: emit(line), draft_vocab=args.draft_vocab)
 
     options = ServerOptions(model_name=name, api_key=args.api_key or None, max_body_bytes=args.max_body,
                             request_timeout=args.timeout, log_prompts=args.log_prompts)
@@ -121,7 +124,7 @@ def _run_ray(args: argparse.Namespace, target: str, draft: Optional[str], name: 
     try:
         config = RayServeConfig(
             target=str(Path(target).resolve()), draft=str(Path(draft).resolve()) if draft else None,
-            ngram=args.ngram, model_name=name, replicas=args.replicas, min_replicas=args.min_replicas,
+            ngram=args.ngram, draft_vocab=args.draft_vocab, model_name=name, replicas=args.replicas, min_replicas=args.min_replicas,
             max_replicas=args.max_replicas, target_ongoing_requests=args.target_ongoing, threads=threads,
             max_sequences=args.max_sequences, max_queue=args.max_queue, n_ctx=args.n_ctx, gamma=args.gamma,
             prefill_chunk=args.prefill_chunk, api_key=args.api_key or None, max_body_bytes=args.max_body,

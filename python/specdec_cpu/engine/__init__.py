@@ -5,6 +5,7 @@
 * :class:`LlamaTokenizer` -- the model's vocabulary; implements ``Tokenizer``.
 * :func:`check_vocab_compatible` -- can a draft model speculate for a target?
 * :func:`quantize` -- write a GGUF at another precision.
+* :func:`cached_cut` -- a draft cut to the common part of its vocabulary.
 * :func:`release_threads` -- give back the calling thread's OpenMP workers.
 """
 
@@ -14,6 +15,7 @@ from .context import DecodeError, LlamaContext
 from .openmp import release_threads
 from .quantize import FTYPES, quantize
 from .vocab import LlamaTokenizer, check_vocab_compatible
+from .vocab_cut import cached_cut, cut_draft, cut_vocab
 from .weights import LlamaWeights
 
 __all__ = [
@@ -23,6 +25,9 @@ __all__ = [
     "DecodeError",
     "check_vocab_compatible",
     "quantize",
+    "cached_cut",
+    "cut_draft",
+    "cut_vocab",
     "FTYPES",
     "release_threads",
 ]

@@ -85,6 +85,7 @@ class LlamaContext(Closable):
         self._weights = weights
         model = weights.model_ptr
         self._n_vocab = weights.n_vocab
+        self._input_map, self._n_input = weights.input_map, weights.n_input_ids
         self._n_ctx = n_ctx
         self._n_batch = n_batch
         self._n_threads = n_threads
@@ -216,9 +217,10 @@ class LlamaContext(Closable):
             raise ValueError(f"n_logits={n_logits} exceeds n_batch={self._n_batch}")
         lo = int(arr.min())
         hi = int(arr.max())
-        if lo < 0 or hi >= self._n_vocab:
+        if lo < 0 or hi >= self._n_input:
             bad = lo if lo < 0 else hi
-            raise ValueError(f"token id {bad} out of range [0, {self._n_vocab})")
+            raise ValueError(f"token id {bad} out of range [0, {self._n_input})")
+        model_ids = arr if self._input_map is None else self._input_map[arr]
         n_past = len(self._tokens)
         if n_past + n > self._n_ctx:
             raise ContextOverflowError(
@@ -242,9 +244,9 @@ class LlamaContext(Closable):
             start = 0
             while start < tail_start:
                 stop = min(start + nb, tail_start)
-                self._decode(ctx, arr, start, stop, n_past, 0)
+                self._decode(ctx, model_ids, start, stop, n_past, 0)
                 start = stop
-            self._decode(ctx, arr, tail_start, n, n_past, n_logits)
+            self._decode(ctx, model_ids, tail_start, n, n_past, n_logits)
         except BaseException:
             self._forget_from(n_past)
             self._dirty = False

@@ -120,6 +120,7 @@ class LlamaMultiContext(Closable):
         self._weights = weights
         self._n_seq, self._n_ctx, self._n_batch, self._n_threads = n_seq, n_ctx, n_batch, n_threads
         self._n_vocab = weights.n_vocab
+        self._input_map, self._n_input = weights.input_map, weights.n_input_ids
 
         params = lib.llama_context_default_params()
         params.n_ctx = n_ctx * n_seq
@@ -250,10 +251,10 @@ class LlamaMultiContext(Closable):
             n = len(part.tokens)
             arr = np.asarray(part.tokens, dtype=np.int64)
             lo, hi = int(arr.min()), int(arr.max())
-            if lo < 0 or hi >= self._n_vocab:
-                raise ValueError(f"token id {lo if lo < 0 else hi} out of range [0, {self._n_vocab}) "
+            if lo < 0 or hi >= self._n_input:
+                raise ValueError(f"token id {lo if lo < 0 else hi} out of range [0, {self._n_input}) "
                                  f"for sequence {part.seq}")
-            tok[row:row + n] = arr
+            tok[row:row + n] = arr if self._input_map is None else self._input_map[arr]
             p0 = len(self._tokens[part.seq])
             pos[row:row + n] = np.arange(p0, p0 + n, dtype=np.int32)
             seqs[row:row + n] = part.seq

@@ -233,7 +233,10 @@ def check_vocab_compatible(target: "LlamaWeights", draft: "LlamaWeights") -> Non
 
     Both must have the same vocabulary type, the same BOS/EOS ids and the
     same token texts over their shared id range ``[0, min(n_vocab))``.  The
-    sizes may differ (padding rows at the end of one vocabulary).
+    sizes may differ (padding rows at the end of one vocabulary).  A draft
+    cut to part of a vocabulary (engine/vocab_cut.py) is compared through
+    its ``source_ids``: each of its tokens against the target's token of
+    that id.
     """
     tv, dv = target.vocab_ptr, draft.vocab_ptr
     t_type, d_type = int(lib.llama_vocab_type(tv)), int(lib.llama_vocab_type(dv))
@@ -242,16 +245,24 @@ def check_vocab_compatible(target: "LlamaWeights", draft: "LlamaWeights") -> Non
             f"vocabulary types differ: target {target.path} is {VOCAB_TYPE_NAMES.get(t_type, t_type)}, "
             f"draft {draft.path} is {VOCAB_TYPE_NAMES.get(d_type, d_type)}"
         )
+    source = draft.source_ids
     for what, fn in (("BOS", lib.llama_vocab_bos), ("EOS", lib.llama_vocab_eos)):
         a, b = int(fn(tv)), int(fn(dv))
         a = a if a >= 0 else None
         b = b if b >= 0 else None
+        if b is not None and source is not None:
+            b = int(source[b])
         if a != b:
             raise VocabMismatchError(f"{what} ids differ: target {target.path} has {a}, draft {draft.path} has {b}")
 
-    n = min(target.n_vocab, draft.n_vocab)
     t_texts = token_texts(target)
     d_texts = token_texts(draft)
+    if source is not None:
+        if int(source[-1]) >= target.n_vocab:
+            raise VocabMismatchError(f"draft {draft.path} is cut from a vocabulary of more tokens than "
+                                     f"target {target.path} has ({int(source[-1]) + 1} > {target.n_vocab})")
+        t_texts = [t_texts[i] for i in source]
+    n = min(len(t_texts), len(d_texts))
     if t_texts[:n] == d_texts[:n]:  # one C-level comparison of two lists of bytes
         return
     ids = [i for i in range(n) if t_texts[i] != d_texts[i]]

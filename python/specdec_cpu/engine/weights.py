@@ -9,6 +9,8 @@ import threading
 import weakref
 from typing import TYPE_CHECKING, Optional, Union
 
+import numpy as np
+
 from ..errors import ModelLoadError
 from .lifetime import Closable
 from .backend import clear_log_errors, describe_failure, ensure_backend, lib, use_extra_buffers
@@ -101,6 +103,7 @@ class LlamaWeights(Closable):
         self._description = self._read_str(lambda buf, n: lib.llama_model_desc(model, buf, n))
         self._architecture = self.metadata("general.architecture") or ""
         self._name = self.metadata("general.name")
+        self._source_ids, self._input_map = self._read_cut()
         self._is_recurrent = bool(_optional_call("llama_model_is_recurrent", model))
         self._is_hybrid = bool(_optional_call("llama_model_is_hybrid", model))
         if self._n_vocab <= 0:
@@ -140,7 +143,48 @@ class LlamaWeights(Closable):
             raise ValueError(f"LlamaWeights for {self._path} is closed")
         return model
 
+    def _read_cut(self) -> "tuple[Optional[np.ndarray], Optional[np.ndarray]]":
+        """For a cut vocabulary (engine/vocab_cut.py): each id's source id, and
+        the map from source ids to this model's (a lacking id to the stand-in)."""
+        from .vocab_cut import SOURCE_IDS_KEY, SOURCE_N_VOCAB_KEY, STAND_IN_KEY, parse_runs
+
+        runs = self.metadata(SOURCE_IDS_KEY)
+        if runs is None:
+            return None, None
+        try:
+            ids = parse_runs(runs)
+            n_source = int(self.metadata(SOURCE_N_VOCAB_KEY) or 0)
+            stand_in = int(self.metadata(STAND_IN_KEY) or 0)
+            if len(ids) != self._n_vocab or ids.min() < 0 or ids.max() >= n_source or stand_in not in ids:
+                raise ValueError(f"{len(ids)} source ids in [0, {n_source}) for {self._n_vocab} tokens, "
+                                 f"stand-in {stand_in}")
+        except ValueError as exc:
+            self.close()
+            raise ModelLoadError(f"{self._path} carries an inconsistent vocabulary cut: {exc}") from None
+        input_map = np.full(n_source, int(np.searchsorted(ids, stand_in)), dtype=np.int32)
+        input_map[ids] = np.arange(len(ids), dtype=np.int32)
+        return ids, input_map
+
     # -- properties ------------------------------------------------------
+
+    @property
+    def source_ids(self) -> Optional[np.ndarray]:
+        """For a draft cut to part of a vocabulary (engine/vocab_cut.py): the
+        source vocabulary's id of each of its ids, increasing; else None."""
+        return self._source_ids
+
+    @property
+    def input_map(self) -> Optional[np.ndarray]:
+        """For a cut vocabulary: this model's id for each source id (an id it
+        lacks reads as the stand-in, a space); contexts feed tokens through
+        it, so callers speak source ids.  None for a whole vocabulary."""
+        return self._input_map
+
+    @property
+    def n_input_ids(self) -> int:
+        """The ids a context of this model accepts: the source vocabulary's
+        size for a cut, else ``n_vocab``."""
+        return self._n_vocab if self._input_map is None else len(self._input_map)
 
     @property
     def path(self) -> str:

@@ -106,6 +106,7 @@ class BatchedDecoder:
         calibration: object = "auto",
         progress: Optional[Callable[[str], None]] = None,
         step_trace: Optional[StepTrace] = None,
+        draft_vocab: Optional[int] = None,
     ) -> "BatchedDecoder":
         """Load a target (and optionally a draft) GGUF model for batched serving.
 
@@ -126,6 +127,8 @@ class BatchedDecoder:
                 measurement (a command line prints them).
             step_trace: called with a ``StepRecord`` after every step (the
                 planner's predictions beside what happened; step_trace.py).
+            draft_vocab: draft with the draft cut to its first N ids (and
+                control tokens): cheaper draft passes, the same exact output.
             The rest are those of ``SpeculativeDecoder.from_gguf``.
         """
         from .. import engine
@@ -136,6 +139,7 @@ class BatchedDecoder:
             raise ValueError(f"calibration must be 'auto', 'cached', a CostModel or None, got {calibration!r}")
         if isinstance(max_sequences, bool) or not isinstance(max_sequences, int) or not 1 <= max_sequences <= 256:
             raise ValueError(f"max_sequences must be an int in [1, 256], got {max_sequences!r}")
+        draft = engine.cut_draft(draft, draft_vocab, progress)
         target_w = engine.LlamaWeights(target)
         draft_w = None
         contexts: list = []
@@ -155,8 +159,9 @@ class BatchedDecoder:
                 calibration, target=SequenceView(target_ctx, 0),
                 draft=SequenceView(draft_ctx, 0) if draft_ctx is not None else None,
                 target_path=target_w.path, draft_path=draft_w.path if draft_w else None,
-                n_threads=target_ctx.n_threads, k_max=min(BATCH_ROWS, n_batch),
-                b_max=min(max(max_sequences, prefill_chunk), n_batch),  # draft batches and catch-up chunks
+                # (at most half a sequence's context: the timing runs after a warm prefix)
+                n_threads=target_ctx.n_threads, k_max=min(BATCH_ROWS, n_batch, n_ctx // 2),
+                b_max=min(max(max_sequences, prefill_chunk), n_batch, n_ctx // 2),  # draft batches, catch-ups
                 progress=progress)
             # The calibration ran on this thread; from now on the scheduler's thread decodes.
             engine.release_threads()

@@ -84,6 +84,7 @@ class RayServeConfig:
     target: str
     draft: Optional[str] = None
     ngram: bool = False
+    draft_vocab: Optional[int] = None
     model_name: Optional[str] = None
     replicas: int = 1
     min_replicas: Optional[int] = None
@@ -137,7 +138,8 @@ class SpecDecReplica:
         self.replica = _replica_id()
         self.decoder = BatchedDecoder.from_gguf(
             cfg.target, cfg.draft, max_sequences=cfg.max_sequences, n_ctx=cfg.n_ctx, gamma=cfg.gamma,
-            ngram=cfg.ngram, n_threads=cfg.threads, max_queue=cfg.max_queue, prefill_chunk=cfg.prefill_chunk)
+            ngram=cfg.ngram, n_threads=cfg.threads, max_queue=cfg.max_queue, prefill_chunk=cfg.prefill_chunk,
+            draft_vocab=cfg.draft_vocab)
 
     def __serve_build_asgi_app__(self):
         app = create_app(self.decoder, self.config.options(), metrics_labels={"replica": self.replica})

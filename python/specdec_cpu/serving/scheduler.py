@@ -31,6 +31,7 @@ import numpy as np
 from .. import sampling
 from ..drafters import NgramDrafter
 from ..drafters.unwrap import unwrapped_reference
+from ..drafters.vocab_map import DraftVocab
 from ..engine.multi_context import LlamaMultiContext, Rows
 from ..engine.openmp import release_threads
 from ..errors import DecoderClosedError, InvalidLogitsError, QueueFullError, SpecDecError
@@ -132,7 +133,8 @@ class Scheduler:
         self._catch_up_gain = 0.0  # the predicted gain this step's catch-up was made on (for the trace)
         self.slots = SlotTable(target, draft)
         self._eog: Optional[np.ndarray] = None  # the target's end-of-generation ids, once a request bans them
-        self.shared_vocab = min(draft.n_vocab, target.n_vocab) if draft is not None else 0
+        self.draft_vocab = (DraftVocab(draft.n_vocab, target.n_vocab, draft.weights.source_ids)
+                            if draft is not None else None)
         self._cond = threading.Condition()
         self._waiting: "collections.deque[Request]" = collections.deque()
         self._active: list[Request] = []
@@ -531,8 +533,8 @@ class Scheduler:
                 w.draft_seconds += dt
                 req = w.req
                 try:
-                    logits = r.view()[0, :self.shared_vocab]
-                    w.tokens[depth] = sampling.sample_into(logits, req.params, req.rng_draft, w.probs[depth])
+                    w.tokens[depth] = self.draft_vocab.sample_into(r.view()[0], req.params, req.rng_draft,
+                                                                   w.probs[depth])
                 except InvalidLogitsError as exc:
                     self._end(req, None, InvalidLogitsError(
                         f"the draft model produced invalid logits for request {req.id} drafting from "
