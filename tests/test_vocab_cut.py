@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec_cpu import BatchedDecoder, ModelLoadError, SamplingParams, SpeculativeDecoder, engine, sampling
+from specdec_cpu import BatchedDecoder, DecoderPool, ModelLoadError, SamplingParams, SpeculativeDecoder, engine, sampling
 from specdec_cpu.drafters.vocab_map import DraftVocab
 from stats_helpers import assert_matches_distribution, expected_distribution
 from test_batched_exactness import _first_counts, _merge_eog
@@ -98,3 +98,11 @@ def test_batched_requests_with_a_cut_draft_follow_the_target(tiny_target, tiny_d
     counts = _first_counts(gens, p.size, eog)
     assert counts[CUT:].sum() - counts[CONTROLS].sum() > 50, "ids the cut lacks were not emitted"
     assert_matches_distribution(counts, _merge_eog(p, eog), what="first tokens, cut draft")
+
+
+def test_a_decoder_pool_drafts_with_the_cut(tiny_target, tiny_draft, cut) -> None:
+    with DecoderPool(2, tiny_target, tiny_draft, draft_vocab=CUT, n_ctx=128, n_threads=1, gamma=3) as pool:
+        gen = pool.generate("hello world", max_tokens=8, params=SamplingParams(temperature=1.0, seed=4))
+        assert gen.stats.drafted > 0
+        with pool.acquire() as dec:
+            assert dec.draft_path == cut

@@ -32,7 +32,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..errors import (
     ContextOverflowError,
     DecoderClosedError,
-    GenerationCancelled,
     InvalidLogitsError,
     InvalidPromptError,
     QueueFullError,
@@ -329,8 +328,6 @@ def _usage(stream: AsyncRequestStream) -> dict:
 def _server_error(exc: BaseException) -> RequestError:
     if isinstance(exc, DecoderClosedError):
         return RequestError(503, f"the server is shutting down: {exc}", type="server_error")
-    if isinstance(exc, GenerationCancelled):
-        return RequestError(503, str(exc), type="server_error")
     if isinstance(exc, InvalidLogitsError):
         return RequestError(500, f"the model produced invalid logits: {exc}", type="server_error")
     return RequestError(500, f"generation failed: {exc}", type="server_error")

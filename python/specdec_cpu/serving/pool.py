@@ -17,7 +17,7 @@ from ..stats import GenerationStats
 __all__ = ["DecoderPool"]
 
 _FROM_GGUF_KWARGS = {"gamma", "n_ctx", "n_batch", "n_threads", "seed", "gamma_max", "ngram",
-                     "ngram_kwargs", "calibration"}
+                     "ngram_kwargs", "calibration", "draft_vocab"}
 
 
 class DecoderPool:
@@ -69,6 +69,7 @@ class DecoderPool:
             raise ValueError("ngram_kwargs needs ngram=True")
         _check_calibration(kwargs.get("calibration", "cached"))
         seed = kwargs.pop("seed", None)
+        draft = engine.cut_draft(draft, kwargs.pop("draft_vocab", None))
 
         self._closed = False
         self._state = threading.Lock()

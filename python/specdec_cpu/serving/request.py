@@ -54,7 +54,6 @@ class Request:
         self.cancel = cancel
         self.submitted = time.perf_counter()
         self.deadline = None if timeout is None else self.submitted + timeout
-        self.timeout = timeout
         self.rng_draft, self.rng_verify = rng_draft, rng_verify
         self.stats = GenerationStats(prompt_tokens=len(prompt))
         self.slot: Optional[int] = None

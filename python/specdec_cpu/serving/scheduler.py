@@ -43,7 +43,7 @@ from .request import Request
 from .slots import SlotTable
 from .step_trace import StepRecord, StepTrace
 
-__all__ = ["DecoderClosedError", "Scheduler"]
+__all__ = ["Scheduler"]
 
 log = logging.getLogger("specdec_cpu.serving")
 

@@ -29,7 +29,6 @@ class Claim:
     slot: int
     target_cached: int
     draft_cached: int
-    shared_from: Optional[int]  # the slot whose prefix was shared, if any
 
 
 class SlotTable:
@@ -56,9 +55,6 @@ class SlotTable:
     def n_slots(self) -> int:
         return self.target.n_seq
 
-    def is_free(self, slot: int) -> bool:
-        return slot in self._free
-
     def claim(self, prompt: Sequence[int]) -> Claim:
         """Take a free slot for ``prompt`` and prepare its caches.
 
@@ -73,12 +69,12 @@ class SlotTable:
         t_prefix = [_common(self.target.tokens(s), p) for s in range(self.n_slots)]
         slot = max(self._free, key=lambda s: (t_prefix[s], -self._used_at[s]))
         self._free.discard(slot)
-        target_cached, shared = self._place(self.target, t_prefix, slot)
+        target_cached = self._place(self.target, t_prefix, slot)
         draft_cached = 0
         if self.draft is not None:
             d_prefix = [_common(self.draft.tokens(s), p) for s in range(self.n_slots)]
-            draft_cached, _ = self._place(self.draft, d_prefix, slot)
-        return Claim(slot, target_cached, draft_cached, shared)
+            draft_cached = self._place(self.draft, d_prefix, slot)
+        return Claim(slot, target_cached, draft_cached)
 
     def release(self, slot: int) -> None:
         """Give a slot back; its tokens stay cached for later prompts."""
@@ -86,15 +82,15 @@ class SlotTable:
         self._free.add(slot)
 
     @staticmethod
-    def _place(ctx: LlamaMultiContext, prefix: list[int], slot: int) -> tuple[int, Optional[int]]:
-        """Make ``slot`` of ``ctx`` hold the longest available prefix."""
+    def _place(ctx: LlamaMultiContext, prefix: list[int], slot: int) -> int:
+        """Make ``slot`` of ``ctx`` hold the longest available prefix; its length."""
         best = max(range(len(prefix)), key=lambda s: (prefix[s], s == slot))
         if best != slot and prefix[best] > prefix[slot]:
             ctx.clear(slot)
             ctx.copy_prefix(best, slot, prefix[best])
-            return prefix[best], best
+            return prefix[best]
         ctx.truncate(slot, prefix[slot])
-        return prefix[slot], None
+        return prefix[slot]
 
 
 def _common(cached: Sequence[int], prompt: np.ndarray) -> int:
