@@ -228,11 +228,11 @@ def fake_decoder_module(monkeypatch, tmp_path):
 
     class SpeculativeDecoder:
         @classmethod
-        def from_gguf(cls, target, draft=None, *, n_threads=None, n_ctx=4096, **_):
+        def from_gguf(cls, target, draft=None, *, n_threads=None, n_ctx=4096, draft_vocab=None, **_):
             dec = cls()
             dec.target, dec.draft = _SleepLM(2.0), _SleepLM(0.5)
             dec.target_path, dec.draft_path, dec.n_threads = str(target), str(draft), n_threads or 2
-            loaded.update(target=target, draft=draft, n_threads=n_threads, n_ctx=n_ctx)
+            loaded.update(target=target, draft=draft, n_threads=n_threads, n_ctx=n_ctx, draft_vocab=draft_vocab)
             return dec
 
         def generate(self, prompt, *, max_tokens, params, gamma=None):
@@ -254,7 +254,7 @@ def test_calibrate_prints_costs_alpha_and_plan(capsys, tmp_path, fake_decoder_mo
     code, out, err = run(capsys, "calibrate", "--target", t, "--draft", d, "--gamma-max", "3",
                          "--threads", "2", "--temperature", "0.5", "--top-k", "20", "--n-tokens", "8")
     assert code == 0, err
-    assert fake_decoder_module["n_threads"] == 2
+    assert fake_decoder_module["n_threads"] == 2 and fake_decoder_module["draft_vocab"] is None
     assert fake_decoder_module["params"].temperature == 0.5 and fake_decoder_module["params"].top_k == 20
     assert "draft cost c = T_draft(1) / T_target(1)" in out
     assert "verify cost v(k)" in out and "acceptance α = 0.900" in out
@@ -273,6 +273,10 @@ def test_calibrate_prints_costs_alpha_and_plan(capsys, tmp_path, fake_decoder_mo
     f = tmp_path / "cal.json"
     f.write_text(out)
     assert run(capsys, "plan", "--calibration", str(f))[0] == 0
+    # The draft cut to part of its vocabulary (generate's --draft-vocab) is calibrated as asked.
+    code, out, err = run(capsys, "calibrate", "--target", t, "--draft", d, "--draft-vocab", "98304", "--json")
+    assert code == 0, err
+    assert fake_decoder_module["draft_vocab"] == 98304
 
 
 def test_calibrate_errors(capsys, tmp_path, fake_decoder_module):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -25,6 +26,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
     )
     p.add_argument("--target", required=True, metavar="T.gguf", help="target model (GGUF)")
     p.add_argument("--draft", required=True, metavar="D.gguf", help="draft model (GGUF)")
+    p.add_argument("--draft-vocab", type=int_in(1, 1 << 24), default=None, metavar="N",
+                   help="calibrate the draft cut to its first N ids and its control tokens "
+                        "(as --draft-vocab of generate, chat and serve; the cut is cached)")
     p.add_argument("--temperature", type=nonneg_float, default=1.0, help="sampling temperature (default 1)")
     p.add_argument("--top-k", type=int_in(0, 1 << 30), default=0, help="top-k, 0 = off (default)")
     p.add_argument("--top-p", type=probability, default=1.0, help="top-p in (0, 1], 1 = off (default)")
@@ -65,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     from ..planning import calibrate
 
     decoder = SpeculativeDecoder.from_gguf(args.target, args.draft, n_threads=args.threads,
-                                           n_ctx=args.n_ctx)
+                                           n_ctx=args.n_ctx, draft_vocab=args.draft_vocab,
+                                           progress=lambda line: emit(line, sys.stderr))
     model = calibrate(decoder, params=params, gamma_max=args.gamma_max, batch=args.batch,
                       n_tokens=args.n_tokens, cache=not args.no_cache, recalibrate=args.recalibrate)
     cache_file = None if args.no_cache else calibration_path(model.key)
