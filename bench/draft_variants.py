@@ -10,12 +10,12 @@ sampled from; a draft that never proposes some ids has q = 0 there):
 
 - ``vocab-N``: the output rows (Qwen2.5 ties them to the token embeddings,
   stored as Q8_0: a third of the draft's bytes) cut to the first N ids plus
-  the control tokens.  Byte-pair ids come roughly in merge order, so the
-  first ids are the common ones.  The draft then reads an id it lacks as
-  a space.
+  the control tokens: the decoders' ``draft_vocab=N`` (engine/vocab_cut.py).
+  Byte-pair ids come roughly in merge order, so the first ids are the common
+  ones.  The draft reads an id it lacks as a space.
 - ``skip-L``: transformer layers L dropped (a self-speculative draft).
 
-Each variant is written with ``gguf`` into a temporary folder.  Measured side
+Each variant is written into a temporary folder.  Measured side
 by side: the draft's pass time over b = 1..8 rows with every row's logits
 (one batched drafting pass at b requests) and its mean acceptance
 α = Σ min(p, q) at T = 1, per position of the text the default pair wrote
@@ -52,7 +52,6 @@ HERE = Path(__file__).resolve().parent
 F32, Q4_0 = "qwen2.5-coder-0.5b-f32", "qwen2.5-coder-0.5b-q4_0"
 BATCH = list(range(1, 9))
 USERS = [1, 2, 4, 8]
-NORMAL_TOKEN = 1  # gguf's TokenType.NORMAL
 
 
 def _copy_gguf(src: Path, dst: Path, field: Callable[[str, object], object],
@@ -78,32 +77,6 @@ def _copy_gguf(src: Path, dst: Path, field: Callable[[str, object], object],
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-
-
-def trim_vocab(src: Path, dst: Path, n: int) -> np.ndarray:
-    """A copy of ``src`` keeping ids [0, n) and every control token; returns
-    the kept target ids in draft-id order."""
-    r = gguf.GGUFReader(src)
-    types = r.fields["tokenizer.ggml.token_type"].contents()
-    keep = np.array(list(range(n)) + [i for i in range(n, len(types)) if types[i] != NORMAL_TOKEN])
-    new_id = {int(old): new for new, old in enumerate(keep)}
-    texts = r.fields["tokenizer.ggml.tokens"].contents()
-    kept_texts = set(texts[i] for i in keep)
-
-    def field(name: str, value: object) -> object:
-        if name in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"):
-            return [value[i] for i in keep]
-        if name == "tokenizer.ggml.merges":  # a merge must make a token that exists
-            return [m for m in value if m.replace(" ", "") in kept_texts]
-        if name.endswith("_token_id"):
-            return new_id.get(int(value), 0)
-        return value
-
-    def tensor(name: str, data: np.ndarray):
-        return name, (np.ascontiguousarray(data[keep]) if name in ("token_embd.weight", "output.weight") else data)
-
-    _copy_gguf(src, dst, field, tensor)
-    return keep
 
 
 def drop_layers(src: Path, dst: Path, layers: Sequence[int]) -> None:
@@ -138,13 +111,13 @@ def _rows(ctx: engine.LlamaContext, prompt: List[int], answer: List[int], ids: C
 
 
 def acceptance(target_rows: Sequence[np.ndarray], draft: engine.LlamaContext, keep: np.ndarray,
-               texts: Sequence["tuple[list[int], list[int]]"], space: int) -> float:
-    """Mean Σ min(p, q) at T = 1 over every answer position of ``texts``."""
-    to_draft = np.full(int(max(keep.max() + 1, max(max(p + a) for p, a in texts) + 1)), space, dtype=np.int64)
-    to_draft[keep] = np.arange(len(keep))
+               texts: Sequence["tuple[list[int], list[int]]"]) -> float:
+    """Mean Σ min(p, q) at T = 1 over every answer position of ``texts``
+    (``keep``: the target id of each of the draft's columns; a cut draft's
+    context reads the target's ids itself)."""
     alphas = []
     for (prompt, answer), t_rows in zip(texts, target_rows):
-        q = _softmax(_rows(draft, prompt, answer, lambda toks: [int(to_draft[t]) for t in toks]))
+        q = _softmax(_rows(draft, prompt, answer, list))
         p = _softmax(t_rows)[:, keep]
         alphas.extend(np.minimum(p, q).sum(axis=1).tolist())
     return float(np.mean(alphas))
@@ -165,14 +138,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         for prompt in PROMPTS:
             gen = dec.chat(prompt.messages(), max_tokens=args.tokens, params=params)
             texts.append((dec.tokenizer.tokenize(dec.chat_prompt(prompt.messages())), gen.tokens))
-        space = dec.tokenizer.tokenize(" ", add_special=False)[0]
 
     with tempfile.TemporaryDirectory() as tmp:
         variants: Dict[str, Path] = {"default": draft_path}
-        keeps: Dict[str, np.ndarray] = {}
-        for n in (32768, 65536, 98304):
-            variants[f"vocab-{n // 1024}k"] = Path(tmp) / f"vocab{n}.gguf"
-            keeps[f"vocab-{n // 1024}k"] = trim_vocab(draft_path, variants[f"vocab-{n // 1024}k"], n)
+        for n in (32768, 65536, 98304):  # the decoders' draft_vocab=n (engine/vocab_cut.py)
+            variants[f"vocab-{n // 1024}k"] = Path(engine.cut_vocab(draft_path, Path(tmp) / f"vocab{n}.gguf", n))
         for name, layers in (("skip-1", [18]), ("skip-3", [16, 18, 20])):
             variants[name] = Path(tmp) / f"{name}.gguf"
             drop_layers(draft_path, variants[name], layers)
@@ -194,7 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, ctx in drafts.items():
             curve = [statistics.median(r[i] for r in ms[name]) for i in range(len(BATCH))]
             default = [statistics.median(r[i] for r in ms["default"]) for i in range(len(BATCH))]
-            alpha = acceptance(target_rows, ctx, keeps.get(name, np.arange(weights[name].n_vocab)), texts, space)
+            keep = weights[name].source_ids
+            alpha = acceptance(target_rows, ctx, np.arange(weights[name].n_vocab) if keep is None else keep, texts)
             scale = [c / d for c, d in zip(curve, default)]
             batch_ms = [b_ms * scale[min(i, len(scale) - 1)] for i, b_ms in enumerate(calibration.draft_batch_ms)]
             model = dataclasses.replace(calibration, draft_ms=batch_ms[0], draft_batch_ms=batch_ms)

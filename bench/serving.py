@@ -82,7 +82,7 @@ def _spare_cores(results) -> bool:
 
 
 #: ids the "-cut" engines' draft keeps: the first 98,304 of Qwen2.5's 151,936 and its control
-#: tokens (bench/draft_variants.py: the same acceptance on the benchmark's texts, passes 15-21% cheaper)
+#: tokens (bench/draft_variants.py: the same acceptance on the benchmark's texts, passes 14-21% cheaper)
 DRAFT_VOCAB = 98304
 N_CTX = 1024  # per stream: a ~100-token prompt and 128 new tokens fit easily
 
