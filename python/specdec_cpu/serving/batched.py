@@ -184,6 +184,11 @@ class BatchedDecoder:
                  cancel: Optional[threading.Event] = None, timeout: Optional[float] = None) -> Generation:
         """Generate a continuation of ``prompt``; see ``SpeculativeDecoder.generate``.
 
+        A fixed ``gamma`` above the decoder's ``gamma_max`` drafts
+        ``gamma_max`` tokens a step (a request's q rows and the plans of a
+        shared step are sized by it; ``SpeculativeDecoder`` takes up to
+        ``n_batch − 1``).
+
         Raises ``QueueFullError`` when ``max_queue`` requests already wait,
         ``GenerationCancelled`` (with ``partial``) on ``cancel``/``timeout``,
         ``DecoderClosedError`` when the decoder is closed meanwhile.
