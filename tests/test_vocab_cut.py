@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec_cpu import BatchedDecoder, DecoderPool, ModelLoadError, SamplingParams, SpeculativeDecoder, engine, sampling
+from specdec_cpu import (BatchedDecoder, DecoderPool, ModelLoadError, SamplingParams, SpeculativeDecoder, engine,
+                         sampling)
 from specdec_cpu.drafters.vocab_map import DraftVocab
 from stats_helpers import assert_matches_distribution, expected_distribution
 from test_batched_exactness import _first_counts, _merge_eog

@@ -124,8 +124,8 @@ def _run_ray(args: argparse.Namespace, target: str, draft: Optional[str], name: 
     try:
         config = RayServeConfig(
             target=str(Path(target).resolve()), draft=str(Path(draft).resolve()) if draft else None,
-            ngram=args.ngram, draft_vocab=args.draft_vocab, model_name=name, replicas=args.replicas, min_replicas=args.min_replicas,
-            max_replicas=args.max_replicas, target_ongoing_requests=args.target_ongoing, threads=threads,
+            ngram=args.ngram, draft_vocab=args.draft_vocab, model_name=name, replicas=args.replicas,
+            min_replicas=args.min_replicas, max_replicas=args.max_replicas, target_ongoing_requests=args.target_ongoing, threads=threads,
             max_sequences=args.max_sequences, max_queue=args.max_queue, n_ctx=args.n_ctx, gamma=args.gamma,
             prefill_chunk=args.prefill_chunk, api_key=args.api_key or None, max_body_bytes=args.max_body,
             request_timeout=args.timeout, log_prompts=args.log_prompts)

@@ -5,7 +5,8 @@
 * :class:`LlamaTokenizer` -- the model's vocabulary; implements ``Tokenizer``.
 * :func:`check_vocab_compatible` -- can a draft model speculate for a target?
 * :func:`quantize` -- write a GGUF at another precision.
-* :func:`cached_cut` -- a draft cut to the common part of its vocabulary.
+* :func:`cut_vocab`, :func:`cached_cut`, :func:`cut_draft` -- a draft cut to the common part
+  of its vocabulary (written, cached, or as a decoder's ``draft_vocab`` asks).
 * :func:`release_threads` -- give back the calling thread's OpenMP workers.
 """
 

@@ -81,8 +81,7 @@ def cut_vocab(src: Union[str, "os.PathLike[str]"], dst: Union[str, "os.PathLike[
     if not 1 <= n_keep < len(texts):
         raise ValueError(f"a cut keeps between 1 and {len(texts) - 1} of the {len(texts)} ids of {src_s}, "
                          f"got {n_keep}")
-    keep = np.array(list(range(n_keep)) + [i for i in range(n_keep, len(texts)) if types[i] != _NORMAL])
-    new_id = {int(old): new for new, old in enumerate(keep)}
+    keep = np.concatenate([np.arange(n_keep), n_keep + np.flatnonzero(np.asarray(types[n_keep:]) != _NORMAL)])
     kept_texts = {texts[i] for i in keep}
     stand_in = next((i for i in range(n_keep) if texts[i] in _SPACES), 0)
 
@@ -97,7 +96,8 @@ def cut_vocab(src: Union[str, "os.PathLike[str]"], dst: Union[str, "os.PathLike[
         elif name == "tokenizer.ggml.merges":  # a merge must make a token the cut has
             value = [m for m in value if m.replace(" ", "") in kept_texts]
         elif name.startswith("tokenizer.ggml.") and name.endswith("_token_id"):
-            value = new_id.get(int(value), stand_in)
+            at = int(np.searchsorted(keep, int(value)))  # its new id, or the stand-in's if the cut lacks it
+            value = at if at < len(keep) and keep[at] == int(value) else stand_in
         elif name == f"{arch}.vocab_size":
             value = len(keep)
         kind = field.types[0]
@@ -127,8 +127,6 @@ def cached_cut(src: Union[str, "os.PathLike[str]"], n_keep: int, directory: Opti
     on first use (seconds for a 0.5B draft; ``progress`` gets a line before)
     and reused while ``src`` is unchanged (same path, size and modification
     time).  Errors as :func:`cut_vocab`'s."""
-    if isinstance(n_keep, bool) or not isinstance(n_keep, int) or n_keep < 1:
-        raise ValueError(f"the draft's vocabulary cut must keep an int >= 1 ids, got {n_keep!r}")
     src_s = check_gguf_file(src)
     st = os.stat(src_s)
     key = hashlib.sha256(f"{os.path.abspath(src_s)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
