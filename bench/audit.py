@@ -924,7 +924,7 @@ def rescore(args: argparse.Namespace, command: str) -> Dict[str, Any]:
     the audit as it is now (named engines and settings; nothing is generated),
     replacing their reports and verdicts."""
     from specdec_cpu.audit import AuditSession, TargetModel
-    from specdec_cpu.models import ensure_model
+    from specdec_cpu.demo_models import ensure_model
 
     res_path = args.output_dir / "results.json"
     results = load_results(res_path)
@@ -973,7 +973,7 @@ def save_results(results: Dict[str, Any], path: Path) -> None:
 
 def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
     from specdec_cpu.audit import TargetModel
-    from specdec_cpu.models import ensure_model
+    from specdec_cpu.demo_models import ensure_model
 
     try:
         from .run import machine_info

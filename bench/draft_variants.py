@@ -42,7 +42,7 @@ import gguf
 import numpy as np
 
 from specdec_cpu import SamplingParams, SpeculativeDecoder, engine
-from specdec_cpu.models import ensure_model
+from specdec_cpu.demo_models import ensure_model
 from specdec_cpu.planning.calibration import ensure_timings, time_passes
 from specdec_cpu.planning.forecast import forecast
 

@@ -55,7 +55,7 @@ def _first_gammas(stats, n_steps: int = 8) -> Optional[float]:
 
 def run(args: argparse.Namespace) -> Dict[str, Any]:
     from specdec_cpu import BatchedDecoder, SamplingParams, SpeculativeDecoder
-    from specdec_cpu.models import ensure_model
+    from specdec_cpu.demo_models import ensure_model
 
     target, draft = str(ensure_model(F32)), str(ensure_model(Q4_0))
     runs: List[Dict[str, Any]] = []

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import httpx
-from specdec_cpu.serving.ray_app import LOW_LATENCY_ENV
+from specdec_cpu.server.ray_deployment import LOW_LATENCY_ENV
 
 try:  # python -m bench.layer_latency
     from .report import bootstrap_ci

@@ -46,7 +46,7 @@ from specdec_cpu import SamplingParams, SpeculativeDecoder
 from specdec_cpu.planning.calibration import time_passes
 from specdec_cpu.drafters import NgramDrafter
 from specdec_cpu.drafters.unwrap import unwrapped_reference
-from specdec_cpu.models import ensure_model
+from specdec_cpu.demo_models import ensure_model
 from specdec_cpu.planning import CostModel, MatchLengthController
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

@@ -55,7 +55,9 @@ class Holder:
     OpenMP workers until told to release them."""
 
     def __init__(self, weights, threads: int) -> None:
-        self.ctx = weights.new_context(n_ctx=256, n_batch=32, n_threads=threads)
+        from specdec_cpu.engine import LlamaContext
+
+        self.ctx = LlamaContext(weights, n_ctx=256, n_batch=32, n_threads=threads)
         self._orders: "list[str]" = []
         self._cv = threading.Condition()
         self._done = threading.Event()
@@ -102,7 +104,7 @@ def main(argv=None) -> int:
 
     from specdec_cpu import BatchedDecoder
     from specdec_cpu.engine import LlamaWeights
-    from specdec_cpu.models import ensure_model
+    from specdec_cpu.demo_models import ensure_model
 
     target, draft = str(ensure_model(F32)), str(ensure_model(Q4_0))
     params = dataclasses.replace(SETTINGS["t1"].params(7), ignore_eos=True)

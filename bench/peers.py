@@ -1180,7 +1180,7 @@ def run_server(url: str, prompt: str, n_predict: int = 128, temp: float = 0.0, t
 
 def _demo(n_predict: int = 32) -> None:  # pragma: no cover - manual check
     """Run every peer once on the default pair and print the parsed numbers."""
-    from specdec_cpu.models import ensure_default_pair
+    from specdec_cpu.demo_models import ensure_default_pair
 
     target, draft = ensure_default_pair(progress=None)
     prompt = "def fibonacci(n):"
@@ -1198,7 +1198,7 @@ def _demo(n_predict: int = 32) -> None:  # pragma: no cover - manual check
 def _server_demo(n_predict: int = 32) -> None:  # pragma: no cover - manual check
     """llama-server with the default pair's draft (-md): one whole and one streamed
     request (per-token arrival times), printed."""
-    from specdec_cpu.models import ensure_default_pair
+    from specdec_cpu.demo_models import ensure_default_pair
 
     target, draft = ensure_default_pair(progress=None)
     prompt = "<|im_start|>user\nWrite a Python function that reverses a string.<|im_end|>\n<|im_start|>assistant\n"

@@ -390,7 +390,7 @@ class Group:
 
 
 def build_groups(args: argparse.Namespace) -> List[Group]:
-    from specdec_cpu.models import ensure_model
+    from specdec_cpu.demo_models import ensure_model
 
     wanted = set(args.engines) if args.engines is not None else None
     by_target: Dict[str, Group] = {}
@@ -420,7 +420,7 @@ def build_groups(args: argparse.Namespace) -> List[Group]:
 def load_group(group: Group, args: argparse.Namespace, progress: Progress) -> None:
     """Load every decoder (and the llama-cpp-python model) the group's engines need."""
     from specdec_cpu import SpeculativeDecoder
-    from specdec_cpu.models import ensure_model
+    from specdec_cpu.demo_models import ensure_model
 
     roles = {e.drafter for e in group.engines if e.kind == "ours"}
     draft = group.model_draft
@@ -466,7 +466,7 @@ def load_group(group: Group, args: argparse.Namespace, progress: Progress) -> No
 def start_server(group: Group, engine: Engine, args: argparse.Namespace):
     """A llama-server for one engine: single client (--parallel 1), the suite's
     context and threads (the draft model's too); sampling is set per request."""
-    from specdec_cpu.models import ensure_model
+    from specdec_cpu.demo_models import ensure_model
 
     draft = ensure_model(group.model_draft or Q4_0) if engine.uses_draft_model else None
     return peers.llama_server(
@@ -638,7 +638,7 @@ def run_engine(group: Group, engine: Engine, setting: Setting, text: str, seed: 
                 rec["tps_eval_only"] = r.tokens_per_s
         elif engine.kind == "speculative":
             draft = group.model_draft or Q4_0
-            from specdec_cpu.models import ensure_model
+            from specdec_cpu.demo_models import ensure_model
             r = peers.run_speculative(group.target_path, ensure_model(draft), text, args.tokens,
                                       threads=args.threads, seed=seed, draft_max=engine.draft_max,
                                       variant=engine.variant, ctx=args.ctx, timeout=PEER_TIMEOUT,
@@ -706,7 +706,7 @@ def warm_up(group: Group, args: argparse.Namespace, progress: Progress) -> None:
         if "completion" in kinds:
             peers.run_plain(group.target_path, text, 8, threads=args.threads, ctx=args.ctx, timeout=PEER_TIMEOUT)
         if "speculative" in kinds:
-            from specdec_cpu.models import ensure_model
+            from specdec_cpu.demo_models import ensure_model
             for variant in sorted({e.variant for e in group.engines if e.kind == "speculative"}):
                 peers.run_speculative(group.target_path, ensure_model(group.model_draft or Q4_0), text, 8,
                                       threads=args.threads, ctx=args.ctx, timeout=PEER_TIMEOUT,

@@ -186,7 +186,7 @@ class OursBatched(Engine):
 
     def start(self, k: int, threads: int) -> None:
         from specdec_cpu import BatchedDecoder
-        from specdec_cpu.models import ensure_model
+        from specdec_cpu.demo_models import ensure_model
 
         step_trace, self._k = None, k
         if self.trace_path is not None:
@@ -246,7 +246,7 @@ class OursPool(Engine):
 
     def start(self, k, threads):
         from specdec_cpu import DecoderPool
-        from specdec_cpu.models import ensure_model
+        from specdec_cpu.demo_models import ensure_model
 
         # The pool's documented setting: each decoder gets a share of the cores.
         self.pool = DecoderPool(k, str(ensure_model(F32)), str(ensure_model(Q4_0)), n_ctx=N_CTX,
@@ -269,7 +269,7 @@ class OursSingle(Engine):
 
     def start(self, k, threads):
         from specdec_cpu import SpeculativeDecoder
-        from specdec_cpu.models import ensure_model
+        from specdec_cpu.demo_models import ensure_model
 
         self.dec = SpeculativeDecoder.from_gguf(str(ensure_model(F32)), str(ensure_model(Q4_0)), n_ctx=N_CTX,
                                                 n_threads=threads)
@@ -292,7 +292,7 @@ class LlamaServer(Engine):
         self._cm = None
 
     def start(self, k, threads):
-        from specdec_cpu.models import ensure_model
+        from specdec_cpu.demo_models import ensure_model
 
         draft = str(ensure_model(Q4_0)) if self.draft_max is not None else None
         self._cm = peers.llama_server(str(ensure_model(F32)), draft=draft, draft_max=self.draft_max,
@@ -353,7 +353,7 @@ class OpenAIServer(Engine):
         self.ingress: Optional[str] = None
 
     def _command(self, k: int, threads: int, port: int) -> List[str]:
-        from specdec_cpu.models import ensure_model
+        from specdec_cpu.demo_models import ensure_model
 
         target, draft = str(ensure_model(F32)), str(ensure_model(Q4_0))
         if self.kind == "lcp":
@@ -598,7 +598,7 @@ def chat_prompts(k: int, tag: str) -> List[str]:
 def _tokenizer():
     """The pair's vocabulary (the draft file: smaller, the same vocabulary)."""
     from specdec_cpu.engine import LlamaTokenizer, LlamaWeights
-    from specdec_cpu.models import ensure_model
+    from specdec_cpu.demo_models import ensure_model
 
     return LlamaTokenizer(LlamaWeights(str(ensure_model(Q4_0))))
 
@@ -877,7 +877,7 @@ def goals(results, ks, settings, arrivals) -> List[str]:
 def _calibration(results) -> Optional[Any]:
     """The pair's CostModel: stored by the run, else this machine's cached
     calibration of the pair (runs recorded before the run stored it), else None."""
-    from specdec_cpu.models import model_path
+    from specdec_cpu.demo_models import model_path
     from specdec_cpu.planning.calibration import cached_calibration
     from specdec_cpu.planning.costmodel import CostModel
 

@@ -51,7 +51,7 @@ class Pair:
     id: str
     label: str
     description: str
-    target: str  # model name (specdec_cpu.models.ensure_model)
+    target: str  # model name (specdec_cpu.demo_models.ensure_model)
     draft: Optional[str]
     engines: Tuple[str, ...]  # engine or family ids compared on this pair (besides plain)
 

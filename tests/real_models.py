@@ -13,7 +13,7 @@ import pytest
 
 
 def default_pair() -> tuple[str, str]:
-    from specdec_cpu import models
+    from specdec_cpu import demo_models as models
     from specdec_cpu.errors import ModelLoadError
 
     try:

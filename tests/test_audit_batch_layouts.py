@@ -25,7 +25,8 @@ import pytest
 from real_models import default_pair
 from specdec_cpu.audit.report import DEFAULT_TIE_TOLERANCE
 from specdec_cpu.audit.target import TargetModel
-from specdec_cpu.engine.multi_context import LlamaMultiContext, Rows
+from specdec_cpu.core.protocols import Rows
+from specdec_cpu.engine.multi_context import LlamaMultiContext
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 

@@ -63,7 +63,7 @@ def reference_samples(model: str, params: SamplingParams, *, eps: float, per_pro
     weights = engine.LlamaWeights(model)
     try:
         tok = engine.LlamaTokenizer(weights)
-        ctx = weights.new_context(n_ctx=512, n_batch=64, n_threads=1)
+        ctx = engine.LlamaContext(weights, n_ctx=512, n_batch=64, n_threads=1)
         out = []
         for prompt in PROMPTS:
             ids = tok.tokenize(prompt)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from real_models import default_pair
-from specdec_cpu import SamplingParams, SpeculativeDecoder, engine
+from specdec_cpu import DecoderSettings, SamplingParams, SpeculativeDecoder, engine
 from specdec_cpu.audit import GeneratedSequence, audit_sequences
 from specdec_cpu.audit.generate import generate_samples
 from specdec_cpu.audit.target import TargetModel
@@ -42,8 +42,8 @@ def test_our_decoder_passes_the_audit_at_temperature_one():
         draft_w = engine.LlamaWeights(draft)
         try:
             engine.check_vocab_compatible(model.weights, draft_w)
-            decoder = SpeculativeDecoder._from_weights(model.weights, draft_w, gamma=GAMMA, n_ctx=1024,
-                                                       calibration=None)
+            decoder = SpeculativeDecoder._over_pair(engine.ModelPair(model.weights, draft_w),
+                                                    DecoderSettings(gamma=GAMMA, n_ctx=1024, calibration=None), None)
             prompts = [model.prompt_ids(GeneratedSequence(
                 prompt=model.tokenizer.chat_prompt([{"role": "user", "content": text}]), tokens=[]))
                 for text in PROMPTS]

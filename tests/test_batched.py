@@ -26,8 +26,8 @@ from specdec_cpu import (
     SpecDecError,
     SpeculativeDecoder,
 )
-from specdec_cpu.serving.scheduler import CATCH_UP_LIMIT, INVESTMENT_GAIN, PROBE_GAMMA
-from specdec_cpu.serving.step_trace import StepRecord
+from specdec_cpu.planning.policy import CATCH_UP_LIMIT, INVESTMENT_GAIN, PROBE_GAMMA
+from specdec_cpu.decoding.step_trace import StepRecord
 from batched_helpers import assert_greedy_equal, call_or_fail, endless_prompt, wait_idle
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -281,13 +281,13 @@ def test_constructor_arguments_are_checked(tiny_target, tiny_draft) -> None:
     for kwargs, name in (({"ngram": True, "ngram_kwargs": {"max_draft": 0}}, "max_draft"),
                          ({"prefill_chunk": "64"}, "prefill_chunk"), ({"max_queue": -1}, "max_queue"),
                          ({"gamma_max": 0}, "gamma_max")):
-        with pytest.raises(ValueError, match=name):
+        with pytest.raises((ValueError, TypeError), match=name):
             BatchedDecoder.from_gguf("no-such-model.gguf", **kwargs)
 
 
 def test_a_request_that_cannot_start_fails_alone(tiny_target, tiny_draft, monkeypatch) -> None:
     with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=2, n_ctx=256, n_threads=1) as dec:
-        slots = dec._scheduler.slots
+        slots = dec._scheduler.loop.slots
         claim, calls = slots.claim, []
 
         def fails_once(prompt):
@@ -308,7 +308,7 @@ def test_a_failed_scheduler_ends_its_requests_and_refuses_new_ones(tiny_target, 
         def bug(*args, **kwargs):
             raise RuntimeError("a bug in planning")
 
-        monkeypatch.setattr(dec._scheduler, "_plan", bug)
+        monkeypatch.setattr(dec._scheduler.loop, "_plan", bug)
         with pytest.raises(SpecDecError, match="scheduler failed.*a bug in planning") as info:
             call_or_fail(lambda: dec.generate("hello", max_tokens=4, params=GREEDY))
         assert not isinstance(info.value, DecoderClosedError)
@@ -375,7 +375,7 @@ def _decoder_on_given_costs(target, draft, *, row_ms: float, max_sequences: int,
                       draft_batch_ms=[1.0 * b for b in range(1, 513)], alpha=alpha)
     with BatchedDecoder.from_gguf(target, draft, max_sequences=max_sequences, n_ctx=n_ctx, n_threads=1, seed=3,
                                   calibration=costs) as dec:
-        planner = dec._scheduler.planner
+        planner = dec.policy.planner
         planner.observe_target = planner.observe_draft = lambda rows, seconds: None
         yield dec
 
@@ -390,8 +390,8 @@ def test_a_full_batch_spends_nothing_on_the_draft_where_it_cannot_pay(tiny_targe
     with _decoder_on_given_costs(tiny_target, tiny_draft, row_ms=6.0, max_sequences=4) as dec:
         sch = dec._scheduler
         busy = []  # requests decoding at each draft pass
-        decode = sch.draft.decode
-        sch.draft.decode = lambda parts: (busy.append(sum(r.prefilled for r in sch._active)), decode(parts))[1]
+        decode = dec.draft.decode
+        dec.draft.decode = lambda parts: (busy.append(sum(r.prefilled for r in sch.loop.active)), decode(parts))[1]
         params = SamplingParams(temperature=1.0, seed=1)
         with ThreadPoolExecutor(4) as pool:
             gens = list(pool.map(lambda p: dec.generate(p, max_tokens=80, params=params), PROMPTS[:4]))
@@ -400,7 +400,7 @@ def test_a_full_batch_spends_nothing_on_the_draft_where_it_cannot_pay(tiny_targe
         # Alone, the same costs make drafting pay (the test can fail the other way too).  The
         # tiny model's passes beat the given costs: plain steps' record (a batch's last request
         # may have decoded alone for a while) would hold a draft back, so only the costs judge.
-        sch.planner.realised.clear()
+        dec.policy.planner.realised.clear()
         busy.clear()
         gen = dec.generate(PROMPTS[4], max_tokens=40, params=params)
         assert busy and gen.stats.drafted > 0
@@ -413,25 +413,24 @@ def test_no_catch_up_or_probe_where_drafting_has_not_paid_for_its_catch_ups(tiny
     the loss forgotten the same request catches up and drafts.  Steps that
     drafted or caught up are booked in the ledger, plain steps are not."""
     with _decoder_on_given_costs(tiny_target, tiny_draft, row_ms=0.5, max_sequences=1) as dec:
-        sch = dec._scheduler
         draft_rows = []
-        decode = sch.draft.decode
-        sch.draft.decode = lambda parts: (draft_rows.append(sum(len(p.tokens) for p in parts)), decode(parts))[1]
+        decode = dec.draft.decode
+        dec.draft.decode = lambda parts: (draft_rows.append(sum(len(p.tokens) for p in parts)), decode(parts))[1]
         booked = []
-        observe = sch.planner.observe_balance
-        sch.planner.observe_balance = lambda *a: (booked.append(a), observe(*a))[1]
+        observe = dec.policy.planner.observe_balance
+        dec.policy.planner.observe_balance = lambda *a: (booked.append(a), observe(*a))[1]
         params = SamplingParams(temperature=1.0, seed=1, ignore_eos=True)
-        sch.planner.ledger.balances[1] = -1e9  # drafting alone has lost (more than plain steps fade)
+        dec.policy.planner.ledger.balances[1] = -1e9  # drafting alone has lost (more than plain steps fade)
         prompt = "the quick brown fox and hello world it is of the quick"  # its draft lags > IN_STEP_LAG
         held = dec.generate(prompt, max_tokens=60, params=params)
         assert held.stats.tokens == 60 and held.stats.drafted == 0 and not draft_rows
         assert booked and not any(a[1] for a in booked)
-        assert not sch.planner.may_invest(1)
-        sch.planner.ledger.balances.clear()
+        assert not dec.policy.planner.may_invest(1)
+        dec.policy.planner.ledger.balances.clear()
         booked.clear()
         free = dec.generate(prompt + " fox", max_tokens=60, params=params)
         assert free.stats.drafted > 0 and max(draft_rows) >= free.stats.prompt_tokens - 2  # caught up, drafted
-        assert any(a[1] for a in booked) and 1 in sch.planner.ledger.balances
+        assert any(a[1] for a in booked) and 1 in dec.policy.planner.ledger.balances
 
 
 def test_a_catch_up_must_repay_itself_within_the_expected_horizon(tiny_target, tiny_draft) -> None:
@@ -446,8 +445,8 @@ def test_a_catch_up_must_repay_itself_within_the_expected_horizon(tiny_target, t
     with _decoder_on_given_costs(tiny_target, tiny_draft, row_ms=0.5, max_sequences=1, n_ctx=1024) as dec:
         sch = dec._scheduler
         draft_rows = []
-        decode = sch.draft.decode
-        sch.draft.decode = lambda parts: (draft_rows.append(sum(len(p.tokens) for p in parts)), decode(parts))[1]
+        decode = dec.draft.decode
+        dec.draft.decode = lambda parts: (draft_rows.append(sum(len(p.tokens) for p in parts)), decode(parts))[1]
         params = SamplingParams(temperature=1.0, seed=1)
         words = "the quick brown fox and hello world it is of "
 
@@ -458,7 +457,7 @@ def test_a_catch_up_must_repay_itself_within_the_expected_horizon(tiny_target, t
             return text
 
         records: list[StepRecord] = []
-        sch.step_trace = records.append
+        sch.loop.step_trace = records.append
         short = dec.generate(prompt_of(100), max_tokens=60, params=params)
         assert short.stats.prompt_tokens < 150
         assert max(draft_rows) >= 90 and short.stats.drafted > 0  # caught up, then drafted
@@ -467,7 +466,7 @@ def test_a_catch_up_must_repay_itself_within_the_expected_horizon(tiny_target, t
         caught = [r for r in records if r.catch_up_rows]
         assert caught and all(r.catch_up_gain > INVESTMENT_GAIN for r in caught)
         assert all(r.catch_up_gain == 0.0 for r in records if not r.catch_up_rows)
-        sch.step_trace = None
+        sch.loop.step_trace = None
         draft_rows.clear()
         long = dec.generate(prompt_of(600), max_tokens=300, params=params)
         assert long.stats.prompt_tokens >= 600 and long.stats.tokens > 64
@@ -491,16 +490,16 @@ def test_a_pair_without_a_measured_acceptance_probes_at_the_first_decoding_step(
     with _decoder_on_given_costs(tiny_target, tiny_draft, row_ms=6.0, max_sequences=1, alpha=alpha) as dec:
         sch = dec._scheduler
         records: list[StepRecord] = []
-        sch.step_trace = records.append
+        sch.loop.step_trace = records.append
         booked = []
-        observe = sch.planner.observe_balance
-        sch.planner.observe_balance = lambda *a: (booked.append(a), observe(*a))[1]
+        observe = dec.policy.planner.observe_balance
+        dec.policy.planner.observe_balance = lambda *a: (booked.append(a), observe(*a))[1]
         seeds = []  # (request, how many rows its acceptance starts as), in order of admission
         admit = sch._admit
 
         def admitting() -> None:
             admit()
-            seeds.extend((r, r.alpha.prior_rows) for r in sch._active if not any(r is q for q, _ in seeds))
+            seeds.extend((r, r.plan.alpha.prior_rows) for r in sch.loop.active if not any(r is q for q, _ in seeds))
         sch._admit = admitting
         params = SamplingParams(temperature=1.0, seed=1, ignore_eos=True)
         words = "the quick brown fox and hello world it is of "
@@ -521,7 +520,7 @@ def test_a_pair_without_a_measured_acceptance_probes_at_the_first_decoding_step(
             assert catch_ups and all(catch_ups) and sum(catch_ups) > CATCH_UP_LIMIT
         else:
             assert first == 0
-        assert sch.pair_alpha.first_rows > 0
+        assert dec.policy.pair_alpha.first_rows > 0
         assert len(booked) == len(decoding) - first - 1
         assert [n for _, n in seeds] == [1.0, 2.0]  # the first request started from the guess, the second from rows
     else:
@@ -539,18 +538,18 @@ def test_decoding_steps_are_scored_against_their_plans(tiny_target, tiny_draft) 
     with _decoder_on_given_costs(tiny_target, tiny_draft, row_ms=0.5, max_sequences=2) as dec:
         sch = dec._scheduler
         seen = []
-        observe = sch.planner.observe_step
-        sch.planner.observe_step = lambda *a: (seen.append(a), observe(*a))[1]
+        observe = dec.policy.planner.observe_step
+        dec.policy.planner.observe_step = lambda *a: (seen.append(a), observe(*a))[1]
         catching_up = []  # per decoding step: did the draft take in a catch-up chunk?
-        plan = sch._plan
+        plan = sch.loop._plan
 
-        def recording_plan(decoding, target_parts):
-            work, catch_up = plan(decoding, target_parts)
-            if work:
+        def recording_plan(decoding, prefill, joining):
+            works, cands, catch_up = plan(decoding, prefill, joining)
+            if works:
                 catching_up.append(bool(catch_up))
-            return work, catch_up
+            return works, cands, catch_up
 
-        sch._plan = recording_plan
+        sch.loop._plan = recording_plan
         params = SamplingParams(temperature=1.0, seed=1)
         gen = dec.generate(PROMPTS[0], max_tokens=40, params=params)
         assert gen.stats.drafted > 0
@@ -560,7 +559,7 @@ def test_decoding_steps_are_scored_against_their_plans(tiny_target, tiny_draft) 
         assert drafting and all(a[2] > 0 and a[4] > 0 for a in seen)
         # Every token but the prompt step's first came from a scored step, bar the draft's catch-up steps.
         assert gen.stats.tokens - 8 <= sum(a[3] for a in seen) <= gen.stats.tokens - 1
-        assert sch.planner.realised[(1, True)].steps == len(drafting)
+        assert dec.policy.planner.realised[(1, True)].steps == len(drafting)
         seen.clear()
         plain = dec.generate(PROMPTS[1], max_tokens=20, params=params, gamma=0)
         assert seen and not any(a[1] for a in seen)

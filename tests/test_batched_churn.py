@@ -41,7 +41,7 @@ def test_a_thousand_requests_come_and_go(tiny_target, tiny_draft) -> None:
         from specdec_cpu import engine
 
         w = engine.LlamaWeights(tiny_target)
-        ref_ctx = w.new_context(n_ctx=512, n_threads=1)
+        ref_ctx = engine.LlamaContext(w, n_ctx=512, n_threads=1)
         outcomes: dict[str, int] = {}
         lock = threading.Lock()
         failures: list[str] = []
@@ -108,7 +108,7 @@ def test_a_thousand_requests_come_and_go(tiny_target, tiny_draft) -> None:
         assert sum(outcomes.values()) == 1100
         m = dec.metrics()
         assert m.active_sequences == 0 and m.queue_depth == 0
-        assert dec._scheduler.slots.n_free == dec.max_sequences, "a sequence slot leaked"
+        assert dec._scheduler.loop.slots.n_free == dec.max_sequences, "a sequence slot leaked"
         assert m.requests["cancelled"] + m.requests["timeout"] >= outcomes.get("cancel", 0) // 2
         # Still healthy: a request now gives what it gave alone at the start.
         assert_greedy_equal(dec.generate(PROMPTS[0], max_tokens=16, params=GREEDY).tokens, want[PROMPTS[0]],

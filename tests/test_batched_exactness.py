@@ -38,7 +38,7 @@ def reference(tiny_target):
     a one-sequence context, float64; ``p.stable(tokens, params)``: whether
     its support survives any change of NOISE in the logits."""
     w = engine.LlamaWeights(tiny_target)
-    ctx = w.new_context(n_ctx=512, n_batch=512, n_threads=1, flash_attn=True)
+    ctx = engine.LlamaContext(w, n_ctx=512, n_batch=512, n_threads=1, flash_attn=True)
     eog = sorted(engine.LlamaTokenizer(w).eog_ids)
 
     def logits(tokens: list[int], params: SamplingParams) -> np.ndarray:

@@ -28,8 +28,8 @@ def test_calibration_empties_the_caches_and_keeps_the_random_streams(tiny_target
                       repeats=1, cache=False)
     assert model.alpha is not None
     # The caches end empty, model and mirror alike, as after reset().
-    assert measured.target.n_past == 0 and measured._target_cache.tokens == []
-    assert measured.draft.n_past == 0 and measured.drafter.cache.tokens == []
+    assert measured.target.n_past == 0 and measured._target_lm.tokens(0) == []
+    assert measured.draft.n_past == 0 and measured._draft_lm.tokens(0) == []
 
     # The decoder's own streams did not move: from the same (empty) cache
     # state, an unseeded request draws what its uncalibrated twin draws.
@@ -42,8 +42,8 @@ def test_a_stored_calibration_changes_nothing(tiny_target, tiny_draft):
     measured, _ = _pair(tiny_target, tiny_draft)
     first = calibrate(measured, gamma_max=2, n_tokens=4, repeats=1)  # measured (or found) and stored
     measured.generate("hello world", max_tokens=8, params=UNSEEDED)
-    held = list(measured._target_cache.tokens)
+    held = list(measured._target_lm.tokens(0))
     assert held and measured.target.n_past == len(held)
     again = calibrate(measured, gamma_max=2, n_tokens=4, repeats=1)  # answered by the store
     assert again.alpha == pytest.approx(first.alpha) and again.created == first.created
-    assert measured._target_cache.tokens == held and measured.target.n_past == len(held)
+    assert measured._target_lm.tokens(0) == held and measured.target.n_past == len(held)

@@ -11,6 +11,7 @@ import pytest
 
 from specdec_cpu import GenerationCancelled, SamplingParams, SpeculativeDecoder
 from specdec_cpu.engine import context as context_mod
+from specdec_cpu.engine import LlamaContext
 from synthetic import ByteTokenizer, MarkovLM
 
 V = 8
@@ -51,8 +52,9 @@ def fresh(prompt, max_tokens=30, params=T1, gamma=3):
 
 
 def consistent(dec) -> bool:
-    caches = [dec._target_cache, dec.drafter.cache]
-    return all(c.model.n_past == len(c.tokens) and c.model.tokens == c.tokens for c in caches)
+    """Each model holds exactly the tokens its mirror says."""
+    lms = [lm for lm in (dec._target_lm, dec._draft_lm) if lm is not None]
+    return all(lm.model.n_past == len(lm.tokens(0)) and lm.model.tokens == lm.tokens(0) for lm in lms)
 
 
 def lock_is_free(dec) -> bool:
@@ -354,8 +356,8 @@ def test_gguf_stop_paths_leave_the_decoder_exact(gguf_pair) -> None:
         context_mod.lib.llama_decode = real
     assert info.value.partial.finish_reason == "timeout" and info.value.partial.stats.steps > 0
     assert dec.generate(AFTER, max_tokens=40, params=T1).tokens == want
-    for cache in (dec._target_cache, dec.drafter.cache):
-        assert cache.model.tokens == cache.tokens
+    for lm in (dec._target_lm, dec._draft_lm):
+        assert lm.model.tokens == lm.tokens(0)
 
 
 def test_gguf_keyboard_interrupt_in_decode_and_truncate(gguf_pair, monkeypatch) -> None:
@@ -377,8 +379,8 @@ def test_gguf_keyboard_interrupt_in_decode_and_truncate(gguf_pair, monkeypatch) 
             dec.generate(FIRST, max_tokens=200, params=T1)
         monkeypatch.setattr(lib, name, real)
         assert calls["n"] >= 6, name
-        for cache in (dec._target_cache, dec.drafter.cache):
-            assert cache.model.tokens == cache.tokens
+        for lm in (dec._target_lm, dec._draft_lm):
+            assert lm.model.tokens == lm.tokens(0)
         assert dec.generate(AFTER, max_tokens=40, params=T1).tokens == want, name
 
 
@@ -388,7 +390,7 @@ def test_gguf_context_repairs_an_interrupted_truncate(tiny_target) -> None:
     from specdec_cpu.engine import LlamaWeights
 
     with LlamaWeights(tiny_target) as w:
-        ctx = w.new_context(n_ctx=64, n_batch=32, n_threads=1, kv_type="f32")
+        ctx = LlamaContext(w, n_ctx=64, n_batch=32, n_threads=1, kv_type="f32")
         want = ctx.eval([5, 6, 7, 8, 9], 1).copy()
         ctx.truncate(0)
         ctx.eval([5, 6, 7, 20, 21, 22], 1)

@@ -242,7 +242,7 @@ def test_models_lists_the_demo_models(env):
 
 
 def test_models_json_shows_existing_files(env):
-    from specdec_cpu import models
+    from specdec_cpu import demo_models as models
 
     cache = Path(env["SPECDEC_CACHE_DIR"]) / "models"
     cache.mkdir(parents=True)

@@ -223,12 +223,13 @@ class _SleepLM:
 
 @pytest.fixture
 def fake_decoder_module(monkeypatch, tmp_path):
-    """Stands in for specdec_cpu.decoder (llama.cpp and the extension are not needed)."""
+    """Stands in for specdec_cpu.decoding.single (llama.cpp and the extension are not needed)."""
     loaded = {}
 
     class SpeculativeDecoder:
         @classmethod
-        def from_gguf(cls, target, draft=None, *, n_threads=None, n_ctx=4096, draft_vocab=None, **_):
+        def from_gguf(cls, target, draft=None, *, settings, **_):
+            n_threads, n_ctx, draft_vocab = settings.n_threads, settings.n_ctx, settings.draft_vocab
             dec = cls()
             dec.target, dec.draft = _SleepLM(2.0), _SleepLM(0.5)
             dec.target_path, dec.draft_path, dec.n_threads = str(target), str(draft), n_threads or 2
@@ -239,9 +240,9 @@ def fake_decoder_module(monkeypatch, tmp_path):
             loaded.setdefault("params", params)
             return SimpleNamespace(stats=SimpleNamespace(mean_alpha=0.9, alpha_rows=8))
 
-    module = types.ModuleType("specdec_cpu.decoder")
+    module = types.ModuleType("specdec_cpu.decoding.single")
     module.SpeculativeDecoder = SpeculativeDecoder
-    monkeypatch.setitem(sys.modules, "specdec_cpu.decoder", module)
+    monkeypatch.setitem(sys.modules, "specdec_cpu.decoding.single", module)
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("SPECDEC_CALIBRATION_DIR", raising=False)
     for name in ("t.gguf", "d.gguf"):
@@ -284,6 +285,6 @@ def test_calibrate_errors(capsys, tmp_path, fake_decoder_module):
     code, _, err = run(capsys, "calibrate", "--target", str(tmp_path / "nope.gguf"), "--draft", d)
     assert code == 1 and "nope.gguf" in err and len(err.strip().splitlines()) == 1
     code, _, err = run(capsys, "calibrate", "--target", t, "--draft", d, "--top-p", "0")
-    assert code == 2 and "top_p" in err
+    assert code == 2 and "--top-p" in err
     code, _, err = run(capsys, "calibrate", "--target", t)
     assert code == 2 and "--draft" in err

@@ -9,13 +9,9 @@ import time
 import pytest
 
 from specdec_cpu import (
-    DecoderPool,
-    GenerationCancelled,
-    InvalidPromptError,
     SamplingParams,
     SpeculativeDecoder,
 )
-from specdec_cpu.engine import context as context_mod
 from synthetic import ByteTokenizer, MarkovLM
 
 THREADS, PER_THREAD = 8, 5
@@ -128,132 +124,6 @@ def test_shared_decoder_streams_from_threads(tiny_target, tiny_draft, reference)
     reqs = requests()[:16]
     assert run_threads(call, reqs) == reference[:16]
 
-
-# ---------------------------------------------------------------------------
-# DecoderPool
-# ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def pool(tiny_target, tiny_draft):
-    with DecoderPool(4, tiny_target, tiny_draft, **LOAD) as p:
-        yield p
-
-
-def test_pool_shares_one_model(pool) -> None:
-    decs = pool._decoders
-    assert pool.size == 4 and len(decs) == 4
-    assert len({id(d.target.weights) for d in decs}) == 1
-    assert len({id(d.draft.weights) for d in decs}) == 1
-    assert len({id(d.target) for d in decs}) == 4  # a context each
-    assert pool.tokenizer.n_vocab == decs[0].target.n_vocab
-
-
-def test_pool_generate_from_threads(pool, reference) -> None:
-    got = run_threads(lambda p, kw: pool.generate(p, **kw).tokens, requests())
-    assert got == reference
-
-
-def test_pool_stream_and_acquire_from_threads(pool, reference) -> None:
-    def call(p, kw):
-        if p[0] % 2:
-            with pool.stream(p, **kw) as stream:
-                "".join(stream)
-            return stream.result.tokens
-        with pool.acquire() as dec:
-            return dec.generate(p, **kw).tokens
-
-    assert run_threads(call, requests()) == reference
-
-
-def test_pool_runs_requests_in_parallel(pool, monkeypatch) -> None:
-    """llama_decode releases the GIL: several contexts decode at once."""
-    real = context_mod.lib.llama_decode
-    state = {"now": 0, "max": 0}
-    guard = threading.Lock()
-
-    def counting(*args):
-        with guard:
-            state["now"] += 1
-            state["max"] = max(state["max"], state["now"])
-        try:
-            time.sleep(0.002)
-            return real(*args)
-        finally:
-            with guard:
-                state["now"] -= 1
-
-    monkeypatch.setattr(context_mod.lib, "llama_decode", counting)
-    run_threads(lambda p, kw: pool.generate(p, **kw), requests(8), threads=4)
-    assert state["max"] >= 2
-
-
-def test_pool_waiting_honours_timeout_and_cancel(tiny_target) -> None:
-    with DecoderPool(1, tiny_target, None, gamma=0, n_ctx=64, n_threads=1) as small:
-        with small.acquire() as held:
-            assert isinstance(held, SpeculativeDecoder)
-            t0 = time.perf_counter()
-            with pytest.raises(GenerationCancelled) as info:
-                small.generate("hello", max_tokens=4, timeout=0.15)
-            assert info.value.reason == "timeout" and info.value.partial.tokens == []
-            assert 0.15 <= time.perf_counter() - t0 < 2.0
-            with pytest.raises(TimeoutError):
-                with small.acquire(timeout=0.05):
-                    pass
-            cancel = threading.Event()
-            threading.Timer(0.1, cancel.set).start()
-            stream = small.stream("hello", max_tokens=4, cancel=cancel)
-            assert list(stream) == [] and stream.result.finish_reason == "cancelled"
-        assert len(small.generate("hello", max_tokens=4).tokens) == 4
-
-
-def test_pool_gives_decoders_back(tiny_target) -> None:
-    with DecoderPool(1, tiny_target, None, gamma=0, n_ctx=64, n_threads=1) as small:
-        stream = small.stream("hello", max_tokens=30)
-        next(stream)
-        assert small._idle.qsize() == 0
-        del stream  # dropped mid-way: the decoder is back at once
-        assert small._idle.qsize() == 1
-        with small.acquire() as dec:
-            s = dec.stream("hello", max_tokens=30)
-            next(s)  # left open: closed when the decoder is given back
-        assert small._idle.qsize() == 1 and s.result.finish_reason == "cancelled"
-        with pytest.raises(InvalidPromptError):  # checked before taking a decoder
-            small.generate("")
-        with pytest.raises(TypeError, match="max_token"):
-            small.generate("hello", max_token=3)
-        assert len(small.generate("hello", max_tokens=3).tokens) == 3
-
-
-def test_pool_close_waits_for_requests(tiny_target) -> None:
-    small = DecoderPool(2, tiny_target, None, gamma=0, n_ctx=64, n_threads=1)
-    taken, release, used = threading.Event(), threading.Event(), []
-
-    def borrower():
-        with small.acquire() as dec:
-            taken.set()
-            release.wait(5)
-            used.append(dec.generate("hello", max_tokens=3).tokens)  # still works while closing
-            used.append(dec)
-
-    t = threading.Thread(target=borrower)
-    t.start()
-    assert taken.wait(5)
-    closer = threading.Thread(target=small.close)
-    closer.start()
-    time.sleep(0.1)
-    assert closer.is_alive() and small.closed  # waiting for the borrowed decoder
-    with pytest.raises(ValueError, match="closed"):
-        small.generate("hello")
-    with pytest.raises(ValueError, match="closed"):
-        with small.acquire():
-            pass
-    release.set()
-    t.join(5)
-    closer.join(5)
-    assert not closer.is_alive() and len(used[0]) == 3
-    assert used[1].target.closed  # contexts and weights freed once every decoder was back
-    small.close()  # idempotent
 
 
 def test_tokenizer_shared_by_threads(tiny_target) -> None:

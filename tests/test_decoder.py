@@ -52,7 +52,7 @@ def test_closing_a_stream_leaves_the_decoder_consistent() -> None:
     next(stream)
     next(stream)
     stream.close()
-    assert target.n_past == len(dec._target_cache.tokens)
+    assert target.n_past == len(dec._target_lm.tokens(0))
     again = dec.generate([5, 6, 7], max_tokens=25, params=T1)
     fresh, _, _ = make()
     assert again.tokens == fresh.generate([5, 6, 7], max_tokens=25, params=T1).tokens

@@ -44,7 +44,7 @@ CASES = [
 @pytest.fixture(scope="module")
 def target_ctx(tiny_wide_target):
     weights = engine.LlamaWeights(tiny_wide_target)
-    ctx = weights.new_context(n_ctx=64, n_batch=16, n_threads=1)
+    ctx = engine.LlamaContext(weights, n_ctx=64, n_batch=16, n_threads=1)
     tok = engine.LlamaTokenizer(weights)
     yield ctx, tok
     weights.close()
@@ -165,7 +165,7 @@ def test_a_draft_cut_to_part_of_the_vocabulary_keeps_the_law(tiny_target, tiny_d
     with engine.LlamaWeights(engine.cached_cut(tiny_draft, CUT)) as cut:
         assert len(DraftVocab(cut.n_vocab, 384, cut.source_ids).runs) == 2
     with engine.LlamaWeights(tiny_target) as weights:
-        ctx, tok = weights.new_context(n_ctx=64, n_batch=16, n_threads=1), engine.LlamaTokenizer(weights)
+        ctx, tok = engine.LlamaContext(weights, n_ctx=64, n_batch=16, n_threads=1), engine.LlamaTokenizer(weights)
         outputs = check_joint_law(tiny_target, tiny_draft, ctx, tok, params, gamma, n=2500,
                                   seed=300 + gamma, draft_vocab=CUT)
         lacking = sum(t >= CUT and not tok.is_eog(t) for out in outputs for t in out)

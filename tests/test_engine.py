@@ -18,7 +18,7 @@ from specdec_cpu.errors import (  # noqa: E402
     UnsupportedModelError,
     VocabMismatchError,
 )
-from specdec_cpu.model import CausalLM, Tokenizer  # noqa: E402
+from specdec_cpu.core.protocols import CausalLM, Tokenizer  # noqa: E402
 from specdec_cpu.engine import (  # noqa: E402
     DecodeError,
     LlamaContext,
@@ -48,7 +48,7 @@ def tok(target):
 
 @pytest.fixture
 def ctx(target):
-    c = target.new_context(n_ctx=256, n_batch=64, n_threads=1, kv_type="f32")
+    c = LlamaContext(target, n_ctx=256, n_batch=64, n_threads=1, kv_type="f32")
     yield c
     c.close()
 
@@ -77,8 +77,8 @@ def test_weights_properties(target, tiny_target):
 
 def test_weights_context_manager_and_close_closes_contexts(tiny_target):
     with LlamaWeights(tiny_target) as w:
-        c1 = w.new_context(n_ctx=64, n_batch=16, n_threads=1)
-        c2 = w.new_context(n_ctx=64, n_batch=16, n_threads=1)
+        c1 = LlamaContext(w, n_ctx=64, n_batch=16, n_threads=1)
+        c2 = LlamaContext(w, n_ctx=64, n_batch=16, n_threads=1)
         c1.eval([1, 2, 3])
         c2.eval([4])
         assert c1.n_past == 3 and c2.n_past == 1  # separate caches
@@ -88,7 +88,7 @@ def test_weights_context_manager_and_close_closes_contexts(tiny_target):
     with pytest.raises(ValueError, match="closed"):
         c1.eval([1])
     with pytest.raises(ValueError, match="closed"):
-        w.new_context()
+        LlamaContext(w)
 
 
 @pytest.mark.parametrize("arg, kwargs", [
@@ -100,16 +100,16 @@ def test_weights_context_manager_and_close_closes_contexts(tiny_target):
 ])
 def test_new_context_rejects_bad_arguments(target, arg, kwargs):
     with pytest.raises(ValueError, match=arg):
-        target.new_context(**kwargs)
+        LlamaContext(target, **kwargs)
 
 
 def test_new_context_rejects_bad_kv_type(target):
     with pytest.raises(ValueError, match="kv_type"):
-        target.new_context(n_ctx=64, kv_type="q4")
+        LlamaContext(target, n_ctx=64, kv_type="q4")
 
 
 def test_default_threads_is_cpu_count(target):
-    with target.new_context(n_ctx=64, n_batch=16) as c:
+    with LlamaContext(target, n_ctx=64, n_batch=16) as c:
         assert c.n_threads == (os.cpu_count() or 1)
 
 
@@ -144,7 +144,7 @@ def test_short_gguf_header(tmp_path):
 
 def test_loading_is_silent_by_default(tiny_target, capfd):
     with LlamaWeights(tiny_target) as w:
-        with w.new_context(n_ctx=64, n_batch=16, n_threads=1) as c:
+        with LlamaContext(w, n_ctx=64, n_batch=16, n_threads=1) as c:
             c.eval([1, 2])
     out, err = capfd.readouterr()
     assert out == "" and err == ""
@@ -166,7 +166,7 @@ def test_metadata_and_gc_without_close(tiny_target):
     w = LlamaWeights(tiny_target)
     assert w.metadata("general.architecture") == "llama"
     assert w.metadata("no.such.key") is None
-    c = w.new_context(n_ctx=64, n_batch=16, n_threads=1)
+    c = LlamaContext(w, n_ctx=64, n_batch=16, n_threads=1)
     c.eval([1, 2])
     del w, c
     gc.collect()  # freed by __del__ without crashing
@@ -204,7 +204,7 @@ def test_rows_equal_one_by_one(ctx, ids):
 
 
 def test_default_f16_cache_rows_close(target, ids):
-    with target.new_context(n_ctx=128, n_batch=64, n_threads=1) as c:
+    with LlamaContext(target, n_ctx=128, n_batch=64, n_threads=1) as c:
         batched = c.eval(ids, n_logits=len(ids)).copy()
         c.truncate(0)
         single = np.stack([c.eval([t])[0].copy() for t in ids])
@@ -217,7 +217,7 @@ def test_truncate_and_redecode_equals_fresh(target, ctx, ids):
     ctx.truncate(5)
     assert ctx.n_past == 5 and ctx.tokens == ids[:5]
     rolled = ctx.eval(other, n_logits=len(other)).copy()
-    with target.new_context(n_ctx=256, n_batch=64, n_threads=1, kv_type="f32") as fresh:
+    with LlamaContext(target, n_ctx=256, n_batch=64, n_threads=1, kv_type="f32") as fresh:
         want = fresh.eval(ids[:5] + other, n_logits=len(other))
         np.testing.assert_allclose(rolled, want, atol=1e-5, rtol=0)
     assert ctx.tokens == ids[:5] + other
@@ -245,8 +245,8 @@ def test_truncate_unsupported_raises(ctx, ids, monkeypatch):
 
 
 def test_chunked_eval_matches_single_batch(target, ids):
-    with target.new_context(n_ctx=256, n_batch=4, n_threads=1, kv_type="f32") as small, \
-            target.new_context(n_ctx=256, n_batch=64, n_threads=1, kv_type="f32") as big:
+    with LlamaContext(target, n_ctx=256, n_batch=4, n_threads=1, kv_type="f32") as small, \
+            LlamaContext(target, n_ctx=256, n_batch=64, n_threads=1, kv_type="f32") as big:
         a = small.eval(ids, n_logits=3).copy()
         b = big.eval(ids, n_logits=3)
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=0)
@@ -283,7 +283,7 @@ def test_eval_accepts_numpy_and_rejects_bad_tokens(ctx):
 
 
 def test_context_overflow(target):
-    with target.new_context(n_ctx=16, n_batch=16, n_threads=1) as c:
+    with LlamaContext(target, n_ctx=16, n_batch=16, n_threads=1) as c:
         c.eval(list(range(10)))
         with pytest.raises(ContextOverflowError) as info:
             c.eval(list(range(7)))
@@ -297,7 +297,7 @@ def test_context_overflow(target):
 def test_decode_failure_rolls_back(ctx, ids, monkeypatch):
     real = context_mod.lib.llama_decode
     ctx.eval(ids[:3])
-    small = ctx.weights.new_context(n_ctx=256, n_batch=4, n_threads=1, kv_type="f32")
+    small = LlamaContext(ctx.weights, n_ctx=256, n_batch=4, n_threads=1, kv_type="f32")
     small.eval(ids[:3])
     calls = []
 
@@ -332,7 +332,7 @@ def recurrent(tmp_path_factory):
 def test_a_recurrent_model_reports_it_cannot_truncate(recurrent, ids):
     assert recurrent.architecture == "mamba"
     assert recurrent.is_recurrent and not recurrent.can_truncate
-    with recurrent.new_context(n_ctx=64, n_batch=8, n_threads=1) as c:
+    with LlamaContext(recurrent, n_ctx=64, n_batch=8, n_threads=1) as c:
         assert not c.can_truncate
         c.eval(ids[:6])
         with pytest.raises(UnsupportedModelError, match=r"mamba.gguf \(mamba\).*cannot drop a suffix"):
@@ -347,10 +347,10 @@ def test_a_failed_decode_of_a_recurrent_model_starts_over(recurrent, ids, monkey
     cannot give them back: the context drops the whole sequence (n_past 0)
     rather than keep a state that disagrees with its tokens."""
     real = context_mod.lib.llama_decode
-    fresh = recurrent.new_context(n_ctx=64, n_batch=4, n_threads=1)
+    fresh = LlamaContext(recurrent, n_ctx=64, n_batch=4, n_threads=1)
     want = fresh.eval(ids, n_logits=2).copy()
     fresh.close()
-    c = recurrent.new_context(n_ctx=64, n_batch=4, n_threads=1)
+    c = LlamaContext(recurrent, n_ctx=64, n_batch=4, n_threads=1)
     c.eval(ids[:3])
     calls = []
 
@@ -396,7 +396,7 @@ def test_sync_reuses_prefix(ctx, ids):
 
 def test_large_vocab_rows(tiny_large_vocab):
     with LlamaWeights(tiny_large_vocab) as w, \
-            w.new_context(n_ctx=64, n_batch=16, n_threads=1) as c:
+            LlamaContext(w, n_ctx=64, n_batch=16, n_threads=1) as c:
         assert w.n_vocab == 50_000
         out = c.eval([1, 2, 3, 4], n_logits=4)
         assert out.shape == (4, 50_000) and np.isfinite(out).all()
@@ -535,8 +535,8 @@ def test_quantize(tiny_target, tmp_path, ids, ftype):
     assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
     with LlamaWeights(tiny_target) as ref_w, LlamaWeights(dst) as q_w:
         assert q_w.size < ref_w.size
-        with ref_w.new_context(n_ctx=64, n_batch=32, n_threads=1) as a, \
-                q_w.new_context(n_ctx=64, n_batch=32, n_threads=1) as b:
+        with LlamaContext(ref_w, n_ctx=64, n_batch=32, n_threads=1) as a, \
+                LlamaContext(q_w, n_ctx=64, n_batch=32, n_threads=1) as b:
             la = a.eval(ids, 1)
             lb = b.eval(ids, 1)
             assert np.corrcoef(la[0], lb[0])[0, 1] > 0.99

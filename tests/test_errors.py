@@ -12,7 +12,7 @@ import pytest
 from specdec_cpu import (
     ContextOverflowError,
     DecoderClosedError,
-    DecoderPool,
+    BatchedDecoder,
     GenerationCancelled,
     InvalidLogitsError,
     InvalidPromptError,
@@ -108,14 +108,14 @@ def test_bad_model_files(case, role, tmp_path, request, tiny_target, good) -> No
         SpeculativeDecoder.from_gguf(*args, n_ctx=256, n_threads=1)
     assert path in str(info.value)
     with pytest.raises(ModelLoadError, match=why):
-        DecoderPool(2, *args, n_ctx=256, n_threads=1)
+        BatchedDecoder.from_gguf(*args, max_sequences=2, n_ctx=256, n_threads=1)
     # nothing else in the process is affected
     assert good.generate("hello", max_tokens=12, params=T1).tokens == want
 
 
 def test_mismatched_vocabularies(tiny_target, tiny_mismatched_draft) -> None:
     for load in (lambda: SpeculativeDecoder.from_gguf(tiny_target, tiny_mismatched_draft, n_ctx=256),
-                 lambda: DecoderPool(2, tiny_target, tiny_mismatched_draft, n_ctx=256)):
+                 lambda: BatchedDecoder.from_gguf(tiny_target, tiny_mismatched_draft, max_sequences=2, n_ctx=256)):
         with pytest.raises(VocabMismatchError) as info:
             load()
         msg = str(info.value)
@@ -135,7 +135,7 @@ def test_bad_load_arguments(tiny_target, tiny_draft, kwargs, name) -> None:
     with pytest.raises(ValueError, match=name):
         SpeculativeDecoder.from_gguf(tiny_target, tiny_draft, **{"n_ctx": 128, **kwargs})
     with pytest.raises(ValueError, match=name):
-        DecoderPool(2, tiny_target, tiny_draft, **{"n_ctx": 128, **kwargs})
+        BatchedDecoder.from_gguf(tiny_target, tiny_draft, **{"n_ctx": 128, "max_sequences": 2, **kwargs})
 
 
 @pytest.mark.parametrize("kwargs", [{"n_threads": 1.5}, {"n_ctx": "big"}, {"n_threads": True}])
@@ -144,15 +144,17 @@ def test_bad_load_argument_types(tiny_target, kwargs) -> None:
         SpeculativeDecoder.from_gguf(tiny_target, **kwargs)
 
 
-@pytest.mark.parametrize("size", [0, -1, 1.5, True, "4"])
-def test_bad_pool_size(tiny_target, size) -> None:
-    with pytest.raises(ValueError, match="size"):
-        DecoderPool(size, tiny_target)
+@pytest.mark.parametrize("size", [0, -1, 1.5, True, "4", 257])
+def test_bad_batch_size(tiny_target, size) -> None:
+    with pytest.raises((ValueError, TypeError), match="max_sequences"):
+        BatchedDecoder.from_gguf(tiny_target, max_sequences=size)
 
 
-def test_bad_pool_keyword(tiny_target) -> None:
-    with pytest.raises(TypeError, match=r"n_thread;.*n_threads"):
-        DecoderPool(2, tiny_target, n_thread=2)
+@pytest.mark.parametrize("load", ["SpeculativeDecoder", "BatchedDecoder"])
+def test_unknown_load_keyword(tiny_target, load) -> None:
+    cls = {"SpeculativeDecoder": SpeculativeDecoder, "BatchedDecoder": BatchedDecoder}[load]
+    with pytest.raises(TypeError, match=r"n_thread \(did you mean n_threads\?\)"):
+        cls.from_gguf(tiny_target, n_thread=2)
 
 
 # ---------------------------------------------------------------------------
@@ -306,7 +308,7 @@ def test_invalid_target_logits(value, gamma, params) -> None:
     kind = "NaN" if math.isnan(value) else "inf"
     assert "target model" in msg and kind in msg and "token 5" in msg and "row" in msg
     assert isinstance(info.value, ValueError)
-    assert dec.target.n_past == len(dec._target_cache.tokens)
+    assert dec.target.n_past == len(dec._target_lm.tokens(0))
     # the decoder is usable and exact again
     got = dec.generate([4, 5, 6], max_tokens=30, params=params, gamma=gamma).tokens
     assert got == synthetic(gamma=gamma).generate([4, 5, 6], max_tokens=30, params=params).tokens

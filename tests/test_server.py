@@ -18,7 +18,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
 from specdec_cpu import SamplingParams, SpeculativeDecoder  # noqa: E402
-from specdec_cpu.text import TextAssembler  # noqa: E402
+from specdec_cpu.core.text import TextAssembler  # noqa: E402
 from server_helpers import ServerProcess  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -293,11 +293,11 @@ def test_a_stopped_decoder_answers_503_not_400(tiny_target, tiny_draft) -> None:
     from fastapi.testclient import TestClient
 
     from specdec_cpu import BatchedDecoder
-    from specdec_cpu.serving.app import ServerOptions, create_app
+    from specdec_cpu.server.openai_app import ServerOptions, create_app
 
     def load():
         dec = BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=1, n_ctx=128, n_threads=1)
-        dec._scheduler._plan = lambda *a, **k: 1 / 0  # a bug: the scheduler's first step fails
+        dec._scheduler.loop._plan = lambda *a, **k: 1 / 0  # a bug: the scheduler's first step fails
         return dec
 
     with TestClient(create_app(load, ServerOptions(model_name="tiny"))) as http:
@@ -315,7 +315,7 @@ def test_health_is_503_while_the_model_loads(tiny_target, tiny_draft) -> None:
     from fastapi.testclient import TestClient
 
     from specdec_cpu import BatchedDecoder
-    from specdec_cpu.serving.app import ServerOptions, create_app
+    from specdec_cpu.server.openai_app import ServerOptions, create_app
 
     go = threading.Event()
 

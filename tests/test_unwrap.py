@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from specdec_cpu import SamplingParams, SpeculativeDecoder
-from specdec_cpu.drafters import CombinedDrafter, ModelDrafter, NgramDrafter
+from specdec_cpu.drafters import NgramDrafter
 from specdec_cpu.drafters.unwrap import unwrapped_lines, unwrapped_reference
 from stats_helpers import assert_matches_distribution, expected_distribution
 from synthetic import MarkovLM
@@ -66,28 +66,46 @@ def test_reference_tokens():
     assert unwrapped_reference(tok.tokenize("abcd"), tok) == []
 
 
+class RecordingDrafter(NgramDrafter):
+    """Keeps every lookup the decoder makes (one per generation)."""
+
+    made: list = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        RecordingDrafter.made.append(self)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    import specdec_cpu.decoding.loop as loop
+
+    RecordingDrafter.made = []
+    monkeypatch.setattr(loop, "NgramDrafter", RecordingDrafter)
+    return RecordingDrafter.made
+
+
 @pytest.mark.parametrize("unwrap", [True, False])
-def test_decoder_gives_each_generation_its_joined_lines(unwrap):
+def test_decoder_gives_each_generation_its_joined_lines(unwrap, recorded):
     tok = CharTokenizer()
     n = len(tok.ALPHABET)
     plain = SpeculativeDecoder(MarkovLM(n, order=2, seed=3), tok, gamma=0)
-    dec = SpeculativeDecoder(MarkovLM(n, order=2, seed=3), tok, gamma=4,
-                             drafter=NgramDrafter(unwrap_lines=unwrap))
+    dec = SpeculativeDecoder(MarkovLM(n, order=2, seed=3), tok, gamma=4, ngram=True,
+                             ngram_kwargs={"unwrap_lines": unwrap})
     for prompt in ("ab\ncd ab cd a", "dd\nba\n\nab"):
         expected = plain.generate(prompt, max_tokens=24, params=GREEDY).tokens
         assert dec.generate(prompt, max_tokens=24, params=GREEDY).tokens == expected
         first = prompt.split("\n\n")[0].replace("\n", " ")
-        assert dec.drafter.reference == ([tok.tokenize(first)] if unwrap else [])
+        assert recorded[-1].reference == ([tok.tokenize(first)] if unwrap else [])
 
 
-def test_combined_drafter_gets_the_joined_lines_too():
+def test_combined_drafter_gets_the_joined_lines_too(recorded):
     tok = CharTokenizer()
     n = len(tok.ALPHABET)
     draft = MarkovLM(n, order=2, seed=4)
-    drafter = CombinedDrafter(ModelDrafter(draft, n, 4), NgramDrafter())
-    dec = SpeculativeDecoder(MarkovLM(n, order=2, seed=3), tok, draft, drafter=drafter, gamma=3)
+    dec = SpeculativeDecoder(MarkovLM(n, order=2, seed=3), tok, draft, ngram=True, gamma=3)
     dec.generate("ab\ncd", max_tokens=8, params=GREEDY)
-    assert drafter.ngram.reference == [tok.tokenize("ab cd")]
+    assert recorded[-1].reference == [tok.tokenize("ab cd")]
 
 
 def test_bad_flag():
@@ -104,18 +122,21 @@ class CountingDrafter(NgramDrafter):
         draft = super().propose(seq, gamma, params, rng)
         m = self.match(seq)
         if len(draft) and m.position < len(self._reference):
-            self.from_reference += 1
+            CountingDrafter.from_reference += 1
         return draft
 
 
-def test_drafts_from_the_joined_lines_are_exact():
+def test_drafts_from_the_joined_lines_are_exact(monkeypatch):
+    import specdec_cpu.decoding.loop as loop
+
+    monkeypatch.setattr(loop, "NgramDrafter", CountingDrafter)
+    CountingDrafter.from_reference = 0
     tok = CharTokenizer()
     n = len(tok.ALPHABET)
     target = MarkovLM(n, order=2, seed=11, scale=1.0)
     prompt = tok.tokenize("ab\ncd\nab")  # looked up as "ab cd ab" too
     params = SamplingParams(temperature=0.9)
-    drafter = CountingDrafter()
-    dec = SpeculativeDecoder(target, tok, drafter=drafter, gamma=4, seed=5)
+    dec = SpeculativeDecoder(target, tok, ngram=True, gamma=4, seed=5)
     counts = np.zeros((n, n, n))
     for _ in range(6000):
         counts[tuple(dec.generate(prompt, max_tokens=6, params=params).tokens[:3])] += 1
@@ -125,4 +146,4 @@ def test_drafts_from_the_joined_lines_are_exact():
                           * expected_distribution(target.row(prompt + [a]), params=params)[b]
                           * expected_distribution(target.row(prompt + [a, b]), params=params)[c])
     assert_matches_distribution(counts, joint, what="n-gram drafts from joined lines")
-    assert drafter.from_reference > 500
+    assert CountingDrafter.from_reference > 500

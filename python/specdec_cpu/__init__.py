@@ -27,11 +27,12 @@ __version__ = "0.1.0"
 # Heavy pieces (the extension, llama.cpp) load on first use, so that
 # `import specdec_cpu` stays cheap and SamplingParams works everywhere.
 _LAZY = {
-    "SpeculativeDecoder": "decoder",
-    "Generation": "decoder",
-    "GenerationStats": "stats",
-    "DecoderPool": "serving.pool",
-    "BatchedDecoder": "serving.batched",
+    "SpeculativeDecoder": "decoding.single",
+    "Generation": "core.stats",
+    "GenerationStats": "core.stats",
+    "BatchedDecoder": "decoding.batched",
+    "DecoderSettings": "settings",
+    "BatchedSettings": "settings",
 }
 
 
@@ -46,8 +47,9 @@ __all__ = [
     "SpeculativeDecoder",
     "Generation",
     "GenerationStats",
-    "DecoderPool",
     "BatchedDecoder",
+    "DecoderSettings",
+    "BatchedSettings",
     "SpecDecError",
     "ModelLoadError",
     "VocabMismatchError",

@@ -47,9 +47,11 @@ def measure_batch_noise(model: TargetModel, prompts: Sequence[Sequence[int]], em
     """Compare, for up to ``limit`` emitted positions of the given sequences,
     the logits (and the final distributions under ``params`` and ``chain``)
     of the audit's batched pass with those of one-token passes."""
-    single = model.weights.new_context(n_ctx=max(len(p) + len(e) for p, e in zip(prompts, emitted)) + 8,
-                                       n_batch=max(len(p) for p in prompts), n_threads=model.n_threads,
-                                       flash_attn=model.flash_attn, kv_type=model.kv_type)
+    from ..engine import LlamaContext  # the only door to llama.cpp
+
+    single = LlamaContext(model.weights, n_ctx=max(len(p) + len(e) for p, e in zip(prompts, emitted)) + 8,
+                          n_batch=max(len(p) for p in prompts), n_threads=model.n_threads,
+                          flash_attn=model.flash_attn, kv_type=model.kv_type)
     n_ctx = single.n_ctx
     worst_logit = worst_prob = worst_tv = 0.0
     done = 0

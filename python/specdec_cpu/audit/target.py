@@ -111,9 +111,10 @@ class TargetModel:
         if self._ctx is not None:
             self._ctx.close()
         size = max(256, -(-n_ctx // 256) * 256)
-        self._ctx = self.weights.new_context(n_ctx=size, n_batch=min(self.n_batch, size),
-                                             n_threads=self.n_threads, flash_attn=self.flash_attn,
-                                             kv_type=self.kv_type)
+        from ..engine import LlamaContext
+
+        self._ctx = LlamaContext(self.weights, n_ctx=size, n_batch=min(self.n_batch, size),
+                                 n_threads=self.n_threads, flash_attn=self.flash_attn, kv_type=self.kv_type)
         return self._ctx
 
     def close(self) -> None:

@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence, TextIO, Union
 
 from ..errors import ModelLoadError, SpecDecError
 from ..params import SamplingParams
-from ..stats import GenerationStats
+from ..core.stats import GenerationStats
 from ._common import UsageError, emit, int_in, nonneg_float
 from ._interrupts import interruptible  # noqa: F401  (generate and chat use it from here)
 
@@ -20,14 +20,11 @@ GammaSetting = Union[int, str]
 
 #: Sampling defaults of the interactive commands (SamplingParams' own default is T = 1).
 DEFAULT_TEMPERATURE = 0.7
-DEFAULT_CTX = 4096
-GAMMA_MAX = 64
-DRAFT_VOCAB_HELP = ("draft with a copy of the draft cut to its first N ids and its control tokens "
-                    "(written once to the cache): cheaper draft passes, the same exact output. "
-                    "98304 suits Qwen2.5 drafts on English and code")
 
 #: Keys of the sampling/generation settings, as ``/params`` and ``--json`` name them.
 PARAM_KEYS = ("temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "gamma")
+#: The decoder settings generate and chat take as flags (settings.py declares each).
+MODEL_SETTINGS = ("ngram", "draft_vocab", "gamma", "gamma_max", "calibration", "n_threads", "n_ctx", "n_batch")
 
 
 # ---------------------------------------------------------------------------
@@ -36,17 +33,13 @@ PARAM_KEYS = ("temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "g
 
 
 def gamma_value(text: str) -> GammaSetting:
-    """argparse type for ``--gamma``: ``auto`` or an int in [0, 64]."""
-    if text.strip().lower() == "auto":
-        return "auto"
+    """argparse type for a γ outside the settings' flags (audit, chat's ``/params``)."""
+    from ..settings import parse_gamma
+
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be 'auto' or an integer in [0, {GAMMA_MAX}], got {text!r}") from None
-    if not 0 <= value <= GAMMA_MAX:
-        raise argparse.ArgumentTypeError(f"must be 'auto' or in [0, {GAMMA_MAX}], got {value}")
-    return value
+        return parse_gamma(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def top_p_value(text: str) -> float:
@@ -76,7 +69,9 @@ def _finite(text: str) -> float:
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    """--target/--draft/--ngram/--gamma/--threads/--ctx."""
+    """--target/--draft and the decoder settings' flags (settings.py)."""
+    from ..settings import DecoderSettings, add_flags
+
     g = p.add_argument_group("models")
     g.add_argument("--target", metavar="T.gguf",
                    help="target model (GGUF). Default: the bundled demo pair "
@@ -84,34 +79,28 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft", metavar="D.gguf",
                    help="draft model (GGUF) sharing the target's vocabulary. With --target "
                         "but no --draft: plain decoding (or n-gram drafting with --ngram)")
-    g.add_argument("--ngram", action="store_true",
-                   help="also draft by prompt lookup (n-gram matches in the context)")
-    g.add_argument("--draft-vocab", type=int_in(1, 1 << 24), default=None, metavar="N", help=DRAFT_VOCAB_HELP)
-    g.add_argument("--gamma", type=gamma_value, default="auto", metavar="auto|N",
-                   help="draft tokens per step: 'auto' lets the cost model choose per step "
-                        "(default), N fixes it, 0 is plain decoding")
-    g.add_argument("--threads", type=int_in(1, 1024), default=None, metavar="N",
-                   help="CPU threads per model (default: all cores)")
-    g.add_argument("--ctx", type=int_in(64, 1 << 20), default=DEFAULT_CTX, metavar="N",
-                   help=f"context size in tokens (default {DEFAULT_CTX})")
+    add_flags(g, DecoderSettings, MODEL_SETTINGS)
 
 
-def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
-    """--temperature/--top-k/--top-p/--min-p/--seed/--max-tokens/--ignore-eos/--system."""
-    g = p.add_argument_group("sampling (applied as temperature → top-k → top-p → min-p)")
-    g.add_argument("--temperature", type=nonneg_float, default=DEFAULT_TEMPERATURE, metavar="T",
-                   help=f"sampling temperature, 0 = greedy (default {DEFAULT_TEMPERATURE:g})")
+def add_sampling_flags(g: "argparse._ActionsContainer", temperature: float) -> None:
+    """--temperature/--top-k/--top-p/--min-p (every command that samples)."""
+    g.add_argument("--temperature", type=nonneg_float, default=temperature, metavar="T",
+                   help=f"sampling temperature, 0 = greedy (default {temperature:g})")
     g.add_argument("--top-k", type=int_in(0, 1 << 30), default=0, metavar="K",
                    help="keep the K most likely tokens, 0 = off (default)")
     g.add_argument("--top-p", type=top_p_value, default=1.0, metavar="P",
                    help="nucleus sampling in (0, 1], 1 = off (default)")
     g.add_argument("--min-p", type=min_p_value, default=0.0, metavar="P",
                    help="drop tokens below P × the top probability, in [0, 1), 0 = off (default)")
-    g.add_argument("--seed", type=int_in(0, 2**63 - 1), default=None, metavar="N",
-                   help="seed of the random streams. The same seed, models and flags give the "
-                        "same text with a fixed --gamma or --temperature 0, on the same CPU and "
-                        "kernel ISA, from the same conversation state (with --gamma auto, γ "
-                        "follows measured timings, which changes how the streams are used)")
+
+
+def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    """The sampling flags, --seed, --max-tokens, --ignore-eos and --system."""
+    from ..settings import DecoderSettings, add_flags
+
+    g = p.add_argument_group("sampling (applied as temperature → top-k → top-p → min-p)")
+    add_sampling_flags(g, DEFAULT_TEMPERATURE)
+    add_flags(g, DecoderSettings, ("seed",))
     g.add_argument("--max-tokens", type=int_in(1, 1 << 24), default=max_tokens, metavar="N",
                    help=f"most tokens to generate per reply (default {max_tokens})")
     g.add_argument("--ignore-eos", action="store_true",
@@ -144,12 +133,23 @@ def check_args(args: argparse.Namespace) -> None:
     no_drafter = args.target is not None and args.draft is None and not args.ngram
     if no_drafter and isinstance(args.gamma, int) and args.gamma > 0:
         raise UsageError(f"--gamma {args.gamma} needs a drafter: add --draft D.gguf or --ngram")
+    settings(args)
+
+
+def settings(args: argparse.Namespace):
+    """The ``DecoderSettings`` of the flags (a bad value is a usage error)."""
+    from ..settings import DecoderSettings, from_flags
+
+    try:
+        return from_flags(args, DecoderSettings)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def model_paths(args: argparse.Namespace) -> "tuple[str, Optional[str]]":
     """(target, draft) from the flags, or the default pair prepared on first use."""
     if args.target is None:
-        from ..models import ensure_default_pair
+        from ..demo_models import ensure_default_pair
 
         target, draft = ensure_default_pair(progress=True)
         return str(target), str(draft)
@@ -165,25 +165,20 @@ def model_paths(args: argparse.Namespace) -> "tuple[str, Optional[str]]":
 
 
 def load_decoder(args: argparse.Namespace, announce: Optional[TextIO] = None):
-    """A SpeculativeDecoder for the flags (the ``--seed`` seeds its random streams).
+    """A SpeculativeDecoder for the flags.
 
     ``announce``: a stream to say "loading ..." on once the files are found.
     """
-    from ..decoder import SpeculativeDecoder
+    from ..decoding.single import SpeculativeDecoder
 
     check_args(args)
+    s = settings(args)
     target, draft = model_paths(args)
     if announce is not None:
         names = ", ".join(Path(p).name for p in (target, draft) if p)
         emit(f"loading {names} ...", announce)
-    kwargs: dict[str, Any] = dict(gamma=args.gamma, n_ctx=args.ctx, n_threads=args.threads,
-                                  seed=args.seed, progress=lambda line: emit(line, sys.stderr))
-    if args.ngram:
-        kwargs["ngram"] = True
-    if args.draft_vocab is not None:
-        kwargs["draft_vocab"] = args.draft_vocab
     try:
-        return SpeculativeDecoder.from_gguf(target, draft, **kwargs)
+        return SpeculativeDecoder.from_gguf(target, draft, settings=s, progress=lambda line: emit(line, sys.stderr))
     except ValueError as exc:  # e.g. a γ the drafter cannot serve
         if isinstance(exc, SpecDecError):
             raise
@@ -191,24 +186,20 @@ def load_decoder(args: argparse.Namespace, announce: Optional[TextIO] = None):
 
 
 def has_drafter(decoder) -> bool:
-    return getattr(decoder, "drafter", None) is not None
+    return bool(getattr(decoder, "has_drafter", False))
 
 
 def describe_models(decoder) -> str:
     """One line naming the files and the drafting mode."""
     target = Path(decoder.target_path).name if decoder.target_path else "?"
-    drafter = getattr(decoder, "drafter", None)
-    parts = getattr(drafter, "drafters", None)
-    ngram = (drafter is not None and getattr(drafter, "name", None) == "ngram") or (
-        isinstance(parts, dict) and "ngram" in parts)
+    ngram = bool(getattr(decoder, "ngram", False))
     if decoder.draft_path:
         draft = f"draft {Path(decoder.draft_path).name}" + (" + n-gram lookup" if ngram else "")
-    elif drafter is not None:
+    elif ngram:
         draft = "n-gram drafting"
     else:
         draft = "no draft: plain decoding"
-    gamma = decoder.gamma
-    return f"target {target}, {draft}, γ {gamma}"
+    return f"target {target}, {draft}, γ {decoder.gamma}"
 
 
 # ---------------------------------------------------------------------------
@@ -226,57 +217,30 @@ def run_result(stream) -> Any:
 # ---------------------------------------------------------------------------
 
 
-def controllers(decoder) -> dict:
-    """The decoder's γ controllers by draft route (empty before any auto-γ run)."""
-    ctrls = getattr(decoder, "_controllers", None)
-    if isinstance(ctrls, dict):
-        return dict(ctrls)
-    single = getattr(decoder, "_controller", None)
-    return {} if single is None else {"model": single}
-
-
 def estimated_speedup(decoder, stats: GenerationStats, gamma: GammaSetting) -> Optional[float]:
     """Speed-up over plain decoding the cost model predicts for this run.
 
     For the γ each step used, the model's expected tokens E[tokens](α, γ) and
     cost γ·c + v(γ+1) (in units of one plain target pass) are summed over the
-    steps: Σ E / Σ cost (with one γ throughout, this is speedup(α, γ)).  With
-    ``gamma='auto'`` α, c and v(k) are the decoder's γ controller's running
-    estimates (with several draft routes, model and n-gram, the routes'
-    estimates are weighted by the tokens each drafted).  With a fixed γ: the
-    measured mean α, and c and v(k) from the decoder's calibration if it has
-    one, else the controller's priors.  None when there is no drafter.
+    steps: Σ E / Σ cost (with one γ throughout, this is speedup(α, γ)).  α
+    is the run's measured mean; v(k) and the draft's cost per token are the
+    planner's current estimates (learnt from this decoder's passes, else its
+    calibration, else priors); a lookup's drafts cost nothing, so c is the
+    model's cost scaled by its share of the drafted tokens.  None when there
+    is no drafter.
     """
     if not has_drafter(decoder) or not stats.steps or not stats.gammas:
         return None
-    top = max(stats.gammas)
-    if top == 0:
+    if max(stats.gammas) == 0:
         return 1.0
     try:
-        ctrls = controllers(decoder)
-        if gamma == "auto" and ctrls:
-            weights = {name: counts[0] for name, counts in stats.by_drafter.items()
-                       if name in ctrls and counts[0] > 0}
-            if not weights:
-                weights = {next(iter(ctrls)): 1}
-            total = sum(weights.values())
-            est = 0.0
-            for name, w in weights.items():
-                ctrl = ctrls[name]
-                v = ctrl.verify_curve()
-                est += w * _aggregate(ctrl.alpha, ctrl.cost, lambda k, v=v: float(v[min(k, len(v) - 1)]),
-                                      stats.gammas)
-            return est / total
+        est = decoder.policy.estimates()
+        t = est["target_ms"]
+        model_share = (stats.by_drafter.get("model", [0, 0])[0] / stats.drafted) if stats.drafted else 0.0
+        cost = (est["cost"] if est["cost"] is not None else 0.2) * model_share
         alpha = stats.mean_alpha if stats.alpha_rows else stats.acceptance
         alpha = min(max(alpha, 0.0), 1.0)
-        cost_model = getattr(decoder, "cost_model", None)
-        if cost_model is not None and hasattr(cost_model, "verify_cost"):
-            return _aggregate(alpha, float(cost_model.cost), cost_model.verify_cost, stats.gammas)
-        from ..planning import GammaController
-
-        prior = GammaController(None, gamma_max=top, alpha_prior=alpha)
-        v = prior.verify_curve()
-        return _aggregate(alpha, prior.cost, lambda k: float(v[k]), stats.gammas)
+        return _aggregate(alpha, cost, lambda k: t[min(k, len(t)) - 1] / t[0], stats.gammas)
     except Exception:  # an estimate must never break a reply
         return None
 

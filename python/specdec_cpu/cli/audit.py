@@ -11,7 +11,7 @@ from typing import List, Optional
 
 from ..params import SamplingParams
 from ._common import UsageError, emit, int_in, nonneg_float
-from ._session import gamma_value, min_p_value, top_p_value
+from ._session import add_sampling_flags, gamma_value
 
 ENGINES = ("ours", "ours-plain")
 DEFAULT_TOKENS = 128
@@ -32,11 +32,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     )
     p.add_argument("--target", required=True, metavar="T.gguf", help="the target model (GGUF)")
     s = p.add_argument_group("the sampling settings the samples were drawn with")
-    s.add_argument("--temperature", type=nonneg_float, default=1.0, metavar="T",
-                   help="temperature, 0 = greedy (default 1)")
-    s.add_argument("--top-k", type=int_in(0, 1 << 30), default=0, metavar="K", help="top-k, 0 = off (default)")
-    s.add_argument("--top-p", type=top_p_value, default=1.0, metavar="P", help="top-p, 1 = off (default)")
-    s.add_argument("--min-p", type=min_p_value, default=0.0, metavar="P", help="min-p, 0 = off (default)")
+    add_sampling_flags(s, 1.0)
     s.add_argument("--chain", choices=("temperature-first", "temperature-last"), default="temperature-first",
                    help="order of the samplers: temperature-first = temperature → top-k → top-p → min-p "
                         "(specdec-cpu, HF, vLLM, llama.cpp with --samplers "
@@ -257,7 +253,8 @@ def _generate(args: argparse.Namespace, target, prompts: List[str], params: Samp
     from .. import engine
     from ..audit import GeneratedSequence
     from ..audit.generate import generate_samples
-    from ..decoder import SpeculativeDecoder
+    from ..decoding.single import SpeculativeDecoder
+    from ..settings import DecoderSettings
 
     texts = []
     for i, prompt in enumerate(prompts):
@@ -277,8 +274,8 @@ def _generate(args: argparse.Namespace, target, prompts: List[str], params: Samp
         engine.check_vocab_compatible(target.weights, draft_w)
     try:
         gamma = 0 if args.engine == "ours-plain" else (args.gamma if args.gamma is not None else "auto")
-        decoder = SpeculativeDecoder._from_weights(target.weights, draft_w, gamma=gamma, n_ctx=n_ctx,
-                                                   n_threads=args.threads, ngram=args.ngram)
+        settings = DecoderSettings(gamma=gamma, n_ctx=n_ctx, n_threads=args.threads, ngram=args.ngram)
+        decoder = SpeculativeDecoder._over_pair(engine.ModelPair(target.weights, draft_w), settings, None)
         samples, summary = generate_samples(decoder, ids, samples=args.samples or DEFAULT_SAMPLES,
                                             max_tokens=max_tokens, params=params,
                                             seed=args.seed if args.seed is not None else 0)

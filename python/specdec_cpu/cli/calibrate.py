@@ -11,7 +11,9 @@ from typing import Optional
 from ..planning import theory
 from ..planning.costmodel import CostModel, ModelIdentity, calibration_path
 from ..params import SamplingParams
-from ._common import UsageError, emit, int_in, nonneg_float, probability
+from ..settings import DecoderSettings, add_flags, from_flags
+from ._common import UsageError, emit, int_in
+from ._session import add_sampling_flags
 from ._format import draft_lines, plan_lines, verify_lines
 
 
@@ -26,20 +28,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
     )
     p.add_argument("--target", required=True, metavar="T.gguf", help="target model (GGUF)")
     p.add_argument("--draft", required=True, metavar="D.gguf", help="draft model (GGUF)")
-    p.add_argument("--draft-vocab", type=int_in(1, 1 << 24), default=None, metavar="N",
-                   help="calibrate the draft cut to its first N ids and its control tokens "
-                        "(as --draft-vocab of generate, chat and serve; the cut is cached)")
-    p.add_argument("--temperature", type=nonneg_float, default=1.0, help="sampling temperature (default 1)")
-    p.add_argument("--top-k", type=int_in(0, 1 << 30), default=0, help="top-k, 0 = off (default)")
-    p.add_argument("--top-p", type=probability, default=1.0, help="top-p in (0, 1], 1 = off (default)")
-    p.add_argument("--min-p", type=probability, default=0.0, help="min-p in [0, 1), 0 = off (default)")
-    p.add_argument("--seed", type=int_in(0, 2**63), default=None, help="seed for the α runs")
-    p.add_argument("--threads", type=int_in(1, 1024), default=None, metavar="N",
-                   help="threads per model (default: llama.cpp's choice)")
-    p.add_argument("--n-ctx", type=int_in(64, 1 << 20), default=2048, metavar="N",
-                   help="context size to load the models with (default 2048)")
-    p.add_argument("--gamma-max", type=int_in(1, 64), default=8, metavar="N",
-                   help="largest γ to plan for; T(k) is measured up to k = N+1 (default 8)")
+    add_flags(p, DecoderSettings, ("draft_vocab", "n_threads", "n_ctx", "gamma_max", "seed"),
+              defaults={"n_ctx": 2048, "gamma_max": 8})
+    add_sampling_flags(p.add_argument_group("the sampling settings α is measured at"), 1.0)
     p.add_argument("--batch", type=int_in(1, 256), default=8, metavar="N",
                    help="most requests served at once (BatchedDecoder's max_sequences): the target is "
                         "timed over up to 64 rows and the draft over batches of 1..N rows (default 8; "
@@ -65,11 +56,11 @@ def run(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"{flag} {path}: no such file")
 
     # Heavy imports (llama.cpp, the C++ extension) only now, so `plan` needs neither.
-    from ..decoder import SpeculativeDecoder
+    from ..decoding.single import SpeculativeDecoder
     from ..planning import calibrate
 
-    decoder = SpeculativeDecoder.from_gguf(args.target, args.draft, n_threads=args.threads,
-                                           n_ctx=args.n_ctx, draft_vocab=args.draft_vocab,
+    settings = from_flags(args, DecoderSettings, calibration=None)
+    decoder = SpeculativeDecoder.from_gguf(args.target, args.draft, settings=settings,
                                            progress=lambda line: emit(line, sys.stderr))
     model = calibrate(decoder, params=params, gamma_max=args.gamma_max, batch=args.batch,
                       n_tokens=args.n_tokens, cache=not args.no_cache, recalibrate=args.recalibrate)

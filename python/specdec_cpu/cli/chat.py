@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from ..errors import SpecDecError
 from ..params import SamplingParams
-from ..stats import GenerationStats
+from ..core.stats import GenerationStats
 from ._common import emit
 from ._interrupts import PromptInterrupts
 from ._session import (
@@ -32,7 +32,6 @@ from ._session import (
     add_sampling_args,
     check_args,
     combine,
-    controllers,
     describe_models,
     estimated_speedup,
     gamma_value,
@@ -315,11 +314,11 @@ class ChatSession:
                 f"  mean α:            {total.mean_alpha:.3f}",
                 f"  mean γ:            {total.mean_gamma:.2f}",
             ]
-        if self.gamma == "auto" and drafting:
-            for route, ctrl in controllers(self.decoder).items():
-                est = ctrl.estimates()
-                lines.append(f"  γ controller ({route}): α̂ {est['alpha']:.3f}, draft cost ĉ "
-                             f"{est['cost']:.3f}, best γ now {est['best_gamma']}")
+        if drafting:
+            est = self.decoder.policy.estimates()
+            cost = f"{est['cost']:.3f}" if est["cost"] is not None else "not measured"
+            lines.append(f"  planner: the pair's α̂ {est['alpha']:.3f}, draft cost ĉ {cost}, "
+                         f"T(1) {est['target_ms'][0]:.1f} ms")
         lines.append(f"  {describe_models(self.decoder)}")
         return lines
 

@@ -27,7 +27,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
 
 def run(args: argparse.Namespace) -> int:
     """List or prepare the demo models."""
-    from .. import models
+    from .. import demo_models as models
 
     if args.action == "prepare":
         target, draft = models.ensure_default_pair(progress=True)

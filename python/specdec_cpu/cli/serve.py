@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import ModelLoadError
+from ..settings import BatchedSettings, add_flags, from_flags
 from ._common import UsageError, emit, int_in, positive_float
-from ._session import DRAFT_VOCAB_HELP, gamma_value
 
 API_KEY_ENV = "SPECDEC_API_KEY"
 
@@ -25,26 +25,12 @@ def register(sub: "argparse._SubParsersAction") -> None:
     )
     p.add_argument("target", nargs="?", metavar="TARGET", help="target model (GGUF); default: the demo pair")
     p.add_argument("draft", nargs="?", metavar="DRAFT", help="draft model (GGUF) sharing the target's vocabulary")
-    p.add_argument("--ngram", action="store_true", help="also draft by prompt lookup")
-    p.add_argument("--draft-vocab", type=int_in(1, 1 << 24), default=None, metavar="N", help=DRAFT_VOCAB_HELP)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int_in(0, 65535), default=8000, help="port (default 8000)")
-    p.add_argument("--max-sequences", type=int_in(1, 256), default=8, metavar="N",
-                   help="requests decoded at once (default 8)")
-    p.add_argument("--max-queue", type=int_in(0, 1 << 20), default=64, metavar="M",
-                   help="requests that may wait for a free sequence; more get 429 (default 64)")
     p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), metavar="KEY",
                    help=f"require 'Authorization: Bearer KEY' (default: ${API_KEY_ENV}, else none)")
     p.add_argument("--model-name", default=None, metavar="NAME",
                    help="the model id clients use (default: the target file's name)")
-    p.add_argument("--n-ctx", type=int_in(64, 1 << 20), default=4096, metavar="N",
-                   help="most tokens one request may hold, prompt and completion (default 4096)")
-    p.add_argument("--threads", type=int_in(1, 1024), default=None, metavar="N",
-                   help="CPU threads for the models (default: all cores)")
-    p.add_argument("--gamma", type=gamma_value, default="auto", metavar="auto|N",
-                   help="default draft length; a request may set its own 'gamma' (default auto)")
-    p.add_argument("--prefill-chunk", type=int_in(1, 1 << 16), default=128, metavar="N",
-                   help="prompt tokens per step while others decode (default 128)")
     p.add_argument("--timeout", type=positive_float, default=600.0, metavar="S",
                    help="longest a request may take, waiting included (default 600 s)")
     p.add_argument("--max-body", type=int_in(1024, 1 << 30), default=1 << 20, metavar="BYTES",
@@ -54,6 +40,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--log-prompts", action="store_true",
                    help="include prompts and outputs in the per-request log lines (off by default)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_flags(p.add_argument_group("the decoder (a request may set its own 'gamma')"), BatchedSettings)
     r = p.add_argument_group("Ray Serve (the [ray] extra): several replicas, on one or more machines")
     r.add_argument("--ray", action="store_true",
                    help="serve through Ray Serve: one BatchedDecoder per replica behind Ray Serve's HTTP ingress")
@@ -80,19 +67,21 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("DRAFT needs TARGET")
     if args.draft_vocab is not None and args.target is not None and args.draft is None:
         raise UsageError("--draft-vocab cuts the draft model: give DRAFT")
+    try:
+        settings = from_flags(args, BatchedSettings)
+        settings.check_drafter(args.target is None or args.draft is not None)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     target, draft = _model_paths(args)
     name = args.model_name or Path(target).stem
     if args.ray:
-        return _run_ray(args, target, draft, name)
-    from ..serving.app import ServerOptions
-    from ..serving.batched import BatchedDecoder
-    from ..serving.server import run_server
+        return _run_ray(args, settings, target, draft, name)
+    from ..server.openai_app import ServerOptions
+    from ..decoding.batched import BatchedDecoder
+    from ..server.http_server import run_server
 
     def load() -> BatchedDecoder:
-        return BatchedDecoder.from_gguf(
-            target, draft, max_sequences=args.max_sequences, n_ctx=args.n_ctx, gamma=args.gamma,
-            ngram=args.ngram, n_threads=args.threads, max_queue=args.max_queue,
-            prefill_chunk=args.prefill_chunk, progress=lambda line: emit(line), draft_vocab=args.draft_vocab)
+        return BatchedDecoder.from_gguf(target, draft, settings=settings, progress=lambda line: emit(line))
 
     options = ServerOptions(model_name=name, api_key=args.api_key or None, max_body_bytes=args.max_body,
                             request_timeout=args.timeout, log_prompts=args.log_prompts)
@@ -104,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _model_paths(args: argparse.Namespace) -> "tuple[str, Optional[str]]":
     if args.target is None:
-        from ..models import ensure_default_pair
+        from ..demo_models import ensure_default_pair
 
         target, draft = ensure_default_pair(progress=True)
         return str(target), str(draft)
@@ -114,20 +103,22 @@ def _model_paths(args: argparse.Namespace) -> "tuple[str, Optional[str]]":
     return args.target, args.draft
 
 
-def _run_ray(args: argparse.Namespace, target: str, draft: Optional[str], name: str) -> int:
+def _run_ray(args: argparse.Namespace, settings: BatchedSettings, target: str, draft: Optional[str],
+             name: str) -> int:
     try:
-        from ..serving.ray_app import RayServeConfig, run_ray
+        from ..server.ray_deployment import RayServeConfig, run_ray
     except ImportError:
         raise UsageError("--ray needs the [ray] extra: pip install 'specdec-cpu[ray]'") from None
     replicas = args.max_replicas or args.replicas
-    threads = args.threads or max(1, (os.cpu_count() or 1) // replicas)
+    threads = settings.n_threads or max(1, (os.cpu_count() or 1) // replicas)
     try:
         config = RayServeConfig(
             target=str(Path(target).resolve()), draft=str(Path(draft).resolve()) if draft else None,
-            ngram=args.ngram, draft_vocab=args.draft_vocab, model_name=name, replicas=args.replicas,
-            min_replicas=args.min_replicas, max_replicas=args.max_replicas, target_ongoing_requests=args.target_ongoing, threads=threads,
-            max_sequences=args.max_sequences, max_queue=args.max_queue, n_ctx=args.n_ctx, gamma=args.gamma,
-            prefill_chunk=args.prefill_chunk, api_key=args.api_key or None, max_body_bytes=args.max_body,
+            ngram=settings.ngram, draft_vocab=settings.draft_vocab, model_name=name, replicas=args.replicas,
+            min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+            target_ongoing_requests=args.target_ongoing, threads=threads, max_sequences=settings.max_sequences,
+            max_queue=settings.max_queue, n_ctx=settings.n_ctx, gamma=settings.gamma,
+            prefill_chunk=settings.prefill_chunk, api_key=args.api_key or None, max_body_bytes=args.max_body,
             request_timeout=args.timeout, log_prompts=args.log_prompts)
     except ValueError as exc:
         raise UsageError(str(exc)) from None

@@ -1,14 +1,12 @@
-"""The drafter protocol."""
+"""What a drafter hands the step: its proposed tokens (and, for a sampling
+drafter, the q rows they came from)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Protocol, Sequence
+from typing import Optional
 
 import numpy as np
-
-from ..params import SamplingParams
-from ..sampling import Rng
 
 
 @dataclass
@@ -26,22 +24,3 @@ class Draft:
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
-
-
-class Drafter(Protocol):
-    """Proposes up to ``gamma`` continuation tokens of ``seq``."""
-
-    name: str
-
-    def begin(self, seq: Sequence[int]) -> None:
-        """A generation starts from ``seq`` (keep whatever state still matches it)."""
-
-    def propose(self, seq: Sequence[int], gamma: int, params: SamplingParams, rng: Rng) -> Draft:
-        """Propose up to ``gamma`` tokens after ``seq``."""
-
-    def rollback(self, n_valid: int) -> None:
-        """Only the first ``n_valid`` tokens of the last proposal's context plus
-        accepted drafts are part of the sequence now; forget the rest."""
-
-    def reset(self) -> None:
-        """Forget any state tied to the current sequence."""

@@ -326,10 +326,6 @@ class NgramDrafter:
                 self._prefer_reference = other < len(self._reference)
             return
 
-    def routes(self, seq: Sequence[int]) -> tuple[str, ...]:
-        """The proposals available after ``seq``: ``("ngram",)`` or none."""
-        return (self.name,) if self.match(seq) is not None else ()
-
     def propose(self, seq: Sequence[int], gamma: int, params: SamplingParams, rng: Rng) -> Draft:
         """``min(gamma, max_draft)`` tokens after ``seq``, none without a match.
 

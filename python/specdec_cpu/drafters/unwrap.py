@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..model import Tokenizer
+from ..core.protocols import Tokenizer
 
 __all__ = ["unwrapped_lines", "unwrapped_reference"]
 

@@ -2,6 +2,9 @@
 
 * :class:`LlamaWeights` -- a GGUF model loaded once (memory-mapped).
 * :class:`LlamaContext` -- a KV cache over the weights; implements ``CausalLM``.
+* :class:`LlamaMultiContext` -- one KV cache holding many sequences decoded
+  together; implements ``SequenceLM``.
+* :func:`load_pair` -- a target and a draft loaded and checked together (:class:`ModelPair`).
 * :class:`LlamaTokenizer` -- the model's vocabulary; implements ``Tokenizer``.
 * :func:`check_vocab_compatible` -- can a draft model speculate for a target?
 * :func:`quantize` -- write a GGUF at another precision.
@@ -13,6 +16,8 @@
 from __future__ import annotations
 
 from .context import DecodeError, LlamaContext
+from .loading import ModelPair, load_pair
+from .multi_context import LlamaMultiContext, SequenceView
 from .openmp import release_threads
 from .quantize import FTYPES, quantize
 from .vocab import LlamaTokenizer, check_vocab_compatible
@@ -22,6 +27,10 @@ from .weights import LlamaWeights
 __all__ = [
     "LlamaWeights",
     "LlamaContext",
+    "LlamaMultiContext",
+    "SequenceView",
+    "ModelPair",
+    "load_pair",
     "LlamaTokenizer",
     "DecodeError",
     "check_vocab_compatible",

@@ -56,7 +56,7 @@ def _check_int(name: str, value: object, *, minimum: int = 1) -> int:
 class LlamaContext(Closable):
     """A llama.cpp context over :class:`LlamaWeights`: one sequence, one KV cache.
 
-    Implements :class:`specdec_cpu.model.CausalLM`.  Not thread-safe: use one
+    Implements :class:`specdec_cpu.core.protocols.CausalLM`.  Not thread-safe: use one
     context per thread (contexts may share weights).
 
     ``eval`` returns a zero-copy, read-only ``(n_logits, n_vocab)`` float32 view

@@ -20,7 +20,7 @@ from __future__ import annotations
 import ctypes
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import TYPE_CHECKING, List, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -32,16 +32,12 @@ from .context import _DECODE_ERRORS, _KV_TYPES, DecodeError, _check_int, _get_lo
 if TYPE_CHECKING:
     from .weights import LlamaWeights
 
-__all__ = ["LlamaMultiContext", "Rows", "LogitRows", "SequenceView"]
+__all__ = ["LlamaMultiContext", "LogitRows", "SequenceView"]
 
 
-@dataclass(frozen=True)
-class Rows:
-    """Tokens to append to one sequence in a batched decode.
-
-    ``n_logits`` rows of logits are returned for the last ``n_logits`` tokens
-    (0: only extend the cache, e.g. a prompt chunk).
-    """
+class _Part(NamedTuple):
+    """Rows for one sequence, as ``decode`` reads them (``core.protocols.Rows``
+    or anything with these three attributes)."""
 
     seq: int
     tokens: Sequence[int]
@@ -215,7 +211,7 @@ class LlamaMultiContext(Closable):
 
     # -- cache edits -----------------------------------------------------
 
-    def decode(self, parts: Sequence[Rows]) -> List[Optional[LogitRows]]:
+    def decode(self, parts: Sequence[_Part]) -> List[Optional[LogitRows]]:
         """Append every part's tokens to its sequence in one ``llama_decode``.
 
         Returns, per part, where its ``n_logits`` rows of logits are (None
@@ -324,7 +320,7 @@ class LlamaMultiContext(Closable):
             raise DecodeError("llama.cpp's logits rows of one sequence are not contiguous", -1)  # pragma: no cover
         return LogitRows(addr, n, self._n_vocab)
 
-    def _roll_back(self, parts: Sequence[Rows]) -> None:
+    def _roll_back(self, parts: Sequence[_Part]) -> None:
         for part in parts:
             lib.llama_memory_seq_rm(self._mem, part.seq, len(self._tokens[part.seq]), -1)
 
@@ -373,7 +369,7 @@ class SequenceView:
 
     def eval(self, tokens: Sequence[int], n_logits: int = 1) -> np.ndarray:
         """Append ``tokens`` to the sequence; the last ``n_logits`` rows' logits."""
-        rows = self._ctx.decode([Rows(self._seq, list(tokens), n_logits)])[0]
+        rows = self._ctx.decode([_Part(self._seq, list(tokens), n_logits)])[0]
         return rows.view() if rows is not None else np.empty((0, self.n_vocab), dtype=np.float32)
 
     def truncate(self, n: int) -> None:

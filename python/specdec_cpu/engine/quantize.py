@@ -9,7 +9,7 @@ from typing import Optional, Union
 from ..errors import ModelLoadError
 from ..paths import atomic_path
 from .backend import clear_log_errors, describe_failure, ensure_backend, lib
-from .weights import check_gguf_file
+from .gguf_meta import check_gguf_file
 
 __all__ = ["quantize", "FTYPES"]
 

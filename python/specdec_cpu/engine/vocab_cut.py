@@ -30,31 +30,13 @@ import numpy as np
 
 from ..errors import ModelLoadError
 from ..paths import atomic_path, cache_dir
-from .weights import check_gguf_file
+from .gguf_meta import SOURCE_IDS_KEY, SOURCE_N_VOCAB_KEY, STAND_IN_KEY, check_gguf_file, format_runs
 
-__all__ = ["cut_draft", "cut_vocab", "cached_cut", "parse_runs", "SOURCE_IDS_KEY", "SOURCE_N_VOCAB_KEY", "STAND_IN_KEY"]
+__all__ = ["cut_draft", "cut_vocab", "cached_cut"]
 
-SOURCE_IDS_KEY = "specdec.source_token_ids"
-SOURCE_N_VOCAB_KEY = "specdec.source_n_vocab"
-STAND_IN_KEY = "specdec.stand_in"
 _NORMAL = 1  # gguf's TokenType.NORMAL: every other type (control, user-defined, unused) is kept
 _ROW_TENSORS = ("token_embd.weight", "output.weight")  # one row per token id
 _SPACES = ("Ġ", "▁", " ")  # a space in byte-level BPE, SentencePiece and plain vocabularies
-
-
-def _runs(ids: np.ndarray) -> str:
-    """``ids`` (increasing) as runs of consecutive ids: ``start+length,...``."""
-    breaks = np.flatnonzero(np.diff(ids) != 1) + 1
-    return ",".join(f"{int(r[0])}+{len(r)}" for r in np.split(ids, breaks))
-
-
-def parse_runs(text: str) -> np.ndarray:
-    """The ids of a ``start+length,...`` string (see the module docstring)."""
-    try:
-        parts = [tuple(int(x) for x in run.split("+")) for run in text.split(",")]
-        return np.concatenate([np.arange(start, start + n, dtype=np.int64) for start, n in parts])
-    except ValueError as exc:
-        raise ValueError(f"malformed {SOURCE_IDS_KEY} value {text[:60]!r}: {exc}") from None
 
 
 def cut_vocab(src: Union[str, "os.PathLike[str]"], dst: Union[str, "os.PathLike[str]"], n_keep: int) -> str:
@@ -105,7 +87,7 @@ def cut_vocab(src: Union[str, "os.PathLike[str]"], dst: Union[str, "os.PathLike[
             writer.add_key_value(name, value, kind, sub_type=field.types[-1])
         else:
             writer.add_key_value(name, value, kind)
-    writer.add_string(SOURCE_IDS_KEY, _runs(keep))
+    writer.add_string(SOURCE_IDS_KEY, format_runs(keep))
     writer.add_uint32(SOURCE_N_VOCAB_KEY, len(texts))
     writer.add_uint32(STAND_IN_KEY, stand_in)
     for t in reader.tensors:

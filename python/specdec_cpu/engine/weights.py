@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import struct
 import threading
 import weakref
 from typing import TYPE_CHECKING, Optional, Union
@@ -14,64 +13,25 @@ import numpy as np
 from ..errors import ModelLoadError
 from .lifetime import Closable
 from .backend import clear_log_errors, describe_failure, ensure_backend, lib, use_extra_buffers
+from .gguf_meta import SOURCE_IDS_KEY, SOURCE_N_VOCAB_KEY, STAND_IN_KEY, check_gguf_file, parse_runs
 
 if TYPE_CHECKING:
-    from .context import LlamaContext
+    from .lifetime import Closable as _Context
 
-__all__ = ["LlamaWeights", "check_gguf_file", "GGUF_MAGIC"]
-
-GGUF_MAGIC = b"GGUF"
-_HEADER = struct.Struct("<4sIQQ")  # magic, version, n_tensors, n_kv
-
-
-def check_gguf_file(path: Union[str, "os.PathLike[str]"]) -> str:
-    """Validate that ``path`` looks like a GGUF file; return it as a str.
-
-    Raises ModelLoadError naming the path and what is wrong (missing, a
-    directory, unreadable, empty, not GGUF, header cut short).
-    """
-    try:
-        spath = os.fspath(path)
-    except TypeError:
-        raise TypeError(f"model path must be a str or os.PathLike, got {path!r}") from None
-    if isinstance(spath, bytes):
-        spath = os.fsdecode(spath)
-    if not os.path.exists(spath):
-        raise ModelLoadError(f"model file not found: {spath}")
-    if os.path.isdir(spath):
-        raise ModelLoadError(f"model path is a directory, not a GGUF file: {spath}")
-    try:
-        size = os.path.getsize(spath)
-        with open(spath, "rb") as fh:
-            head = fh.read(_HEADER.size)
-    except OSError as exc:
-        raise ModelLoadError(f"cannot read model file {spath}: {exc.strerror or exc}") from exc
-    if size == 0:
-        raise ModelLoadError(f"model file is empty (0 bytes): {spath}")
-    if not head.startswith(GGUF_MAGIC):
-        raise ModelLoadError(
-            f"not a GGUF file (starts with {head[:4]!r}, expected {GGUF_MAGIC!r}): {spath}"
-        )
-    if len(head) < _HEADER.size:
-        raise ModelLoadError(f"GGUF file is truncated ({size} bytes, header incomplete): {spath}")
-    _, version, _, _ = _HEADER.unpack(head)
-    if version not in (2, 3):
-        raise ModelLoadError(f"unsupported GGUF version {version} (expected 2 or 3): {spath}")
-    return spath
-
+__all__ = ["LlamaWeights"]
 
 class LlamaWeights(Closable):
     """A GGUF model's weights and vocabulary, loaded once (mmap) and shared.
 
-    Several :class:`LlamaContext` objects (each with its own KV cache) may be
-    created from one ``LlamaWeights`` with :meth:`new_context`.  Closing the
+    Several contexts (``LlamaContext(weights, ...)``, ``LlamaMultiContext``),
+    each with its own KV cache, may share one ``LlamaWeights``.  Closing the
     weights closes those contexts first.  Use as a context manager or call
     :meth:`close`; it is also freed when garbage collected.
     """
 
     def __init__(self, path: Union[str, "os.PathLike[str]"], *, n_gpu_layers: int = 0) -> None:
         self._model: Optional[int] = None
-        self._contexts: "weakref.WeakSet[LlamaContext]" = weakref.WeakSet()
+        self._contexts: "weakref.WeakSet[_Context]" = weakref.WeakSet()
         self._lock = threading.Lock()
         self._token_texts = None  # filled lazily by vocab.token_texts
         if isinstance(n_gpu_layers, bool) or not isinstance(n_gpu_layers, int):
@@ -146,8 +106,6 @@ class LlamaWeights(Closable):
     def _read_cut(self) -> "tuple[Optional[np.ndarray], Optional[np.ndarray]]":
         """For a cut vocabulary (engine/vocab_cut.py): each id's source id, and
         the map from source ids to this model's (a lacking id to the stand-in)."""
-        from .vocab_cut import SOURCE_IDS_KEY, SOURCE_N_VOCAB_KEY, STAND_IN_KEY, parse_runs
-
         runs = self.metadata(SOURCE_IDS_KEY)
         if runs is None:
             return None, None
@@ -268,20 +226,7 @@ class LlamaWeights(Closable):
 
     # -- contexts --------------------------------------------------------
 
-    def new_context(self, n_ctx: int = 4096, n_batch: int = 512, n_threads: Optional[int] = None,
-                    *, flash_attn: bool = False, kv_type: str = "f16") -> "LlamaContext":
-        """A new :class:`LlamaContext` (own KV cache) over these weights.
-
-        ``n_threads=None`` uses ``os.cpu_count()`` threads.  See
-        :class:`LlamaContext` for ``flash_attn`` and ``kv_type``.
-        """
-        from .context import LlamaContext
-
-        self._require()
-        return LlamaContext(self, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
-                            flash_attn=flash_attn, kv_type=kv_type)
-
-    def _register(self, ctx: "LlamaContext") -> None:
+    def _register(self, ctx: "_Context") -> None:
         with self._lock:
             self._contexts.add(ctx)
 

@@ -5,24 +5,27 @@
   on one machine (T_target(k), T_draft(k), α), and its on-disk cache;
 - :mod:`.calibration` — :func:`calibrate` measures a CostModel (a quick
   timing-only pass on first use, a full one from ``specdec-cpu calibrate``);
-- :mod:`.controller` — :class:`GammaController` picks one request's γ per step;
-- :mod:`.match_controller` — :class:`MatchLengthController`, the same for
-  prompt-lookup drafts, with α learnt per match length;
-- :mod:`.batch_planner` — ``BatchPlanner``, every request's γ in a batched
-  step, and its record of how steps did against their plans;
+- :mod:`.policy` — :class:`DraftPolicy`, each step's route and γ for every
+  decoding sequence (one sequence or a batch: the same policy): acceptance
+  estimates, probes, exploring an unmeasured pair, draft catch-ups;
+- :mod:`.batch_planner` — ``BatchPlanner``, the γ vector maximising the
+  step's expected tokens per second, and its record of how steps did
+  against their plans;
+- :mod:`.match_alphas` — :class:`MatchAlphas`, the acceptance of
+  prompt-lookup drafts per match length;
 - :mod:`.pass_times` — ``PassTimes``, pass time per row count, learnt live;
 - :mod:`.ledger` — ``DraftingLedger``, what drafting (catch-ups included)
   has gained over plain batching per batch size;
 - :mod:`.forecast` — :func:`forecast`, the gain the batch planner expects
   over continuous batching at K requests from a calibration and an α.
 
-Everything here is pure Python over numbers: no model, no llama.cpp.
+Everything here is pure Python over numbers (calibration drives a decoder
+through its protocols): no llama.cpp.
 """
 
 from __future__ import annotations
 
 from .calibration import SAMPLE_PROMPTS, calibrate, measure_alpha, time_passes
-from .controller import GammaController
 from .costmodel import (
     CostModel,
     ModelIdentity,
@@ -31,13 +34,14 @@ from .costmodel import (
     calibration_path,
     cpu_model,
 )
-from .match_controller import MatchLengthController
+from .match_alphas import MatchAlphas
+from .policy import DraftPolicy
 
 __all__ = [
     "SAMPLE_PROMPTS",
     "CostModel",
-    "GammaController",
-    "MatchLengthController",
+    "DraftPolicy",
+    "MatchAlphas",
     "ModelIdentity",
     "cache_dir",
     "calibrate",

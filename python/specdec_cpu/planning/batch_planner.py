@@ -38,7 +38,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from ..request_args import GAMMA_LIMIT
+from ..core.request_args import GAMMA_LIMIT
 from .costmodel import CostModel
 from .ledger import DraftingLedger
 from .pass_times import PassTimes

@@ -16,11 +16,11 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 import numpy as np
 
 from .costmodel import CostModel, ModelIdentity, calibration_key, calibration_path, cpu_model
-from ..model import CausalLM
+from ..core.protocols import CausalLM
 from ..params import SamplingParams
 
-__all__ = ["SAMPLE_PROMPTS", "cached_calibration", "calibrate", "ensure_timings", "measure_alpha", "starting_costs",
-           "time_passes"]
+__all__ = ["SAMPLE_PROMPTS", "cached_calibration", "calibrate", "ensure_timings", "initial_costs", "measure_alpha",
+           "starting_costs", "time_passes"]
 
 # Short prompts of different kinds (prose, code, a list, dialogue): acceptance
 # varies with content, and calibration wants a typical value, not a best case.
@@ -68,6 +68,8 @@ def calibrate(
     cache: bool = True,
     recalibrate: bool = False,
     clock: Callable[[], float] = time.perf_counter,
+    target: Optional[CausalLM] = None,
+    draft: Optional[CausalLM] = None,
 ) -> CostModel:
     """Measure T_target(k) for k = 1..gamma_max+1, T_draft(1) and α; with
     ``batch`` > 1 also the curves a batched decoder of ``batch`` requests
@@ -101,6 +103,8 @@ def calibrate(
         n_tokens: tokens generated per prompt when measuring α.
         repeats: timings per k; the median is kept (robust to a busy machine).
         clock: time source in seconds (replaceable in tests).
+        target, draft: the models to time, when they are not the decoder's
+            ``target`` and ``draft`` (one sequence of a batched decoder's).
     """
     if gamma_max < 1:
         raise ValueError(f"gamma_max must be >= 1, got {gamma_max}")
@@ -129,11 +133,12 @@ def calibrate(
                                     alpha=_alpha_then_reset(decoder, params, prompts, n_tokens))
     else:
         ks = sorted(set(range(1, gamma_max + 2)) | {k for k in QUICK_TARGET_ROWS if k <= rows_max} | {rows_max})
-        target_ms = _dense(ks, time_passes(decoder.target, ks, repeats, clock))
+        target_ms = _dense(ks, time_passes(decoder.target if target is None else target, ks, repeats, clock))
         draft_ms, draft_batch = 0.0, None
         if decoder.draft is not None:
             bs = sorted({b for b in QUICK_DRAFT_ROWS if b <= batch} | {max(batch, 1)})
-            draft_batch = _dense(bs, time_passes(decoder.draft, bs, repeats, clock, all_logits_up_to=DRAFT_LOGIT_ROWS))
+            timed = decoder.draft if draft is None else draft
+            draft_batch = _dense(bs, time_passes(timed, bs, repeats, clock, all_logits_up_to=DRAFT_LOGIT_ROWS))
             draft_ms = draft_batch[0]
         model = CostModel(
             target_ms=target_ms,
@@ -219,7 +224,7 @@ def measure_alpha(decoder: CalibratableDecoder, params: SamplingParams,
     so the decoder's own random streams do not move; they do replace what
     the decoder's caches held (see :func:`calibrate`).
     """
-    if getattr(decoder, "drafter", decoder.draft) is None:
+    if not getattr(decoder, "has_drafter", decoder.draft is not None):
         return None
     if params.seed is None:
         params = dataclasses.replace(params, seed=ALPHA_SEED)
@@ -348,3 +353,20 @@ def starting_costs(calibration: object, *, target: CausalLM, draft: Optional[Cau
     if calibration is None or isinstance(calibration, CostModel):
         return calibration
     raise ValueError(f"calibration must be 'auto', 'cached', a CostModel or None, got {calibration!r}")
+
+
+def initial_costs(decoder: CalibratableDecoder, calibration: object, *, k_max: int, b_max: int = 1,
+                  target: Optional[CausalLM] = None, draft: Optional[CausalLM] = None,
+                  progress: Optional[Callable[[str], None]] = None) -> Optional[CostModel]:
+    """The cost model a loaded decoder starts from, by its ``calibration``
+    setting: ``"measure"`` runs :func:`calibrate` on it now (``b_max``
+    requests at once), anything else as :func:`starting_costs`.  ``target``
+    and ``draft`` are the models to time (default: the decoder's own)."""
+    if calibration == "measure":
+        if decoder.draft is None:
+            return None
+        return calibrate(decoder, gamma_max=max(1, k_max - 1), batch=b_max, target=target, draft=draft)
+    return starting_costs(calibration, target=decoder.target if target is None else target,
+                          draft=decoder.draft if draft is None else draft, target_path=decoder.target_path,
+                          draft_path=decoder.draft_path, n_threads=decoder.n_threads, k_max=k_max, b_max=b_max,
+                          progress=progress)

@@ -542,7 +542,7 @@ def list_models() -> List[ModelInfo]:
 
 
 def _main(argv: Optional[List[str]] = None) -> int:  # pragma: no cover - convenience
-    """``python -m specdec_cpu.models [prepare]``: list, or prepare the default pair."""
+    """``python -m specdec_cpu.demo_models [prepare]``: list, or prepare the default pair."""
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["prepare"]:
         t, d = ensure_default_pair(progress=True)

@@ -37,10 +37,10 @@ from ..errors import (
     QueueFullError,
     SpecDecError,
 )
-from .batched import BatchedDecoder
+from ..decoding.batched import BatchedDecoder
 from .openai_schema import ChatCompletionRequest, CompletionRequest, RequestError, chat_text
 from .prometheus import metrics_response
-from .request import AsyncRequestStream
+from ..decoding.request import AsyncRequestStream
 
 __all__ = ["ServerOptions", "ServerState", "create_app"]
 

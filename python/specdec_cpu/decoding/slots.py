@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ..engine.multi_context import LlamaMultiContext
+from ..core.protocols import SequenceLM
 
 __all__ = ["Claim", "SlotTable"]
 
@@ -41,7 +41,7 @@ class SlotTable:
     The draft context follows the same slot, with its own prefix.
     """
 
-    def __init__(self, target: LlamaMultiContext, draft: Optional[LlamaMultiContext] = None) -> None:
+    def __init__(self, target: SequenceLM, draft: Optional[SequenceLM] = None) -> None:
         self.target, self.draft = target, draft
         n = target.n_seq
         self._free = set(range(n))
@@ -82,8 +82,17 @@ class SlotTable:
         self._free.add(slot)
 
     @staticmethod
-    def _place(ctx: LlamaMultiContext, prefix: list[int], slot: int) -> int:
-        """Make ``slot`` of ``ctx`` hold the longest available prefix; its length."""
+    def _place(ctx: SequenceLM, prefix: list[int], slot: int) -> int:
+        """Make ``slot`` of ``ctx`` hold the longest available prefix; its length.
+
+        A model whose cache cannot drop a suffix (a recurrent target decoding
+        plainly, ``can_truncate`` False) keeps its cache only when the
+        prompt extends all of it; otherwise it starts over."""
+        if not getattr(ctx, "can_truncate", True):
+            if prefix[slot] < ctx.n_past(slot):
+                ctx.clear(slot)
+                return 0
+            return prefix[slot]
         best = max(range(len(prefix)), key=lambda s: (prefix[s], s == slot))
         if best != slot and prefix[best] > prefix[slot]:
             ctx.clear(slot)

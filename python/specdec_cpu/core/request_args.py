@@ -11,9 +11,9 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
-from .errors import ContextOverflowError, InvalidPromptError
-from .model import Tokenizer
-from .params import SamplingParams
+from ..errors import ContextOverflowError, InvalidPromptError
+from .protocols import Tokenizer
+from ..params import SamplingParams
 
 __all__ = ["GAMMA_LIMIT", "Prompt", "chat_prompt", "check_gamma", "check_request", "prompt_tokens"]
 

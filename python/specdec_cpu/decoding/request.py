@@ -1,5 +1,6 @@
-"""One request of a batched decoder: its state inside the scheduler, and what
-the caller holds (a stream of text pieces that ends with a Generation).
+"""One request of a batched decoder: a ``Sequence`` that hands its text to the
+caller's thread, and what the caller holds (a stream of text pieces that
+ends with a Generation).
 
 The caller's thread and the scheduler's thread meet in two places only: the
 request's output queue (pieces, then one final item) and two flags the
@@ -10,85 +11,27 @@ caller may set (``closed`` when a stream is dropped; the caller's own
 from __future__ import annotations
 
 import asyncio
-import itertools
 import queue
 import threading
-import time
-from typing import TYPE_CHECKING, Callable, Optional, Union
+from typing import Any, Callable, Optional
 
-import numpy as np
-
-from ..decoder import Generation
-from ..errors import DecoderClosedError
-from ..params import SamplingParams
-from ..planning.batch_planner import AlphaTracker
-from ..sampling import Rng
-from ..stats import GenerationStats
-from ..text import TextAssembler
-
-if TYPE_CHECKING:
-    from ..drafters import NgramDrafter
+from ..core.sequence import Sequence
+from ..core.stats import Generation
 
 __all__ = ["AsyncRequestStream", "Request", "RequestStream"]
 
-_ids = itertools.count(1)
 _END = object()  # the scheduler's last item on a request's queue comes after this marker
 
 
-class Request:
-    """A generation request as the scheduler sees it.
+class Request(Sequence):
+    """A generation request of a batched decoder: a :class:`Sequence` whose
+    text pieces and end go to the caller's thread through ``outbox``."""
 
-    Token bookkeeping follows the single-stream decoder: once its prompt is
-    in, the target sequence holds every token of ``seq`` but the last one,
-    whose logits come with the next step's rows.
-    """
-
-    def __init__(self, prompt: list[int], *, max_tokens: int, params: SamplingParams, stop: TextAssembler,
-                 gamma: Union[int, str], cancel: Optional[threading.Event], timeout: Optional[float],
-                 rng_draft: Rng, rng_verify: Rng, n_vocab: int, gamma_rows: int) -> None:
-        self.id = next(_ids)
-        self.prompt = prompt
-        self.seq: list[int] = list(prompt)
-        self.out: list[int] = []
-        self.max_tokens, self.params, self.text, self.gamma = max_tokens, params, stop, gamma
-        self.cancel = cancel
-        self.submitted = time.perf_counter()
-        self.deadline = None if timeout is None else self.submitted + timeout
-        self.rng_draft, self.rng_verify = rng_draft, rng_verify
-        self.stats = GenerationStats(prompt_tokens=len(prompt))
-        self.slot: Optional[int] = None
-        self.admitted: Optional[float] = None
-        self.prefilled = False
-        self.finished = False
-        self.closed = False  # set by the caller's thread: the stream was closed or dropped
-        self.alpha = AlphaTracker()  # this request's acceptance of the draft model
-        self.ngram: Optional["NgramDrafter"] = None
-        self.plain_run = 0  # consecutive plain steps (for probes)
-        self.probe_interval = 0
-        # Draft rows for the model route, preallocated once per request.
-        self._q: Optional[np.ndarray] = None
-        self._q_rows = gamma_rows
-        self._n_vocab = n_vocab
+    def __init__(self, prompt: list[int], **kwargs: Any) -> None:
+        super().__init__(prompt, **kwargs)
         self.outbox: "queue.SimpleQueue[object]" = queue.SimpleQueue()
         self.wakeup: Optional[Callable[[], None]] = None  # an async reader's doorbell (thread-safe)
         self.done = threading.Event()
-        self.result: Optional[Generation] = None
-        self.error: Optional[BaseException] = None
-
-    # -- scheduler side ---------------------------------------------------
-    def q_rows(self, gamma: int) -> np.ndarray:
-        """A ``(≥ gamma, V)`` float32 buffer for the q rows of a model draft."""
-        if self._q is None or self._q.shape[0] < gamma:
-            self._q = np.zeros((max(gamma, self._q_rows), self._n_vocab), dtype=np.float32)
-        return self._q
-
-    def stop_reason(self, now: float) -> Optional[str]:
-        """``"cancelled"`` or ``"timeout"`` once the request must stop."""
-        if self.closed or (self.cancel is not None and self.cancel.is_set()):
-            return "cancelled"
-        if self.deadline is not None and now >= self.deadline:
-            return "timeout"
-        return None
 
     def deliver(self, piece: str) -> None:
         """Queue a text piece for the caller; ``ring()`` wakes an async reader.
@@ -109,22 +52,10 @@ class Request:
                 self.closed = True
 
     def finish(self, reason: Optional[str], error: Optional[BaseException] = None) -> None:
-        """End the request: flush held-back text, record why, wake the caller."""
+        """End the request (see ``Sequence.finish``) and wake the caller."""
         if self.finished:
             return
-        self.finished = True
-        stats = self.stats
-        if stats.finish_reason is None:
-            stats.finish_reason = reason or "cancelled"
-        if error is None and stats.finish_reason in ("stop", "length", "context"):
-            self.deliver(self.text.finish())
-        now = time.perf_counter()
-        if self.admitted is not None:
-            stats.total_seconds = now - self.admitted
-        self.result = Generation(self.text.text, self.out, stats)
-        if isinstance(error, DecoderClosedError) and error.partial is None:
-            error.partial = self.result  # before the caller wakes to raise it
-        self.error = error
+        super().finish(reason, error)
         self.done.set()  # before the marker: a reader that saw the marker sees the result
         self.outbox.put(_END)
         self.ring()

@@ -14,7 +14,7 @@ from typing import Any, List, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..params import SamplingParams
-from ..request_args import GAMMA_LIMIT
+from ..core.request_args import GAMMA_LIMIT
 
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "RequestError", "chat_text"]
 

@@ -1,6 +1,6 @@
 """``/metrics``: a BatchedDecoder's counters in Prometheus' text format.
 
-A collector reads one :class:`~specdec_cpu.serving.metrics.MetricsSnapshot`
+A collector reads one :class:`~specdec_cpu.decoding.metrics.MetricsSnapshot`
 per scrape, so the numbers are consistent with each other and nothing is
 counted twice.  Counters are totals since the decoder started; rates
 (tokens/s) are what Prometheus' ``rate()`` makes of them, and
@@ -16,8 +16,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from .batched import BatchedDecoder
-from .metrics import OUTCOMES, TTFT_BUCKETS
+from ..decoding.batched import BatchedDecoder
+from ..decoding.metrics import OUTCOMES, TTFT_BUCKETS
 
 __all__ = ["DecoderCollector", "metrics_response"]
 

@@ -24,8 +24,9 @@ from typing import Any, Optional, Union
 from ray import serve
 
 from ..errors import ModelLoadError
-from .app import ServerOptions, create_app
-from .batched import BatchedDecoder
+from .openai_app import ServerOptions, create_app
+from ..decoding.batched import BatchedDecoder
+from ..settings import BatchedSettings
 
 __all__ = ["LOW_LATENCY_ENV", "RayServeConfig", "SpecDecReplica", "app_builder", "build_app"]
 
@@ -103,16 +104,23 @@ class RayServeConfig:
     health_check_period_s: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("replicas", "threads", "max_sequences", "n_ctx", "prefill_chunk"):
+        for name in ("replicas", "threads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        self.decoder_settings()  # the decoder's own checks, before any replica starts
         if self.min_replicas is not None or self.max_replicas is not None:
             lo, hi = self.min_replicas or 1, self.max_replicas or self.min_replicas or 1
             if not 1 <= lo <= hi:
                 raise ValueError(f"need 1 <= min_replicas <= max_replicas, got {lo}, {hi}")
         if not self.target:
             raise ValueError("target (the model path) is required")
+
+    def decoder_settings(self) -> BatchedSettings:
+        """What each replica's BatchedDecoder runs with (``threads`` per replica)."""
+        return BatchedSettings(gamma=self.gamma, ngram=self.ngram, draft_vocab=self.draft_vocab,
+                               n_threads=self.threads, n_ctx=self.n_ctx, max_sequences=self.max_sequences,
+                               max_queue=self.max_queue, prefill_chunk=self.prefill_chunk)
 
     @property
     def name(self) -> str:
@@ -136,10 +144,7 @@ class SpecDecReplica:
                 raise ModelLoadError(f"{what} model {path} is not a file on node {socket.gethostname()}: "
                                      "every node running a replica needs the model files at the same path")
         self.replica = _replica_id()
-        self.decoder = BatchedDecoder.from_gguf(
-            cfg.target, cfg.draft, max_sequences=cfg.max_sequences, n_ctx=cfg.n_ctx, gamma=cfg.gamma,
-            ngram=cfg.ngram, n_threads=cfg.threads, max_queue=cfg.max_queue, prefill_chunk=cfg.prefill_chunk,
-            draft_vocab=cfg.draft_vocab)
+        self.decoder = BatchedDecoder.from_gguf(cfg.target, cfg.draft, settings=cfg.decoder_settings())
 
     def __serve_build_asgi_app__(self):
         app = create_app(self.decoder, self.config.options(), metrics_labels={"replica": self.replica})
@@ -199,7 +204,7 @@ def build_app(config: RayServeConfig) -> "serve.Application":
 
 
 def app_builder(args: dict) -> "serve.Application":
-    """For ``serve run specdec_cpu.serving.ray_app:app_builder target=... replicas=2`` and
+    """For ``serve run specdec_cpu.server.ray_deployment:app_builder target=... replicas=2`` and
     config files: ``args`` are :class:`RayServeConfig` fields (strings are converted)."""
     fields = RayServeConfig.__dataclass_fields__
     unknown = sorted(set(args) - set(fields))

@@ -1,9 +1,12 @@
-"""What one generation did and where its time went."""
+"""What one generation produced (:class:`Generation`), what it did and where
+its time went (:class:`GenerationStats`)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
+
+__all__ = ["Generation", "GenerationStats"]
 
 
 @dataclass
@@ -105,3 +108,17 @@ class GenerationStats:
         return (f"{self.tokens} tokens, {self.tokens_per_second:.1f} tok/s, "
                 f"{self.tokens_per_step:.2f} tok/step, acceptance {self.acceptance:.2f}, "
                 f"mean α {self.mean_alpha:.3f}, mean γ {self.mean_gamma:.1f}")
+
+
+@dataclass
+class Generation:
+    """The result of one generation: its text, token ids and statistics."""
+
+    text: str
+    tokens: list[int]
+    stats: GenerationStats = field(repr=False)
+
+    @property
+    def finish_reason(self) -> Optional[str]:
+        """``stop`` (EOG or a stop string), ``length``, ``context``, ``cancelled`` or ``timeout``."""
+        return self.stats.finish_reason

@@ -1,0 +1,329 @@
+"""The step, written once: draft, one target pass, exact verify, roll back, emit.
+
+Glossary (docs/math.md has the derivations):
+
+- **γ** — draft tokens a sequence proposes in a step; 0 is a plain step.
+- **q, p** — the draft's and the target's final sampling distributions at a
+  position (temperature → top-k → top-p → min-p).
+- **accepted** — a draft token x kept because u·q(x) < p(x), u ~ U[0, 1).
+- **residual** — the token emitted at the first rejection, drawn from
+  max(0, p − q), renormalised over the whole vocabulary by token id.
+- **bonus** — the token emitted from the target's last row when every draft
+  token was accepted.
+- **α** — Σ min(p, q) of a verified row: the probability that a draft from q
+  is accepted there (what the planner learns from).
+- **catch-up** — tokens a draft model's cache lacks (after a prompt or plain
+  steps), taken in by its first pass of a step.
+
+One step for the sequences of ``works`` (``StepCore.propose`` then
+``StepCore.verify``):
+
+1. draft: each n-gram route's lookup (free), then the draft model, one pass
+   per depth for every sequence drafting that deep (its catch-up rows, and
+   other sequences' catch-up chunks, ride in the first);
+2. one target pass: every decoding sequence's last token and its drafts,
+   and the prompt chunks of sequences still taking in their prompt;
+3. per sequence, with its own parameters and random streams: the exact
+   verify (``sampling.verify``: acceptance and residual in one C++ call),
+   then both caches keep the accepted prefix only;
+4. emit: tokens become text (stop strings, end-of-generation), statistics
+   are recorded; a finished sequence is handed to the observer.
+
+One sequence's failure (NaN logits, an exception of its own) ends that
+sequence only.  Nothing here chooses γ: the works come planned.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, List, Optional, Protocol
+
+import numpy as np
+
+from .. import sampling
+from ..drafters.vocab_map import DraftVocab
+from ..errors import InvalidLogitsError, SpecDecError
+from .protocols import LogitRowsView, Rows, SequenceLM, Tokenizer, eog_id_array
+from .sequence import Sequence
+
+__all__ = ["MODEL", "NGRAM", "StepCore", "StepObserver", "Work"]
+
+log = logging.getLogger("specdec_cpu.core")
+
+#: The draft routes: the draft model, and prompt lookup (n-gram).
+MODEL, NGRAM = "model", "ngram"
+
+
+@dataclass
+class Work:
+    """What one decoding sequence does in a step, and what came of it.
+
+    ``decision`` is the planner's record of the choice (handed back to it
+    after the verify); ``alphas``, ``accepted`` and ``first_token`` are
+    filled in by the verify.
+    """
+
+    seq: Sequence
+    route: Optional[str] = None
+    gamma: int = 0
+    decision: Any = None
+    tokens: Optional[np.ndarray] = None  # the draft
+    probs: Optional[np.ndarray] = None  # its q rows (model route)
+    draft_seconds: float = 0.0
+    alphas: tuple = ()
+    accepted: int = 0
+    first_token: Optional[int] = None
+    verified: bool = False
+
+
+class StepObserver(Protocol):
+    """What the core reports to the loop driving it."""
+
+    def draft_pass(self, rows: int, seconds: float) -> None:
+        """A draft-model pass over ``rows`` rows took ``seconds``."""
+
+    def target_pass(self, rows: int, seconds: float) -> None:
+        """The target pass over ``rows`` rows took ``seconds``."""
+
+    def verified(self, work: Work, sampling_seconds: float) -> None:
+        """``work``'s verify ran (its outcome is in it)."""
+
+    def first_token(self, seq: Sequence) -> None:
+        """``seq`` emitted its first token."""
+
+    def end(self, seq: Sequence, reason: Optional[str], error: Optional[BaseException] = None) -> None:
+        """``seq`` has finished (``reason``) or failed (``error``)."""
+
+    def sequence_in(self, slot: int) -> Optional[Sequence]:
+        """The active sequence holding ``slot``, if any."""
+
+
+class StepCore:
+    """Runs steps over a target (and optionally a draft) ``SequenceLM``.
+
+    ``draft_source_ids`` is the target id of each of the draft's ids for a
+    draft cut to part of the vocabulary (engine/vocab_cut.py).  ``names``
+    are the models' file names for error messages.
+    """
+
+    def __init__(self, target: SequenceLM, draft: Optional[SequenceLM], tokenizer: Tokenizer,
+                 observer: StepObserver, *, draft_source_ids: Optional[np.ndarray] = None,
+                 names: tuple[str, str] = ("", "")) -> None:
+        self.target, self.draft, self.tokenizer, self.observer = target, draft, tokenizer, observer
+        self.draft_vocab = (DraftVocab(draft.n_vocab, target.n_vocab, draft_source_ids)
+                            if draft is not None else None)
+        self._names = tuple(f" ({n})" if n else "" for n in names)
+        self._eog: Optional[np.ndarray] = None  # the target's end-of-generation ids, once a sequence bans them
+
+    # ------------------------------------------------------------ drafting
+    def propose(self, works: List[Work], catch_up: List[Rows]) -> None:
+        """Draft for every work with a route: n-gram lookups, then one
+        draft-model pass per depth (``catch_up`` chunks ride in the first).
+        A work whose draft came out empty, or whose draft pass failed,
+        takes a plain step."""
+        for w in works:
+            if w.route == NGRAM and w.gamma > 0:
+                d = w.seq.ngram.propose(w.seq.seq, w.gamma, w.seq.params, w.seq.rng_draft)
+                w.gamma = min(w.gamma, len(d))
+                w.tokens, w.probs = d.tokens[:w.gamma], None
+                if w.gamma == 0:
+                    w.route = None
+        drafting = [w for w in works if w.route == MODEL and w.gamma > 0]
+        if self.draft is None or (not drafting and not catch_up):
+            return
+        for w in drafting:
+            w.tokens = np.zeros(w.gamma, dtype=np.int32)
+            w.probs = w.seq.q_rows(w.gamma)
+        depth = 0
+        while True:
+            live = [w for w in drafting if w.gamma > depth and not w.seq.finished]
+            parts = list(catch_up) if depth == 0 else []
+            for w in live:
+                seq = w.seq.seq
+                toks = seq[self.draft.n_past(w.seq.slot):] if depth == 0 else [int(w.tokens[depth - 1])]
+                parts.append(Rows(w.seq.slot, toks, 1))
+            if not parts:
+                break
+            t0 = time.perf_counter()
+            try:
+                rows = self.draft.decode(parts)
+            except SpecDecError as exc:  # the draft failed: these sequences take a plain step
+                log.warning("draft pass failed (%s); %d sequences step without a draft", exc, len(live))
+                for w in live:
+                    w.route, w.gamma, w.tokens, w.probs = None, 0, None, None
+                break
+            dt = time.perf_counter() - t0
+            self.observer.draft_pass(sum(len(p.tokens) for p in parts), dt)
+            for w, r in zip(live, rows[len(parts) - len(live):]):
+                w.draft_seconds += dt
+                self._sample_draft(w, depth, r)
+            depth += 1
+            if not live:
+                break
+        for w in drafting:
+            if w.seq.finished:
+                w.route, w.gamma = None, 0
+
+    def _sample_draft(self, w: Work, depth: int, rows: LogitRowsView) -> None:
+        seq = w.seq
+        try:
+            w.tokens[depth] = self.draft_vocab.sample_into(rows.view()[0], seq.params, seq.rng_draft,
+                                                           w.probs[depth])
+        except InvalidLogitsError as exc:
+            self._fail(seq, InvalidLogitsError(
+                f"the draft model produced invalid logits{self._names[1]} for request {seq.id} drafting "
+                f"from position {len(seq.seq)}: {exc}"))
+        except Exception as exc:  # a fault of this sequence's draft: it alone fails
+            log.exception("drafting for request %d failed", seq.id)
+            self._fail(seq, SpecDecError(f"request {seq.id} failed while drafting: {exc}"))
+
+    # ------------------------------------------------------------ the target pass
+    def verify(self, works: List[Work], prefill: List[Rows]) -> int:
+        """One target pass over every sequence's rows, then each sequence's
+        verify, roll-back and delivery.  Returns the tokens emitted."""
+        works = [w for w in works if not w.seq.finished]
+        parts = list(prefill)
+        for w in works:
+            toks = [w.seq.seq[-1]] + (w.tokens[:w.gamma].tolist() if w.gamma else [])
+            parts.append(Rows(w.seq.slot, toks, w.gamma + 1))
+        if not parts:
+            return 0
+        n_rows = sum(len(p.tokens) for p in parts)
+        t0 = time.perf_counter()
+        try:
+            rows = self.target.decode(parts)
+        except SpecDecError as exc:  # nothing changed in the caches; these sequences fail
+            log.error("target pass over %d rows failed: %s", n_rows, exc)
+            for p in parts:
+                seq = self.observer.sequence_in(p.seq)
+                if seq is not None:
+                    self._fail(seq, exc)
+            return 0
+        dt = time.perf_counter() - t0
+        self.observer.target_pass(n_rows, dt)
+        emitted = 0
+        for part, r in zip(prefill, rows):
+            if r is not None:
+                emitted += self._first_token(part, r, dt)
+        for w, r in zip(works, rows[len(prefill):]):
+            emitted += self._verify_one(w, r, dt)
+        return emitted
+
+    def _first_token(self, part: Rows, rows: LogitRowsView, target_seconds: float) -> int:
+        """A sequence's prompt is in: sample its first token from the prompt's
+        last row (a plain step)."""
+        seq = self.observer.sequence_in(part.seq)
+        if seq is None or seq.finished:
+            return 0
+        t0 = time.perf_counter()
+        self._ban_eog(seq, rows)
+        try:
+            token = sampling.sample(rows.view()[0], seq.params, seq.rng_verify)
+        except InvalidLogitsError as exc:
+            self._fail(seq, InvalidLogitsError(
+                f"the target model produced invalid logits{self._names[0]} for request {seq.id} at the end "
+                f"of its prompt (position {len(seq.seq) - 1}): {exc}"))
+            return 0
+        except Exception as exc:  # a fault of this sequence's sampling: it alone fails
+            log.exception("sampling the first token of request %d failed", seq.id)
+            self._fail(seq, SpecDecError(f"request {seq.id} failed at its first token: {exc!r}"))
+            return 0
+        stats = seq.stats
+        stats.steps += 1
+        stats.gammas.append(0)
+        stats.target_seconds += target_seconds
+        stats.sampling_seconds += time.perf_counter() - t0
+        return self.emit(seq, [token])
+
+    def _verify_one(self, w: Work, rows: LogitRowsView, target_seconds: float) -> int:
+        seq = w.seq
+        stats = seq.stats
+        n_old = len(seq.seq)
+        t0 = time.perf_counter()
+        self._ban_eog(seq, rows)
+        try:
+            logits = rows.view()
+            if w.gamma == 0:
+                new = [sampling.sample(logits[0], seq.params, seq.rng_verify)]
+                n_acc, alphas = 0, ()
+            else:
+                res = sampling.verify(logits, w.tokens[:w.gamma], None if w.probs is None else w.probs[:w.gamma],
+                                      seq.params, seq.rng_verify)
+                n_acc, alphas = res.n_accepted, tuple(float(a) for a in res.alphas)
+                new = w.tokens[:n_acc].tolist() + [res.token]
+        except InvalidLogitsError as exc:
+            self._fail(seq, InvalidLogitsError(
+                f"the target model produced invalid logits{self._names[0]} for request {seq.id} at positions "
+                f"{n_old - 1} on (row r predicts position {n_old} + r): {exc}"))
+            return 0
+        except Exception as exc:  # a fault of this sequence's step: it alone fails
+            log.exception("verify of request %d failed", seq.id)
+            self._fail(seq, SpecDecError(f"request {seq.id} failed in its verify step: {exc}"))
+            return 0
+        t_sample = time.perf_counter() - t0
+        # Every cache keeps only a prefix of the sequence: rejected drafts go,
+        # and so do draft tokens of a step whose draft was abandoned.
+        self.target.truncate(seq.slot, n_old + n_acc)
+        if self.draft is not None:
+            self.draft.truncate(seq.slot, min(self.draft.n_past(seq.slot), n_old + n_acc))
+        if seq.ngram is not None:
+            seq.ngram.rollback(n_old + n_acc)
+        w.alphas, w.accepted, w.first_token, w.verified = alphas, n_acc, int(new[0]), True
+        stats.steps += 1
+        stats.gammas.append(w.gamma)
+        stats.target_seconds += target_seconds
+        stats.draft_seconds += w.draft_seconds
+        stats.sampling_seconds += t_sample
+        if w.gamma:
+            stats.drafted += w.gamma
+            stats.accepted += n_acc
+            stats.alpha_sum += float(sum(alphas))
+            stats.alpha_rows += len(alphas)
+            stats.record_drafter(w.route, w.gamma, n_acc)
+        self.observer.verified(w, t_sample)
+        return self.emit(seq, new)
+
+    def _ban_eog(self, seq: Sequence, rows: LogitRowsView) -> None:
+        """A sequence with ``ignore_eos``: its target rows give the end-of-generation ids probability 0."""
+        if seq.params.ignore_eos:
+            if self._eog is None:
+                self._eog = eog_id_array(self.tokenizer, self.target.n_vocab)
+            rows.mask_columns(self._eog)
+
+    # ------------------------------------------------------------ emitting
+    def emit(self, seq: Sequence, new: List[int]) -> int:
+        """Append ``new`` to ``seq`` up to its end (an end-of-generation token,
+        a stop string, ``max_tokens``, the context), delivering its text;
+        returns the tokens appended."""
+        stats = seq.stats
+        n = 0
+        for tok in new:
+            if self.tokenizer.is_eog(tok):
+                stats.finish_reason = "stop"
+                break
+            seq.seq.append(tok)
+            seq.out.append(tok)
+            stats.tokens += 1
+            n += 1
+            if stats.tokens == 1:
+                self.observer.first_token(seq)
+            seq.deliver(seq.text.feed(self.tokenizer.token_bytes(tok)))
+            if seq.text.stopped:
+                stats.finish_reason = "stop"
+                break
+            if stats.tokens >= seq.max_tokens:
+                stats.finish_reason = "length"
+                break
+        if stats.finish_reason is None and len(seq.seq) > self.target.n_ctx:
+            stats.finish_reason = "context"
+        if stats.finish_reason is not None:
+            self.observer.end(seq, stats.finish_reason)  # rings
+        else:
+            seq.ring()
+        return n
+
+    # ------------------------------------------------------------ internals
+    def _fail(self, seq: Sequence, error: BaseException) -> None:
+        self.observer.end(seq, None, error)

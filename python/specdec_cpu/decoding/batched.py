@@ -1,0 +1,253 @@
+"""BatchedDecoder: exact speculative decoding of many requests in one llama.cpp pass per step."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from typing import Any, Callable, Optional, Sequence as Seq, Union
+
+from ..core.protocols import Tokenizer
+from ..core.request_args import Prompt
+from ..core.sequence import GammaSetting, SeedSequence
+from ..core.stats import Generation
+from ..params import SamplingParams
+from ..planning.costmodel import CostModel
+from ..settings import BatchedSettings
+from .front import DecoderFront, generation_or_raise, make_policy, settings_of
+from .loop import StepLoop
+from .metrics import MetricsSnapshot, ServingMetrics
+from .request import AsyncRequestStream, Request, RequestStream
+from .scheduler import Scheduler
+from .step_trace import StepTrace
+
+__all__ = ["BatchedDecoder"]
+
+
+class BatchedDecoder(DecoderFront):
+    """Many concurrent requests, each sampled exactly from the target's
+    distribution, sharing every target pass.
+
+    The calls are those of :class:`~specdec_cpu.SpeculativeDecoder` (same
+    arguments, same return types), and they are thread-safe *and* parallel:
+    each request gets a sequence of one target context (and one draft
+    context) holding ``max_sequences`` sequences, and a scheduler thread runs
+    steps in which every request's rows go through ONE target ``llama_decode``.
+    On a memory-bound target a pass over many rows costs little more than
+    over one, so concurrent requests share the weights' memory traffic; the
+    planner spends the rows left over on drafts, and falls back towards
+    plain continuous batching (γ = 0) as the batch fills up.  With one
+    request it is what ``SpeculativeDecoder`` is: the same step loop.
+
+    Requests beyond ``max_sequences`` wait in a FIFO of at most
+    ``max_queue`` (``QueueFullError`` beyond); waiting requests honour their
+    ``cancel`` and ``timeout``.  A request that finishes, is cancelled, times
+    out or fails frees its sequence at once; one request's bad logits never
+    disturb the others.  Prompt prefixes cached by earlier requests (a
+    conversation's earlier turns, a shared system prompt) are reused.
+
+    Use as a context manager, or call :meth:`close`.
+    """
+
+    def __init__(self, target: Any, tokenizer: Tokenizer, draft: Any = None, *, gamma: GammaSetting = "auto",
+                 gamma_max: int = 12, ngram: bool = False, ngram_kwargs: Optional[dict] = None,
+                 seed: Optional[int] = None, max_queue: int = 64, prefill_chunk: int = 128,
+                 cost_model: Optional[CostModel] = None, step_trace: Optional[StepTrace] = None) -> None:
+        s = BatchedSettings(gamma=gamma, gamma_max=gamma_max, ngram=ngram, ngram_kwargs=ngram_kwargs, seed=seed,
+                            max_queue=max_queue, prefill_chunk=prefill_chunk, calibration=None,
+                            max_sequences=target.n_seq)
+        s.check_drafter(draft is not None)
+        if draft is not None and draft.n_seq != target.n_seq:
+            raise ValueError(f"target and draft contexts must hold as many sequences ({target.n_seq} != {draft.n_seq})")
+        self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        self._target_lm = target
+        self.gamma = gamma
+        # A verify pass needs γ + 1 rows and every sequence at least one.
+        self.gamma_max = min(max(gamma_max, gamma if isinstance(gamma, int) else 0), target.n_batch - 1)
+        self.cost_model = cost_model
+        self.ngram = ngram
+        self._has_drafter = draft is not None or ngram
+        self._seeds = SeedSequence(seed)
+        self._closed = False
+        self._owned: Any = None
+        self.target_path: Optional[str] = target.weights.path
+        self.draft_path: Optional[str] = draft.weights.path if draft is not None else None
+        self.n_threads: Optional[int] = target.n_threads
+        self._metrics = ServingMetrics(max_sequences=target.n_seq)
+        loop = StepLoop(
+            target=target, draft=draft, tokenizer=tokenizer,
+            policy=make_policy(cost_model, target, draft, gamma_max=self.gamma_max, prefill_chunk=prefill_chunk),
+            prefill_chunk=prefill_chunk, ngram_kwargs=dict(ngram_kwargs or {}) if ngram else None,
+            metrics=self._metrics, step_trace=step_trace,
+            draft_source_ids=draft.weights.source_ids if draft is not None else None,
+            names=(self.target_path or "", self.draft_path or ""))
+        self._scheduler = Scheduler(loop, max_queue=max_queue)
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_gguf(cls, target: Union[str, os.PathLike], draft: Optional[Union[str, os.PathLike]] = None, *,
+                  settings: Optional[BatchedSettings] = None, progress: Optional[Callable[[str], None]] = None,
+                  step_trace: Optional[StepTrace] = None, **kwargs: Any) -> "BatchedDecoder":
+        """Load a target (and optionally a draft) GGUF model for batched serving.
+
+        The settings are a ``BatchedSettings`` or its fields as keywords:
+        those of ``SpeculativeDecoder.from_gguf`` and
+
+        - ``max_sequences``: requests decoded at once (llama.cpp sequences);
+          the KV cache has room for ``n_ctx × max_sequences`` tokens;
+        - ``max_queue``: requests that may wait for a free sequence;
+        - ``prefill_chunk``: prompt tokens taken in per step while other
+          requests are decoding (a long prompt goes in chunks so the others
+          keep streaming; alone, a prompt goes in at once).
+
+        ``n_batch`` bounds the rows of one pass (prompt chunks, drafts and
+        every request's rows together).  ``calibration="measure"`` measures
+        the pair's costs for ``max_sequences`` requests and α now.
+        ``progress`` receives a line before and after a first-use measurement;
+        ``step_trace`` is called with a ``StepRecord`` after every step (the
+        planner's predictions beside what happened; step_trace.py).
+        """
+        from .. import engine
+        from ..planning.calibration import BATCH_ROWS, initial_costs
+
+        s = settings_of(settings, kwargs, BatchedSettings)
+        s.check_drafter(draft is not None)
+        pair = engine.load_pair(target, draft, draft_vocab=s.draft_vocab, progress=progress)
+        with pair.closed_on_error():
+            target_ctx = engine.LlamaMultiContext(pair.target, n_seq=s.max_sequences, n_ctx=s.n_ctx,
+                                                  n_batch=s.n_batch, n_threads=s.n_threads)
+            draft_ctx = None
+            if pair.draft is not None:
+                draft_ctx = engine.LlamaMultiContext(pair.draft, n_seq=s.max_sequences, n_ctx=s.n_ctx,
+                                                     n_batch=s.n_batch, n_threads=s.n_threads)
+            dec = cls(target_ctx, engine.LlamaTokenizer(pair.target), draft_ctx, gamma=s.gamma,
+                      gamma_max=s.gamma_max, ngram=s.ngram, ngram_kwargs=s.ngram_kwargs, seed=s.seed,
+                      max_queue=s.max_queue, prefill_chunk=s.prefill_chunk, step_trace=step_trace)
+            dec._owned = pair
+            if dec.has_drafter:
+                # (at most half a sequence's context: the timing runs after a warm prefix)
+                view = engine.SequenceView
+                dec._set_cost_model(initial_costs(
+                    dec, s.calibration, k_max=min(BATCH_ROWS, s.n_batch, s.n_ctx // 2),
+                    b_max=min(max(s.max_sequences, s.prefill_chunk), s.n_batch, s.n_ctx // 2),
+                    target=view(target_ctx, 0), draft=view(draft_ctx, 0) if draft_ctx is not None else None,
+                    progress=progress))
+            # The calibration ran on this thread; from now on the scheduler's thread decodes.
+            engine.release_threads()
+        return dec
+
+    def _set_cost_model(self, cost_model: Optional[CostModel]) -> None:
+        """Plan from ``cost_model`` (while no request is in flight: at load)."""
+        self.cost_model = cost_model
+        loop = self._scheduler.loop
+        loop.policy = make_policy(cost_model, self.target, self.draft, gamma_max=self.gamma_max,
+                                  prefill_chunk=loop.prefill_chunk)
+
+    # ------------------------------------------------------------------ requests
+    def generate(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
+                 stop: Seq[str] = (), gamma: Optional[GammaSetting] = None,
+                 cancel: Optional[threading.Event] = None, timeout: Optional[float] = None) -> Generation:
+        """Generate a continuation of ``prompt``; see ``SpeculativeDecoder.generate``.
+
+        A fixed ``gamma`` above the decoder's ``gamma_max`` drafts
+        ``gamma_max`` tokens a step (a request's q rows and the plans of a
+        shared step are sized by it; ``SpeculativeDecoder`` takes up to
+        ``n_batch − 1``).
+
+        Raises ``QueueFullError`` when ``max_queue`` requests already wait,
+        ``GenerationCancelled`` (with ``partial``) on ``cancel``/``timeout``,
+        ``DecoderClosedError`` when the decoder is closed meanwhile.
+        """
+        req = self._submit(prompt, max_tokens, params, stop, gamma, cancel, timeout)
+        try:
+            req.done.wait()
+        except BaseException:  # e.g. KeyboardInterrupt while waiting: the request must not run on
+            req.closed = True
+            raise
+        if req.error is not None:
+            raise req.error
+        assert req.result is not None
+        return generation_or_raise(req.result, timeout)
+
+    def stream(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
+               stop: Seq[str] = (), gamma: Optional[GammaSetting] = None,
+               cancel: Optional[threading.Event] = None, timeout: Optional[float] = None) -> RequestStream:
+        """Yield text pieces as they are accepted; see ``SpeculativeDecoder.stream``.
+
+        The stream ends quietly on ``cancel``/``timeout`` (``result`` says
+        why); closing or dropping it frees the request's sequence at the next
+        step.  Argument errors and ``QueueFullError`` are raised here.
+        """
+        return RequestStream(self._submit(prompt, max_tokens, params, stop, gamma, cancel, timeout))
+
+    def astream(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
+                stop: Seq[str] = (), gamma: Optional[GammaSetting] = None,
+                cancel: Optional[threading.Event] = None, timeout: Optional[float] = None) -> AsyncRequestStream:
+        """``stream`` for asyncio code: an async iterator of text pieces
+        (call it in a running event loop; no thread blocks on the request).
+
+        ``await s.wait()`` then ``s.result`` gives the whole Generation;
+        ``await s.aclose()`` stops the request without waiting.
+        """
+        loop = asyncio.get_running_loop()
+        return AsyncRequestStream(self._submit(prompt, max_tokens, params, stop, gamma, cancel, timeout), loop)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def max_sequences(self) -> int:
+        """Requests decoded at once."""
+        return self.target.n_seq
+
+    @property
+    def n_ctx(self) -> int:
+        """The most tokens one request may hold (prompt + output)."""
+        return min(self.target.n_ctx, self.draft.n_ctx) if self.draft is not None else self.target.n_ctx
+
+    @property
+    def healthy(self) -> bool:
+        """Open, and its scheduler thread running."""
+        return not self._closed and self._scheduler.alive
+
+    @property
+    def policy(self) -> Any:
+        """The draft policy planning every step (its ``estimates()`` are α̂ and the pass times)."""
+        return self._scheduler.loop.policy
+
+    def metrics(self) -> MetricsSnapshot:
+        """Counters since the decoder started: requests by outcome, tokens,
+        drafts, passes, queue depth, active sequences, prompt-cache hits."""
+        return self._metrics.snapshot()
+
+    def reset(self) -> None:
+        """Nothing to forget between calls (cached prompt prefixes only ever
+        save work); here so that a calibration can treat both decoders alike."""
+
+    def close(self, *, drain: bool = False, timeout: Optional[float] = None) -> None:
+        """Stop taking requests and free the models (idempotent).
+
+        With ``drain`` the requests queued or running may finish first (for
+        at most ``timeout`` seconds); whatever is left then (everything,
+        without ``drain``) ends with ``DecoderClosedError``.  Never hangs on
+        a request whose caller went away.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._scheduler.close(drain=drain, timeout=timeout)
+        for ctx in (self.target, self.draft):
+            if ctx is not None:
+                ctx.close()
+        if self._owned is not None:
+            self._owned.close()
+
+    def __repr__(self) -> str:
+        m = self._metrics
+        state = "closed" if self._closed else f"{m.active_sequences} active, {m.queue_depth} waiting"
+        return f"BatchedDecoder({self.target_path!r}, max_sequences={self.max_sequences}, {state})"
+
+    # ------------------------------------------------------------------ internals
+    def _submit(self, prompt, max_tokens, params, stop, gamma, cancel, timeout) -> Request:
+        req = self._sequence(Request, prompt, max_tokens, params, stop, gamma, cancel, timeout, self.gamma_max)
+        # The seed is drawn once the request is accepted: a refused one uses none.
+        self._scheduler.submit(req, on_accept=self._seed_of)
+        return req

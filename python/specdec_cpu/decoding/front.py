@@ -1,0 +1,145 @@
+"""What both decoders' public faces share: turning a call's arguments into a
+checked :class:`Sequence`, chat prompts, the policy they plan with, and the
+end of ``generate``."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import threading
+from typing import Any, Optional, Sequence as Seq, Type, TypeVar
+
+from ..core.protocols import SequenceLM, Tokenizer
+from ..core.request_args import Prompt, chat_prompt, check_request, prompt_tokens
+from ..core.sequence import GammaSetting, SeedSequence, Sequence
+from ..core.stats import Generation
+from ..core.text import TextAssembler
+from ..errors import DecoderClosedError, GenerationCancelled
+from ..params import SamplingParams
+from ..planning.costmodel import CostModel
+from ..planning.policy import DraftPolicy
+
+__all__ = ["DecoderFront"]
+
+S = TypeVar("S", bound=Sequence)
+
+
+class DecoderFront:
+    """The shared half of ``SpeculativeDecoder`` and ``BatchedDecoder``.
+
+    A subclass sets ``tokenizer``, ``gamma``, ``gamma_max``, ``_target_lm``
+    (the target as a ``SequenceLM``), ``_has_drafter``, ``_seeds`` and
+    ``_closed``, and implements ``generate``/``stream``/``close``.
+    """
+
+    tokenizer: Tokenizer
+    gamma: GammaSetting
+    gamma_max: int
+    _target_lm: SequenceLM
+    _has_drafter: bool
+    _seeds: SeedSequence
+    _closed: bool
+
+    # ------------------------------------------------------------ chat
+    def chat(self, messages: Seq[dict], **kwargs: Any) -> Generation:
+        """``generate`` on the target's chat template applied to ``messages``.
+
+        Later turns reuse the cached common prefix of the conversation."""
+        return self.generate(self.chat_prompt(messages), **kwargs)  # type: ignore[attr-defined]
+
+    def chat_stream(self, messages: Seq[dict], **kwargs: Any) -> Any:
+        """``stream`` on the target's chat template applied to ``messages``."""
+        return self.stream(self.chat_prompt(messages), **kwargs)  # type: ignore[attr-defined]
+
+    def chat_prompt(self, messages: Seq[dict]) -> str:
+        """The target's chat template applied to ``messages``."""
+        return chat_prompt(self.tokenizer, messages)
+
+    def tokenize(self, prompt: Prompt) -> list[int]:
+        """The token ids a request with this prompt would decode (checked as
+        a request's prompt is: ``InvalidPromptError``, ``ContextOverflowError``)."""
+        return prompt_tokens(prompt, self.tokenizer, self._target_lm.n_vocab, self.n_ctx)
+
+    @property
+    def n_ctx(self) -> int:
+        """The most tokens one request may hold (prompt + output)."""
+        return self._target_lm.n_ctx
+
+    @property
+    def has_drafter(self) -> bool:
+        """Whether the decoder can draft at all (a draft model or prompt lookup)."""
+        return self._has_drafter
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()  # type: ignore[attr-defined]
+
+    # ------------------------------------------------------------ internals
+    def _sequence(self, cls: Type[S], prompt: Prompt, max_tokens: int, params: SamplingParams, stop: Seq[str],
+                  gamma: Optional[GammaSetting], cancel: Optional[threading.Event], timeout: Optional[float],
+                  gamma_limit: int) -> S:
+        """A checked sequence for one call (its seed is drawn later, by the
+        caller, once the request is accepted); a fixed γ above
+        ``gamma_limit`` drafts ``gamma_limit`` tokens."""
+        if self._closed:
+            raise DecoderClosedError(f"this {type(self).__name__} is closed")
+        if gamma is None:
+            gamma = self.gamma
+        check_request(max_tokens=max_tokens, params=params, gamma=gamma, has_drafter=self._has_drafter,
+                      cancel=cancel, timeout=timeout)
+        if isinstance(gamma, int):
+            gamma = min(gamma, gamma_limit)
+        tokens = self.tokenize(prompt)
+        return cls(tokens, max_tokens=max_tokens, params=params, text=TextAssembler(stop), gamma=gamma,
+                   n_vocab=self._target_lm.n_vocab, cancel=cancel, timeout=timeout,
+                   gamma_rows=min(self.gamma_max, 16))
+
+    def _seed_of(self, seq: Sequence) -> None:
+        """Start ``seq``'s random streams: its own seed, or the decoder's next."""
+        seq.set_seed(seq.params.seed if seq.params.seed is not None else self._seeds.next())
+
+
+def make_policy(cost_model: Optional[CostModel], target: SequenceLM, draft: Optional[SequenceLM], *,
+                gamma_max: int, prefill_chunk: int, max_rows: Optional[int] = None, **kwargs: Any) -> DraftPolicy:
+    """The draft policy of a decoder over these models; ``max_rows``: the
+    most rows a planned target pass holds (default: the target's batch)."""
+    rows = target.n_batch if max_rows is None else max_rows
+    return DraftPolicy(cost_model, max_rows=rows, max_draft_rows=draft.n_batch if draft is not None else 1,
+                       has_draft=draft is not None, gamma_max=gamma_max, prefill_chunk=prefill_chunk, **kwargs)
+
+
+def generation_or_raise(gen: Generation, timeout: Optional[float]) -> Generation:
+    """``gen``, or ``GenerationCancelled`` (with it as ``partial``) when it was
+    cancelled or timed out."""
+    if gen.finish_reason in ("cancelled", "timeout"):
+        what = ("cancelled by its cancel event" if gen.finish_reason == "cancelled"
+                else f"stopped by its timeout of {timeout} s")
+        raise GenerationCancelled(f"generation {what} after {len(gen.tokens)} tokens",
+                                  partial=gen, reason=gen.finish_reason)
+    return gen
+
+
+def settings_of(settings: Any, kwargs: dict, cls: type) -> Any:
+    """The settings of a ``from_gguf`` call: ``settings`` or keywords, not both;
+    an unknown keyword is a TypeError naming the closest setting."""
+    if settings is not None:
+        if kwargs:
+            raise TypeError(f"pass settings= or keyword settings, not both (got {', '.join(sorted(kwargs))})")
+        if not isinstance(settings, cls):
+            raise TypeError(f"settings must be a {cls.__name__}, got {type(settings).__name__}")
+        return settings
+    known = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in kwargs if k not in known]
+    if unknown:
+        def hint(name: str) -> str:
+            close = difflib.get_close_matches(name, known, n=1)
+            return f"{name} (did you mean {close[0]}?)" if close else name
+        raise TypeError(f"from_gguf got unexpected keyword argument(s) {', '.join(hint(k) for k in unknown)}; "
+                        f"its settings are {', '.join(known)}")
+    return cls(**kwargs)

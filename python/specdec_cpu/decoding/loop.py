@@ -1,0 +1,298 @@
+"""The step loop both decoders run: admission, prompt chunks, the plan, the step.
+
+``StepLoop.step()`` runs one step over every active sequence
+(docs/serving.md §3):
+
+1. end sequences that were cancelled, timed out or closed;
+2. choose the prompt chunks of sequences still taking in their prompt
+   (within a budget while others decode, so a long prompt never stalls them);
+3. ask the draft policy (planning/policy.py) for every decoding sequence's
+   route and γ, and the draft catch-up chunks worth their cost;
+4. run the step core (core/step.py): drafts, ONE target pass, each
+   sequence's exact verify, roll-back and delivery;
+5. feed what happened back to the policy, the metrics and the step trace.
+
+``SpeculativeDecoder`` runs it on the caller's thread with one slot;
+``BatchedDecoder``'s scheduler thread runs it with many.  Not thread-safe:
+one thread drives a loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Optional, Sequence as Seq
+
+from ..core.protocols import Rows, SequenceLM, Tokenizer
+from ..core.sequence import Sequence
+from ..core.step import StepCore, Work
+from ..drafters import NgramDrafter
+from ..drafters.unwrap import unwrapped_reference
+from ..errors import DecoderClosedError, InvalidLogitsError, SpecDecError
+from ..planning.policy import Candidate, DraftPolicy
+from .metrics import ServingMetrics
+from .slots import SlotTable
+from .step_trace import StepRecord, StepTrace
+
+__all__ = ["StepLoop"]
+
+log = logging.getLogger("specdec_cpu.decoding")
+
+
+class StepLoop:
+    """Sequences in the slots of a target (and draft) ``SequenceLM``, stepped together.
+
+    Args:
+        target, draft: the models (the same number of slots).
+        tokenizer: the target's.
+        policy: plans every step.
+        prefill_chunk: prompt tokens a step takes in while others decode.
+        ngram_kwargs: with prompt lookup, each sequence's ``NgramDrafter`` settings.
+        metrics: counters to update.
+        on_end: called with each sequence that ended (after its slot is free).
+        draft_source_ids, names: as for :class:`~specdec_cpu.core.step.StepCore`.
+    """
+
+    def __init__(self, *, target: SequenceLM, draft: Optional[SequenceLM], tokenizer: Tokenizer,
+                 policy: DraftPolicy, prefill_chunk: int, ngram_kwargs: Optional[dict],
+                 metrics: ServingMetrics, on_end: Optional[Callable[[Sequence], None]] = None,
+                 step_trace: Optional[StepTrace] = None, draft_source_ids=None,
+                 names: tuple[str, str] = ("", ""), first_token_from_prompt: bool = True) -> None:
+        self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        #: Whether a prompt's own pass yields the first token (one pass less
+        #: before it), or the first decoding step does, as when the prompt was
+        #: cached: then a seed gives the same tokens whatever the cache held.
+        self.first_token_from_prompt = first_token_from_prompt
+        self.policy, self.prefill_chunk, self.ngram_kwargs = policy, prefill_chunk, ngram_kwargs
+        self.metrics, self.on_end, self.step_trace = metrics, on_end, step_trace
+        self.slots = SlotTable(target, draft)
+        self.active: list[Sequence] = []
+        self.core = StepCore(target, draft, tokenizer, self, draft_source_ids=draft_source_ids, names=names)
+        self._passes: Optional[tuple[list, list]] = None  # (target, draft) passes of a traced step
+
+    # ------------------------------------------------------------ sequences
+    @property
+    def n_free(self) -> int:
+        """Slots free for new sequences."""
+        return self.slots.n_free
+
+    def admit(self, seq: Sequence) -> None:
+        """Give ``seq`` a slot (its cached prompt prefix reused) and its
+        planning state, and make it active.  On an error ``seq`` is not
+        active and holds no slot."""
+        claim = self.slots.claim(seq.prompt)
+        try:
+            seq.slot = claim.slot
+            seq.admitted = time.perf_counter()
+            seq.stats.queue_seconds = seq.admitted - seq.submitted
+            seq.stats.prompt_cached = claim.target_cached
+            seq.plan = self.policy.admit()
+            if self.ngram_kwargs is not None and seq.gamma != 0:
+                seq.ngram = NgramDrafter(**self.ngram_kwargs)
+        except BaseException:
+            self.slots.release(claim.slot)
+            seq.slot = None
+            raise
+        with self.metrics.lock():
+            self.metrics.prompt_tokens += len(seq.prompt)
+            self.metrics.prompt_tokens_cached += claim.target_cached
+            self.metrics.prefix_cache_hits += claim.target_cached > 0
+        self.active.append(seq)
+        if self.target.n_past(seq.slot) >= len(seq.seq) - 1:  # all but the last token cached
+            self._start_decoding(seq)
+
+    def end(self, seq: Sequence, reason: Optional[str], error: Optional[BaseException] = None) -> None:
+        """End a sequence: free its slot at once, count it, tell ``on_end``."""
+        if seq.finished:
+            return
+        if seq in self.active:
+            self.active.remove(seq)
+        if seq.slot is not None:
+            if isinstance(error, InvalidLogitsError):  # its cells may hold NaN: reuse none of them
+                self.target.clear(seq.slot)
+                if self.draft is not None:
+                    self.draft.clear(seq.slot)
+            self.slots.release(seq.slot)
+        seq.finish(reason, error)
+        self.metrics.count_request("error" if error is not None and not isinstance(error, DecoderClosedError)
+                                   else seq.stats.finish_reason or "cancelled")
+        if self.on_end is not None:
+            self.on_end(seq)
+
+    def stop_due(self, now: float) -> None:
+        """End the active sequences that were cancelled, closed or timed out."""
+        for seq in list(self.active):
+            reason = seq.stop_reason(now)
+            if reason is not None:
+                self.end(seq, reason)
+
+    # ------------------------------------------------------------ one step
+    def step(self, joining: int = 0) -> int:
+        """One step over the active sequences; ``joining``: sequences waiting
+        to be admitted (the batch is about to grow).  Returns the tokens emitted."""
+        t_step = time.perf_counter()
+        self.stop_due(t_step)
+        if not self.active:
+            return 0
+        decoding = [s for s in self.active if s.prefilled]
+        prefill = self._prefill_parts(len(decoding))
+        if not decoding and not prefill:  # pragma: no cover - a pass must always fit one row
+            raise SpecDecError(f"no row fits a pass of n_batch={self.target.n_batch}")
+        works, cands, catch_up = self._plan(decoding, prefill, joining)
+        planned_rate = self.policy.last_rate
+        if self.step_trace is not None:
+            self._passes = ([], [])
+        self.core.propose(works, catch_up)
+        emitted = self.core.verify(works, prefill)
+        for w, c in zip(works, cands):
+            if w.verified:
+                self.policy.learn(c, w.decision, w.route, w.alphas, w.first_token)
+        if works and not prefill:
+            self.policy.observe_step(len(works), any(w.gamma > 0 for w in works), bool(catch_up),
+                                     any(w.decision.explore for w in works), planned_rate, emitted,
+                                     time.perf_counter() - t_step)
+        dt = time.perf_counter() - t_step
+        with self.metrics.lock():
+            self.metrics.steps += 1
+            self.metrics.step_seconds += dt
+            self.metrics.tokens_generated += emitted
+            self.metrics.record_rate(emitted, dt)
+        if self.step_trace is not None:
+            self._trace(t_step, works, prefill, catch_up, planned_rate, emitted)
+        return emitted
+
+    def _prefill_parts(self, n_decoding: int) -> list[Rows]:
+        """Prompt chunks of the sequences still taking in their prompt, within
+        this step's prompt budget (small while others are decoding, so their
+        next tokens are not held up; the whole batch when alone)."""
+        budget = self.prefill_chunk if n_decoding else self.target.n_batch
+        budget = min(budget, self.target.n_batch - n_decoding)
+        parts: list[Rows] = []
+        held = 0 if self.first_token_from_prompt else 1  # prompt tokens left to the first step
+        for seq in self.active:
+            if seq.prefilled or budget <= 0:
+                continue
+            have = self.target.n_past(seq.slot)
+            n = min(len(seq.seq) - held - have, budget)
+            if n > 0:
+                # The chunk that ends the prompt also asks for the last row's
+                # logits: the first token is sampled from the prompt's own pass.
+                last = have + n == len(seq.seq) and self.first_token_from_prompt
+                parts.append(Rows(seq.slot, seq.seq[have:have + n], 1 if last else 0))
+                budget -= n
+        return parts
+
+    def _plan(self, decoding: list[Sequence], prefill: list[Rows], joining: int
+              ) -> tuple[list[Work], list[Candidate], list[Rows]]:
+        """The policy's decisions as works, and the draft's catch-up chunks."""
+        cands = [self._candidate(s) for s in decoding]
+        fixed_rows = sum(len(p.tokens) for p in prefill)
+        joining += len(self.active) - len(decoding)
+        budget = 0
+        if self.draft is not None:
+            budget = min(self.prefill_chunk, self.draft.n_batch - len(decoding))
+        decisions = self.policy.plan(cands, fixed_rows, joining, budget)
+        works, catch_up = [], []
+        for s, d in zip(decoding, decisions):
+            works.append(Work(s, route=d.route, gamma=d.gamma, decision=d))
+            if d.catch_up:
+                have = self.draft.n_past(s.slot)
+                catch_up.append(Rows(s.slot, s.seq[have:have + d.catch_up]))
+        return works, cands, catch_up
+
+    def _candidate(self, s: Sequence) -> Candidate:
+        room = s.room(self.target.n_ctx)
+        lookup = s.ngram
+        match = lookup.match(s.seq) if lookup is not None and room > 0 else None
+        lag = len(s.seq) - self.draft.n_past(s.slot) if self.draft is not None else None
+        remaining = min(s.max_tokens - s.stats.tokens, self.target.n_ctx - len(s.seq))
+        return Candidate(plan=s.plan, gamma=s.gamma, room=room, remaining=remaining, match=match,
+                         lookup_max=lookup.max_draft if lookup is not None else 0, draft_lag=lag)
+
+    def _start_decoding(self, seq: Sequence) -> None:
+        seq.prefilled = True
+        seq.stats.prompt_seconds = time.perf_counter() - seq.admitted
+        if seq.ngram is not None:
+            if seq.ngram.unwrap_lines:
+                seq.ngram.set_reference(unwrapped_reference(seq.prompt, self.tokenizer))
+            seq.ngram.begin(seq.seq)
+
+    # ------------------------------------------------------------ StepObserver
+    def draft_pass(self, rows: int, seconds: float) -> None:
+        if self._passes is not None:
+            self._passes[1].append((rows, 1000.0 * seconds, self.policy.planner.draft.time(rows)))
+        self.policy.observe_draft(rows, seconds)
+        with self.metrics.lock():
+            self.metrics.draft_passes += 1
+            self.metrics.draft_rows += rows
+            self.metrics.draft_seconds += seconds
+
+    def target_pass(self, rows: int, seconds: float) -> None:
+        if self._passes is not None:
+            self._passes[0].append((rows, 1000.0 * seconds, self.policy.planner.target.time(rows)))
+        self.policy.observe_target(rows, seconds)
+        with self.metrics.lock():
+            self.metrics.target_passes += 1
+            self.metrics.target_rows += rows
+            self.metrics.target_seconds += seconds
+        held = 0 if self.first_token_from_prompt else 1
+        for seq in self.active:  # a prompt that went in whole: the sequence decodes from now on
+            if not seq.prefilled and self.target.n_past(seq.slot) >= len(seq.seq) - held:
+                self._start_decoding(seq)
+
+    def verified(self, work: Work, sampling_seconds: float) -> None:
+        with self.metrics.lock():
+            self.metrics.sampling_seconds += sampling_seconds
+            if work.gamma:
+                self.metrics.drafted += work.gamma
+                self.metrics.accepted += work.accepted
+                self.metrics.alpha_sum += float(sum(work.alphas))
+                self.metrics.alpha_rows += len(work.alphas)
+
+    def first_token(self, seq: Sequence) -> None:
+        ttft = time.perf_counter() - seq.submitted
+        seq.stats.first_token_seconds = ttft
+        self.metrics.record_first_token(ttft)
+
+    def sequence_in(self, slot: int) -> Optional[Sequence]:
+        for seq in self.active:
+            if seq.slot == slot:
+                return seq
+        return None
+
+    # ------------------------------------------------------------ tracing
+    def _trace(self, t_step: float, works: list[Work], prefill: list[Rows], catch_up: list[Rows],
+               planned_rate: float, emitted: int) -> None:
+        """Hand the step's record to the step trace (a failing trace is dropped, not the decoder)."""
+        prompt_rows = sum(len(p.tokens) for p in prefill)
+        passes, self._passes = self._passes or ([], []), None
+        try:
+            self.step_trace(StepRecord(
+                start=t_step, seconds=time.perf_counter() - t_step,
+                gammas=tuple(w.gamma for w in works), routes=tuple(w.route for w in works),
+                probes=tuple(w.decision.probe for w in works),
+                alpha_hats=tuple(w.decision.alpha_hat[:w.gamma] for w in works),
+                alphas=tuple(w.alphas for w in works), accepted=tuple(w.accepted for w in works),
+                prompt_rows=prompt_rows, catch_up_rows=sum(len(p.tokens) for p in catch_up),
+                catch_up_gain=self.policy.catch_up_gain, planned_rate=planned_rate,
+                plain_rate=self.policy.planner.plain_rate(len(works), prompt_rows) if works else 0.0,
+                emitted=emitted, target_passes=tuple(passes[0]), draft_passes=tuple(passes[1])))
+        except Exception:
+            log.exception("the step trace failed; tracing stops")
+            self.step_trace = None
+
+
+def fail_all(loop: StepLoop, sequences: Seq[Sequence], failure: Optional[str]) -> None:
+    """End ``sequences``: with a SpecDecError carrying ``failure`` if the
+    decoder failed, else (a close) with a DecoderClosedError."""
+    for seq in sequences:  # an error object of its own for each caller's traceback
+        err = SpecDecError(failure) if failure else DecoderClosedError(
+            f"the decoder was closed while request {seq.id} was "
+            f"{'running' if seq.slot is not None else 'waiting'}")
+        if seq in loop.active:
+            loop.end(seq, "cancelled", err)
+        elif not seq.finished:
+            seq.finish("cancelled", err)
+            loop.metrics.count_request("cancelled")
+            if loop.on_end is not None:
+                loop.on_end(seq)

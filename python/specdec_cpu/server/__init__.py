@@ -1,0 +1,10 @@
+"""The HTTP server: OpenAI's wire format over a :class:`~specdec_cpu.BatchedDecoder`.
+
+- :mod:`.openai_app` — the FastAPI application (routes, errors, streaming);
+- :mod:`.openai_schema` — the request models it validates;
+- :mod:`.prometheus` — ``/metrics`` in Prometheus' text format;
+- :mod:`.http_server` — runs the application under uvicorn (``specdec-cpu serve``);
+- :mod:`.ray_deployment` — the same application as a Ray Serve deployment.
+
+Imported only with the ``server`` (and ``ray``) extras.
+"""
