@@ -163,6 +163,41 @@ def test_queue_full_timeout_and_cancel_while_waiting(tiny_target, tiny_draft) ->
         wait_idle(dec)
 
 
+def test_a_refused_request_uses_up_no_seed(tiny_target, tiny_draft) -> None:
+    """Requests without a seed of their own draw the decoder's next seed once
+    accepted: a request refused with QueueFullError draws none, so the next
+    one samples what it would have without the refusal."""
+    unseeded = SamplingParams(temperature=1.0)
+
+    def run(refuse: bool) -> list:
+        with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=1, max_queue=0, n_ctx=256,
+                                      n_threads=1, seed=9, gamma=2) as dec:
+            busy = dec.stream("hello", max_tokens=100_000, params=unseeded)  # seed 1
+            next(busy)
+            if refuse:
+                with pytest.raises(QueueFullError):
+                    dec.generate("hi", max_tokens=4, params=unseeded)
+            busy.close()
+            wait_idle(dec)
+            return dec.generate("the quick brown fox", max_tokens=24, params=unseeded).tokens
+
+    assert run(refuse=True) == run(refuse=False)
+
+
+def test_a_measured_calibration_at_load(tiny_target, tiny_draft, tmp_path, monkeypatch) -> None:
+    """calibration="measure": the pair's pass times for a batch and α, measured
+    at load (and stored); the decoder then serves as usual."""
+    monkeypatch.setenv("SPECDEC_CALIBRATION_DIR", str(tmp_path))
+    with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=2, n_ctx=256, n_threads=1,
+                                  calibration="measure") as dec:
+        cost = dec.cost_model
+        assert cost is not None and cost.alpha is not None and 0.0 < cost.alpha <= 1.0
+        assert cost.draft_batch_ms is not None and len(cost.draft_batch_ms) >= 2
+        assert dec.policy.alpha_known
+        assert len(dec.generate("hello world", max_tokens=8, params=GREEDY).tokens) > 0
+    assert list(tmp_path.glob("*.json"))
+
+
 def test_closing_a_stream_frees_its_sequence(tiny_target, tiny_draft) -> None:
     with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=2, n_ctx=256, n_threads=1) as dec:
         s = dec.stream("hello", max_tokens=200, params=SamplingParams(temperature=1.0))

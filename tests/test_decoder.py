@@ -149,3 +149,41 @@ def test_stats_are_consistent() -> None:
     assert s.by_drafter["model"] == [s.drafted, s.accepted]
     d = s.to_dict()
     assert d["tokens"] == 40 and "tokens_per_second" in d
+
+
+class RowCostLM(MarkovLM):
+    """A Markov model whose pass takes ``base + per_row · rows`` seconds."""
+
+    def __init__(self, *args, base: float, per_row: float, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.base, self.per_row = base, per_row
+
+    def eval(self, tokens, n_logits=1):
+        import time
+
+        time.sleep(self.base + self.per_row * len(tokens))
+        return super().eval(tokens, n_logits)
+
+
+def test_a_first_generation_plans_with_costs_it_measured() -> None:
+    """No calibration: the first step measures T(1) (plain) and one draft row;
+    from then on the γ choices come from measured costs.  A memory-bound pair
+    (rows nearly free, a cheap draft) drafts long from the third step on; a
+    compute-bound one (every row a pass's worth, a draft costing 0.7 of a
+    target pass) never drafts, not even to explore its unmeasured acceptance."""
+    prompt = [1, 2, 3, 1, 2, 3, 4]
+
+    def first_generation(target_kw, draft_kw):
+        target = RowCostLM(V, order=2, seed=1, **target_kw)
+        draft = RowCostLM(V, order=2, table=target.table, **draft_kw)  # accepted every time
+        dec = SpeculativeDecoder(target, ByteTokenizer(), draft, gamma="auto", seed=0)
+        assert dec.cost_model is None and not dec.policy.planner.target.known(1)
+        gen = dec.generate(prompt, max_tokens=40, params=T1)
+        planner = dec.policy.planner
+        assert planner.target.last_seen(1) > 0 and planner.draft.last_seen(1) > 0  # measured, not seeded
+        return gen.stats.gammas
+
+    memory = first_generation(dict(base=0.010, per_row=0.0002), dict(base=0.001, per_row=0.0005))
+    assert memory[0] == 0 and min(memory[2:5]) >= 2 and max(memory) >= 6, memory
+    compute = first_generation(dict(base=0.002, per_row=0.010), dict(base=0.001, per_row=0.007))
+    assert set(compute) == {0}, compute

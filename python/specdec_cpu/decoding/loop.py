@@ -191,13 +191,19 @@ class StepLoop:
         budget = 0
         if self.draft is not None:
             budget = min(self.prefill_chunk, self.draft.n_batch - len(decoding))
+        timing = self.draft is not None and self.policy.draft_unmeasured()
         decisions = self.policy.plan(cands, fixed_rows, joining, budget)
         works, catch_up = [], []
         for s, d in zip(decoding, decisions):
             works.append(Work(s, route=d.route, gamma=d.gamma, decision=d))
+            have = self.draft.n_past(s.slot) if self.draft is not None else 0
             if d.catch_up:
-                have = self.draft.n_past(s.slot)
                 catch_up.append(Rows(s.slot, s.seq[have:have + d.catch_up]))
+            elif timing and not d.gamma and have < len(s.seq) - 1:
+                # The draft's cost is unknown: its next token is one row of a draft
+                # pass as drafting runs it (with logits), which times T_draft(1).
+                catch_up.append(Rows(s.slot, s.seq[have:have + 1], 1))
+                timing = False
         return works, cands, catch_up
 
     def _candidate(self, s: Sequence) -> Candidate:

@@ -184,7 +184,10 @@ class SpeculativeDecoder(DecoderFront):
         dec.draft_path = pair.draft.path if pair.draft is not None else None
         dec.n_threads = target_ctx.n_threads
         if dec.has_drafter:
-            dec.cost_model = initial_costs(dec, s.calibration, k_max=_plan_rows(dec), progress=progress)
+            # Without a stored calibration the planner learns the pass times from the
+            # first passes (docs/planning.md §4): no measurement before the first request.
+            dec.cost_model = initial_costs(dec, s.calibration, k_max=_plan_rows(dec), measure_missing=False,
+                                           progress=progress)
         dec._release_threads = engine.release_threads
         dec._release_threads()  # a calibration's passes ran on this thread
         return dec

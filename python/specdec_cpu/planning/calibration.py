@@ -339,16 +339,18 @@ def _dense(ks: Sequence[int], ms: Sequence[float]) -> list[float]:
 
 def starting_costs(calibration: object, *, target: CausalLM, draft: Optional[CausalLM],
                    target_path: Optional[str], draft_path: Optional[str], n_threads: Optional[int],
-                   k_max: int, b_max: int = 1,
+                   k_max: int, b_max: int = 1, measure_missing: bool = True,
                    progress: Optional[Callable[[str], None]] = None) -> Optional[CostModel]:
     """The cost model a decoder starts from, by its ``calibration`` argument:
-    ``"auto"`` (the cached calibration, measuring pass times first if there
-    is none: :func:`ensure_timings`), ``"cached"`` (the cached one or None,
-    never measuring), a ``CostModel`` as given, or None (priors)."""
-    if calibration == "auto":
+    ``"auto"`` (the cached calibration; where there is none, with
+    ``measure_missing`` the pass times are measured first,
+    :func:`ensure_timings`, else None: the planner learns them from the
+    decoder's first passes), ``"cached"`` (the cached one or None, never
+    measuring), a ``CostModel`` as given, or None (priors)."""
+    if calibration == "auto" and measure_missing:
         return ensure_timings(target, draft, target_path=target_path, draft_path=draft_path,
                               n_threads=n_threads, k_max=k_max, b_max=b_max, progress=progress)
-    if calibration == "cached":
+    if calibration in ("auto", "cached"):
         return cached_calibration(target_path, draft_path, n_threads)
     if calibration is None or isinstance(calibration, CostModel):
         return calibration
@@ -357,6 +359,7 @@ def starting_costs(calibration: object, *, target: CausalLM, draft: Optional[Cau
 
 def initial_costs(decoder: CalibratableDecoder, calibration: object, *, k_max: int, b_max: int = 1,
                   target: Optional[CausalLM] = None, draft: Optional[CausalLM] = None,
+                  measure_missing: bool = True,
                   progress: Optional[Callable[[str], None]] = None) -> Optional[CostModel]:
     """The cost model a loaded decoder starts from, by its ``calibration``
     setting: ``"measure"`` runs :func:`calibrate` on it now (``b_max``
@@ -369,4 +372,4 @@ def initial_costs(decoder: CalibratableDecoder, calibration: object, *, k_max: i
     return starting_costs(calibration, target=decoder.target if target is None else target,
                           draft=decoder.draft if draft is None else draft, target_path=decoder.target_path,
                           draft_path=decoder.draft_path, n_threads=decoder.n_threads, k_max=k_max, b_max=b_max,
-                          progress=progress)
+                          measure_missing=measure_missing, progress=progress)

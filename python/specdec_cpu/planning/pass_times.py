@@ -107,6 +107,11 @@ class PassTimes:
         """Whether any count has a time (measured or seeded)."""
         return self._measured
 
+    def known(self, k: int) -> bool:
+        """Whether count ``k`` has a time of its own (observed or seeded), not
+        one read off the prior or its neighbours."""
+        return bool(self._seen[k] > 0 or math.isfinite(self._seed[k])) if 1 <= k <= self.k_max else False
+
     def last_seen(self, k: int) -> int:
         """Observation number of the last reading of count ``k`` (0: never)."""
         return int(self._seen[k])

@@ -180,6 +180,13 @@ class DraftPolicy:
         saving repays the catch-up, a chunk of it is taken in this step.
         """
         decisions = [Decision(batch=len(cands)) for _ in cands]
+        if not self.planner.target.known(1):
+            # Nothing is known of a pass's cost yet (no calibration, no pass of one
+            # row): this step is plain, and measures T(1) (docs/planning.md §4).
+            for c, d in zip(cands, decisions):
+                d.match = c.match if c.gamma != 0 and c.room else None
+            self.planner.last_rate, self.catch_up_gain = 0.0, 0.0
+            return decisions
         explorer = self._explorer(cands)
         plans = [self._options(c, d, len(cands), fixed_rows, explore=i == explorer)
                  for i, (c, d) in enumerate(zip(cands, decisions))]
@@ -360,6 +367,11 @@ class DraftPolicy:
             self.planner.observe_step(batch, drafting, planned_rate, emitted, seconds)
         if not explored:
             self.planner.observe_balance(batch, drafting or caught_up, emitted, seconds)
+
+    def draft_unmeasured(self) -> bool:
+        """Whether the draft model's pass time is unknown (no calibration,
+        no draft pass yet): the loop then times one draft row first."""
+        return self.has_draft and not self.planner.draft.known(1)
 
     def estimates(self) -> dict:
         """α̂ of the pair and the pass-time curves, as plain data (statistics, logs)."""
