@@ -173,7 +173,7 @@ PYBIND11_MODULE(_core, m) {
     py::register_exception_translator(&translate_invalid_logits);
 
     m.def("active_isa", []() { return std::string(specdec::active_isa_name()); },
-          "The instruction set the kernels run on: 'scalar', 'avx2' or 'avx512'.");
+          "The instruction set the kernels run on: 'scalar', 'avx2', 'avx512' or 'neon'.");
     m.def("supported_isas", &specdec::supported_isas, "Instruction sets this CPU can run, slowest first.");
     m.def(
         "set_isa",

@@ -3,6 +3,11 @@
 #include <atomic>
 #include <cstdlib>
 
+#if defined(SPECDEC_HAVE_NEON) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
+
 namespace specdec {
 
 namespace {
@@ -28,10 +33,24 @@ bool cpu_has_avx512() {
 #endif
 }
 
+// Advanced SIMD is part of the AArch64 base architecture (and of the Linux
+// AArch64 ABI); the hardware capability bit is checked anyway where the OS
+// reports it.
+bool cpu_has_neon() {
+#if defined(SPECDEC_HAVE_NEON) && defined(__linux__) && defined(HWCAP_ASIMD)
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMD) != 0;
+#elif defined(SPECDEC_HAVE_NEON)
+    return true;
+#else
+    return false;
+#endif
+}
+
 const KernelTable* table_for(const std::string& name) {
     if (name == "scalar") return kernel_table_scalar();
     if (name == "avx2") return cpu_has_avx2() ? kernel_table_avx2() : nullptr;
     if (name == "avx512") return cpu_has_avx512() ? kernel_table_avx512() : nullptr;
+    if (name == "neon") return cpu_has_neon() ? kernel_table_neon() : nullptr;
     return nullptr;
 }
 
@@ -49,7 +68,9 @@ std::string supported_list() {
     return out;
 }
 
-bool is_known(const std::string& name) { return name == "scalar" || name == "avx2" || name == "avx512"; }
+bool is_known(const std::string& name) {
+    return name == "scalar" || name == "avx2" || name == "avx512" || name == "neon";
+}
 
 }  // namespace
 
@@ -57,11 +78,15 @@ bool is_known(const std::string& name) { return name == "scalar" || name == "avx
 const KernelTable* kernel_table_avx2() { return nullptr; }
 const KernelTable* kernel_table_avx512() { return nullptr; }
 #endif
+#if !defined(SPECDEC_HAVE_NEON)
+const KernelTable* kernel_table_neon() { return nullptr; }
+#endif
 
 std::vector<std::string> supported_isas() {
     std::vector<std::string> names{"scalar"};
     if (kernel_table_avx2() != nullptr && cpu_has_avx2()) names.emplace_back("avx2");
     if (kernel_table_avx512() != nullptr && cpu_has_avx512()) names.emplace_back("avx512");
+    if (kernel_table_neon() != nullptr && cpu_has_neon()) names.emplace_back("neon");
     return names;
 }
 

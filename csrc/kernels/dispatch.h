@@ -1,9 +1,9 @@
 // Runtime selection of the SIMD kernel set.
 //
 // Every vocabulary-wide primitive exists once per instruction set (scalar,
-// AVX2+FMA, AVX-512); each ISA translation unit fills one KernelTable and the
-// code above this header calls through the active table only, so it never
-// depends on the instruction set it runs on.
+// AVX2+FMA and AVX-512 on x86-64, NEON on AArch64); each ISA translation unit
+// fills one KernelTable and the code above this header calls through the
+// active table only, so it never depends on the instruction set it runs on.
 #pragma once
 
 #include <cstddef>
@@ -57,10 +57,12 @@ struct KernelTable {
     double (*block_sums)(const float* x, size_t n, size_t block, double* sums);
 };
 
-// Tables compiled for each instruction set (nullptr when not built).
+// Tables compiled for each instruction set (nullptr when not built: the x86
+// tables exist in x86-64 builds only, the NEON table in AArch64 builds only).
 const KernelTable* kernel_table_scalar();
 const KernelTable* kernel_table_avx2();
 const KernelTable* kernel_table_avx512();
+const KernelTable* kernel_table_neon();
 
 // The table in use.
 const KernelTable& kernels();
@@ -68,7 +70,8 @@ const KernelTable& kernels();
 // Name of the active instruction set.
 const char* active_isa_name();
 
-// Instruction sets this CPU (and this build) can run, slowest first.
+// Instruction sets this CPU (and this build) can run, slowest first:
+// "scalar", then "avx2" and "avx512" (x86-64) or "neon" (AArch64).
 std::vector<std::string> supported_isas();
 
 // Selects an instruction set by name; returns false (and fills *error) when it

@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 def active_isa() -> str:
-    """The instruction set the kernels run on: 'scalar', 'avx2' or 'avx512'."""
+    """The instruction set the kernels run on: 'scalar', 'avx2', 'avx512' or 'neon'."""
 
 def supported_isas() -> list[str]:
     """Instruction sets this CPU (and this build) can run, slowest first; 'scalar' always."""

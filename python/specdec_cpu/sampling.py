@@ -46,7 +46,7 @@ class VerifyResult:
 
 
 def active_isa() -> str:
-    """The instruction set the kernels run on: ``scalar``, ``avx2`` or ``avx512``."""
+    """The instruction set the kernels run on: ``scalar``, ``avx2``, ``avx512`` or ``neon``."""
     return _core.active_isa()
 
 
