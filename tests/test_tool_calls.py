@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import pickle
 import random
 
 import pytest
@@ -230,6 +231,8 @@ def test_bad_tools_name_the_field(tools, param, message):
         validate_tools(tools)
     assert info.value.param == param and param in str(info.value)
     assert isinstance(info.value, ValueError)
+    back = pickle.loads(pickle.dumps(info.value))  # crosses process pools with its param
+    assert (str(back), back.param) == (str(info.value), param)
 
 
 def test_tool_choice():
