@@ -2,7 +2,8 @@
 
 All of them derive from :class:`SpecDecError`, so a server can catch that
 one class around a request.  Errors that are really bad arguments also
-derive from ``ValueError`` (``InvalidPromptError``, ``InvalidLogitsError``);
+derive from ``ValueError`` (``InvalidPromptError``, ``InvalidLogitsError``,
+``InvalidGrammarError``, ``InvalidToolsError``, ``ChatTemplateRefusal``);
 invalid parameters (``SamplingParams``, γ, ``n_threads``, ...) raise plain
 ``ValueError``/``TypeError`` naming the parameter and the expected range.
 """
@@ -85,3 +86,51 @@ class DecoderClosedError(SpecDecError):
     def __init__(self, message: str, partial: Optional[object] = None) -> None:
         super().__init__(message)
         self.partial = partial
+
+
+class _ParamError(SpecDecError, ValueError):
+    """A bad request argument; ``param`` names it as OpenAI's error field
+    does (e.g. ``"tools[1].function.name"``), or is None."""
+
+    def __init__(self, message: str, param: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.param))
+
+
+class InvalidGrammarError(_ParamError):
+    """A JSON schema, Lark grammar, regex or GBNF grammar that cannot be
+    compiled; raised before anything is queued (an HTTP 400)."""
+
+
+class InvalidToolsError(_ParamError):
+    """A ``tools`` entry or a ``tool_choice`` that is malformed or names a
+    function that does not exist (an HTTP 400)."""
+
+
+class ConstraintError(SpecDecError):
+    """A grammar matcher failed while decoding (llguidance's message, e.g. a
+    parser resource limit); the constrained sequence cannot go on."""
+
+
+class ChatTemplateError(SpecDecError):
+    """A chat template that cannot be compiled, or that failed while
+    rendering (a bug of the template, or input it cannot handle).
+
+    Attributes:
+        template: what the template is (a GGUF path, a file, "inline").
+    """
+
+    def __init__(self, message: str, template: str = "") -> None:
+        super().__init__(message)
+        self.template = template
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.template))
+
+
+class ChatTemplateRefusal(ChatTemplateError, ValueError):
+    """The template itself refused the messages (its ``raise_exception``,
+    e.g. "roles must alternate"): the client's fault, an HTTP 400."""

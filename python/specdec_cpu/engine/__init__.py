@@ -11,11 +11,13 @@
 * :func:`cut_vocab`, :func:`cached_cut`, :func:`cut_draft` -- a draft cut to the common part
   of its vocabulary (written, cached, or as a decoder's ``draft_vocab`` asks).
 * :func:`release_threads` -- give back the calling thread's OpenMP workers.
+* :func:`llg_tokenizer` -- the vocabulary as llguidance's tokenizer (grammar masks).
 """
 
 from __future__ import annotations
 
 from .context import DecodeError, LlamaContext
+from .grammar_tokenizer import llg_tokenizer
 from .loading import ModelPair, load_pair
 from .multi_context import LlamaMultiContext, SequenceView
 from .openmp import release_threads
@@ -40,4 +42,5 @@ __all__ = [
     "cut_vocab",
     "FTYPES",
     "release_threads",
+    "llg_tokenizer",
 ]

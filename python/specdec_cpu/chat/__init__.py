@@ -1,0 +1,42 @@
+"""Chat prompts and tool calls.
+
+* :class:`ChatTemplate` (template.py) -- a GGUF's own Jinja chat template
+  rendered as transformers does (sandboxed), with tools, tool calls and
+  tool results; a ``--chat-template`` file or text overrides it.
+* :func:`template_messages` (messages.py) -- OpenAI messages checked and
+  shaped for templates.
+* :func:`parse_tool_calls` (tools.py) -- a whole output as content plus
+  OpenAI ``tool_calls`` (Qwen2.5 / Hermes ``<tool_call>`` blocks, or bare
+  JSON calls); :class:`ToolCallStreamParser` (tool_stream.py) -- the same
+  while streaming, as OpenAI chunk deltas.
+* :func:`validate_tools`, :func:`resolve_tool_choice` (tool_specs.py) --
+  a request's ``tools`` and ``tool_choice`` checked.
+* :func:`tool_call_grammar` (tool_grammar.py) -- the constraint for
+  ``tool_choice`` "required" or a named function.
+"""
+
+from __future__ import annotations
+
+from .messages import template_messages
+from .template import ChatTemplate, load_template_source
+from .tool_grammar import call_schema, tool_call_grammar
+from .tool_specs import FunctionSpec, ToolChoice, resolve_tool_choice, validate_tools
+from .tool_stream import ToolCallStreamParser
+from .tools import ParsedOutput, ToolCall, new_call_id, parse_tool_calls
+
+__all__ = [
+    "ChatTemplate",
+    "load_template_source",
+    "template_messages",
+    "ToolCall",
+    "ParsedOutput",
+    "parse_tool_calls",
+    "new_call_id",
+    "ToolCallStreamParser",
+    "FunctionSpec",
+    "ToolChoice",
+    "validate_tools",
+    "resolve_tool_choice",
+    "tool_call_grammar",
+    "call_schema",
+]
