@@ -61,6 +61,17 @@ class UnsupportedModelError(ModelLoadError):
     """The model loads but cannot be used here (e.g. its cache cannot be truncated)."""
 
 
+class ModelNotFoundError(ModelLoadError):
+    """A model name or path matches no file and no model found on this machine
+    (the message lists close matches and where it looked)."""
+
+
+class AmbiguousModelError(ModelLoadError):
+    """A model name matches several models (the message lists them)."""
+
+
+
+
 class QueueFullError(SpecDecError):
     """A batched decoder's waiting queue is full: the request was not queued.
 

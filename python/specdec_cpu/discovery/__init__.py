@@ -1,0 +1,42 @@
+"""The models already on this machine, and choosing among them.
+
+Nothing here imports llama.cpp: GGUF files are read with the ``gguf``
+package (``gguf_info``, header only), so listing and matching models is
+cheap and works without loading any.
+
+* stores: ``ollama`` (ollama's manifests and blobs), ``hf_cache`` (the
+  Hugging Face hub cache), ``lmstudio`` (LM Studio's folders), ``folders``
+  (``--model-dir`` and ``$SPECDEC_MODEL_DIRS``); ``shards`` folds split GGUF
+  files into one model;
+* ``catalog``: :func:`discover` searches them all (:class:`Catalog` of
+  :class:`ModelEntry`, from ``entry``);
+* ``resolve``: :func:`resolve_model`, a name (``qwen2.5-coder:7b``,
+  ``org/repo:file.gguf``) or a path to a file, with errors naming close matches;
+* ``gguf_info``, ``store``, ``fingerprint``: a file's metadata
+  (:class:`ModelInfo`: quantisation, parameters, architecture, vocabulary)
+  and vocabulary fingerprint, cached on disk by path, size and mtime;
+
+See docs/models.md.
+"""
+
+from __future__ import annotations
+
+from .catalog import Catalog, discover
+from .entry import SOURCES, ModelEntry
+from .fingerprint import VocabPrint, mismatch
+from .resolve import find_model, resolve_model
+from .store import ModelInfo, describe, vocabulary
+
+__all__ = [
+    "Catalog",
+    "ModelEntry",
+    "ModelInfo",
+    "SOURCES",
+    "VocabPrint",
+    "describe",
+    "discover",
+    "find_model",
+    "mismatch",
+    "resolve_model",
+    "vocabulary",
+]
