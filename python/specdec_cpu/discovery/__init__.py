@@ -15,6 +15,9 @@ cheap and works without loading any.
 * ``gguf_info``, ``store``, ``fingerprint``: a file's metadata
   (:class:`ModelInfo`: quantisation, parameters, architecture, vocabulary)
   and vocabulary fingerprint, cached on disk by path, size and mtime;
+* ``draft``: :func:`choose_draft`, the cheapest model on disk sharing the
+  target's vocabulary;
+* ``units``: sizes for people.
 
 See docs/models.md.
 """
@@ -22,6 +25,7 @@ See docs/models.md.
 from __future__ import annotations
 
 from .catalog import Catalog, discover
+from .draft import DraftChoice, choose_draft
 from .entry import SOURCES, ModelEntry
 from .fingerprint import VocabPrint, mismatch
 from .resolve import find_model, resolve_model
@@ -29,10 +33,12 @@ from .store import ModelInfo, describe, vocabulary
 
 __all__ = [
     "Catalog",
+    "DraftChoice",
     "ModelEntry",
     "ModelInfo",
     "SOURCES",
     "VocabPrint",
+    "choose_draft",
     "describe",
     "discover",
     "find_model",
