@@ -71,6 +71,10 @@ class AmbiguousModelError(ModelLoadError):
 
 
 
+class InsufficientMemoryError(ModelLoadError):
+    """The models (and their KV caches) would not fit in the memory available
+    now: refused before loading instead of being killed while loading."""
+
 
 class QueueFullError(SpecDecError):
     """A batched decoder's waiting queue is full: the request was not queued.

@@ -12,6 +12,7 @@ from ..planning import theory
 from ..planning.costmodel import CostModel, ModelIdentity, calibration_path
 from ..params import SamplingParams
 from ._common import UsageError, emit, int_in, nonneg_float, probability
+from ._discovery import add_discovery_args, finish_models
 from ._format import draft_lines, plan_lines, verify_lines
 
 
@@ -24,8 +25,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
                     "measure the acceptance α on a few sample prompts, cache the result per "
                     "(model files, threads, CPU) and print the resulting plan.",
     )
-    p.add_argument("--target", required=True, metavar="T.gguf", help="target model (GGUF)")
-    p.add_argument("--draft", required=True, metavar="D.gguf", help="draft model (GGUF)")
+    p.add_argument("--target", required=True, metavar="T.gguf|NAME",
+                   help="target model: a GGUF file or a model's name (see `specdec-cpu models`)")
+    p.add_argument("--draft", required=True, metavar="D.gguf|NAME", help="draft model: a GGUF file or a name")
     p.add_argument("--draft-vocab", type=int_in(1, 1 << 24), default=None, metavar="N",
                    help="calibrate the draft cut to its first N ids and its control tokens "
                         "(as --draft-vocab of generate, chat and serve; the cut is cached)")
@@ -50,6 +52,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     p.add_argument("--json", action="store_true", help="print the calibration as JSON "
                    "(usable as `plan --calibration FILE`)")
+    add_discovery_args(p, auto_draft=False)
     p.set_defaults(func=run)
 
 
@@ -60,15 +63,13 @@ def run(args: argparse.Namespace) -> int:
                                 min_p=args.min_p, seed=args.seed)
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    for flag, path in (("--target", args.target), ("--draft", args.draft)):
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"{flag} {path}: no such file")
+    target, draft = finish_models(args, args.target, args.draft, n_ctx=args.n_ctx, auto_draft=False)
 
     # Heavy imports (llama.cpp, the C++ extension) only now, so `plan` needs neither.
     from ..decoder import SpeculativeDecoder
     from ..planning import calibrate
 
-    decoder = SpeculativeDecoder.from_gguf(args.target, args.draft, n_threads=args.threads,
+    decoder = SpeculativeDecoder.from_gguf(target, draft, n_threads=args.threads,
                                            n_ctx=args.n_ctx, draft_vocab=args.draft_vocab,
                                            progress=lambda line: emit(line, sys.stderr))
     model = calibrate(decoder, params=params, gamma_max=args.gamma_max, batch=args.batch,

@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from ..errors import ModelLoadError
 from ._common import UsageError, emit, int_in, positive_float
+from ._discovery import add_discovery_args, finish_models, label, served_name
 from ._session import DRAFT_VOCAB_HELP, gamma_value
 
 API_KEY_ENV = "SPECDEC_API_KEY"
@@ -23,9 +23,13 @@ def register(sub: "argparse._SubParsersAction") -> None:
                     "(BatchedDecoder). Without TARGET the bundled demo pair is served. Needs the "
                     "[server] extra (pip install 'specdec-cpu[server]').",
     )
-    p.add_argument("target", nargs="?", metavar="TARGET", help="target model (GGUF); default: the demo pair")
-    p.add_argument("draft", nargs="?", metavar="DRAFT", help="draft model (GGUF) sharing the target's vocabulary")
+    p.add_argument("target", nargs="?", metavar="TARGET",
+                   help="target model: a GGUF file or a model's name (see `specdec-cpu models`); default: the demo pair")
+    p.add_argument("draft", nargs="?", metavar="DRAFT",
+                   help="draft model sharing the target's vocabulary; default: the smallest such model "
+                        "found on this machine, else n-gram drafting")
     p.add_argument("--ngram", action="store_true", help="also draft by prompt lookup")
+    add_discovery_args(p)
     p.add_argument("--draft-vocab", type=int_in(1, 1 << 24), default=None, metavar="N", help=DRAFT_VOCAB_HELP)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int_in(0, 65535), default=8000, help="port (default 8000)")
@@ -81,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     if args.draft_vocab is not None and args.target is not None and args.draft is None:
         raise UsageError("--draft-vocab cuts the draft model: give DRAFT")
     target, draft = _model_paths(args)
-    name = args.model_name or Path(target).stem
+    name = args.model_name or served_name(target)
     if args.ray:
         return _run_ray(args, target, draft, name)
     from ..serving.app import ServerOptions
@@ -97,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     options = ServerOptions(model_name=name, api_key=args.api_key or None, max_body_bytes=args.max_body,
                             request_timeout=args.timeout, log_prompts=args.log_prompts)
     emit(f"serving {name} on http://{args.host}:{args.port} (OpenAI API under /v1; /health, /metrics); "
-         f"loading {Path(target).name}" + (f" + {Path(draft).name}" if draft else "") + " ...")
+         f"loading {label(target)}" + (f" + {label(draft)}" if draft else "") + " ...")
     return run_server(load, options, host=args.host, port=args.port, grace=args.grace,
                       log_level=args.log_level)
 
@@ -107,11 +111,10 @@ def _model_paths(args: argparse.Namespace) -> "tuple[str, Optional[str]]":
         from ..models import ensure_default_pair
 
         target, draft = ensure_default_pair(progress=True)
-        return str(target), str(draft)
-    for what, path in (("TARGET", args.target), ("DRAFT", args.draft)):
-        if path is not None and not Path(path).is_file():
-            raise ModelLoadError(f"{what} {path}: no such file")
-    return args.target, args.draft
+        return finish_models(args, str(target), str(draft), n_ctx=args.n_ctx, n_seq=args.max_sequences,
+                             named=False)
+    return finish_models(args, args.target, args.draft, flags=("TARGET", "DRAFT"), n_ctx=args.n_ctx,
+                         n_seq=args.max_sequences)
 
 
 def _run_ray(args: argparse.Namespace, target: str, draft: Optional[str], name: str) -> int:

@@ -17,6 +17,7 @@ cheap and works without loading any.
   and vocabulary fingerprint, cached on disk by path, size and mtime;
 * ``draft``: :func:`choose_draft`, the cheapest model on disk sharing the
   target's vocabulary;
+* ``memory``: :func:`check_memory`, refusing models that would not fit;
 * ``units``: sizes for people.
 
 See docs/models.md.
@@ -28,6 +29,7 @@ from .catalog import Catalog, discover
 from .draft import DraftChoice, choose_draft
 from .entry import SOURCES, ModelEntry
 from .fingerprint import VocabPrint, mismatch
+from .memory import available_memory, check_memory, memory_need
 from .resolve import find_model, resolve_model
 from .store import ModelInfo, describe, vocabulary
 
@@ -38,10 +40,13 @@ __all__ = [
     "ModelInfo",
     "SOURCES",
     "VocabPrint",
+    "available_memory",
+    "check_memory",
     "choose_draft",
     "describe",
     "discover",
     "find_model",
+    "memory_need",
     "mismatch",
     "resolve_model",
     "vocabulary",
