@@ -70,6 +70,10 @@ class AmbiguousModelError(ModelLoadError):
     """A model name matches several models (the message lists them)."""
 
 
+class PullError(SpecDecError):
+    """A model could not be downloaded (no such repository or file, offline,
+    the hub unreachable, or the optional ``huggingface_hub`` missing)."""
+
 
 class InsufficientMemoryError(ModelLoadError):
     """The models (and their KV caches) would not fit in the memory available

@@ -18,6 +18,7 @@ cheap and works without loading any.
 * ``draft``: :func:`choose_draft`, the cheapest model on disk sharing the
   target's vocabulary;
 * ``memory``: :func:`check_memory`, refusing models that would not fit;
+* ``pull``: downloading from the Hugging Face hub (the optional ``hub`` extra);
 * ``units``: sizes for people.
 
 See docs/models.md.
