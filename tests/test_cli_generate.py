@@ -288,8 +288,8 @@ def test_ignore_eos_reaches_the_decoder(env, pair):
 
 
 def test_a_draft_cut_to_part_of_its_vocabulary(env, pair):
-    code, out, err = cli("generate", *pair, "--draft-vocab", "300", "--json", "--temperature", "1",
-                         "--max-tokens", "16", "--seed", "2", "hello world", env=env)
+    code, out, err = cli("generate", *pair, "--draft-vocab", "300", "--gamma", "2", "--json",
+                         "--temperature", "1", "--max-tokens", "16", "--seed", "2", "hello world", env=env)
     assert code == 0, err
     assert "cutting draft.gguf's vocabulary to its first 300 ids" in err
     data = json.loads(out)
