@@ -11,6 +11,8 @@ import pytest
 
 pexpect = pytest.importorskip("pexpect")
 
+from model_stores import store_env  # noqa: E402
+
 PROMPT = ">>> "
 # The status line after every reply (stderr, the same terminal).
 # Replies in which nothing was drafted say "plain decoding" instead of the
@@ -32,6 +34,7 @@ def chat(tmp_path, tiny_target, tiny_draft):
     def start(*flags: str, target: str = tiny_target, draft: str | None = tiny_draft,
               preexec_fn=None):
         env = dict(os.environ)
+        env.update(store_env(tmp_path / "stores"))  # empty model stores: no draft found on the machine
         env.update(SPECDEC_CACHE_DIR=str(tmp_path / "cache"), PYTHONIOENCODING="utf-8",
                    TERM="dumb", INPUTRC=os.devnull,
                    SPECDEC_CALIBRATION_DIR=str(tmp_path / "calibration"))
@@ -253,7 +256,7 @@ def test_system_reset_help_and_unknown_commands(chat):
 
 
 def test_plain_decoding_without_draft(chat):
-    child = chat("--max-tokens", "6", draft=None)
+    child = chat("--max-tokens", "6", "--no-auto-draft", draft=None)
     child.expect("no draft: plain decoding")
     ready(child)
     child.sendline("hello")
@@ -267,7 +270,7 @@ def test_plain_decoding_without_draft(chat):
 
 
 def test_model_without_chat_template_is_one_line(chat, tiny_no_template):
-    child = chat(target=tiny_no_template, draft=None)
+    child = chat("--no-auto-draft", target=tiny_no_template, draft=None)
     child.expect(r"error: the target model has no chat template .*generate --raw")
     child.expect(pexpect.EOF)
     child.close()

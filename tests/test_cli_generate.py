@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from model_stores import store_env
+
 
 def cli(*argv: str, env: dict, stdin: str | None = None, timeout: float = 120):
     """Run ``python -m specdec_cpu.cli ARGV``; return (exit code, stdout, stderr) as text."""
@@ -25,8 +27,10 @@ def cli(*argv: str, env: dict, stdin: str | None = None, timeout: float = 120):
 
 @pytest.fixture
 def env(tmp_path):
-    """The caller's environment with a private cache directory and UTF-8 output."""
+    """The caller's environment with a private cache directory, UTF-8 output and
+    empty model stores (a --target alone looks for a draft among them)."""
     e = dict(os.environ)
+    e.update(store_env(tmp_path / "stores"))
     e["SPECDEC_CACHE_DIR"] = str(tmp_path / "cache")
     e["PYTHONIOENCODING"] = "utf-8"
     e.pop("SPECDEC_DEBUG", None)
@@ -116,18 +120,18 @@ def test_model_without_template_falls_back_to_raw(env, tiny_no_template):
                          "hello", env=env)
     assert code == 0, err
     assert json.loads(out)["chat_template"] is False
-    code, out, err = cli("generate", "--target", tiny_no_template, "--chat", "--max-tokens", "4",
-                         "hello", env=env)
+    code, out, err = cli("generate", "--target", tiny_no_template, "--no-auto-draft", "--chat",
+                         "--max-tokens", "4", "hello", env=env)
     assert code == 1 and out == ""
     assert err.count("\n") == 1 and "no chat template" in err and "--raw" in err
 
 
 def test_target_alone_is_plain_decoding(env, tiny_target):
-    code, out, err = cli("generate", "--target", tiny_target, "--json", "--max-tokens", "8",
-                         "hello", env=env)
+    code, out, err = cli("generate", "--target", tiny_target, "--no-auto-draft", "--json",
+                         "--max-tokens", "8", "hello", env=env)
     assert code == 0, err
     data = json.loads(out)
-    assert data["draft"] is None and data["stats"]["drafted"] == 0
+    assert data["draft"] is None and data["stats"]["drafted"] == 0 and data["ngram"] is False
     assert data["stats"]["steps"] == data["stats"]["tokens"] or data["finish_reason"] == "stop"
 
 
@@ -176,7 +180,7 @@ def test_bad_flag_values_are_usage_errors(env, pair, flags, culprit):
 
 @pytest.mark.parametrize("argv, message", [
     (["--draft", "D.gguf"], "--draft needs --target"),
-    (["--gamma", "4"], "needs a drafter"),
+    (["--gamma", "4", "--no-auto-draft"], "needs a drafter"),
     (["--draft-vocab", "300"], "--draft-vocab cuts the draft model"),
 ])
 def test_flag_combinations_that_cannot_work(env, tiny_target, argv, message):
@@ -284,8 +288,8 @@ def test_ignore_eos_reaches_the_decoder(env, pair):
 
 
 def test_a_draft_cut_to_part_of_its_vocabulary(env, pair):
-    code, out, err = cli("generate", *pair, "--draft-vocab", "300", "--json", "--temperature", "1",
-                         "--max-tokens", "16", "--seed", "2", "hello world", env=env)
+    code, out, err = cli("generate", *pair, "--draft-vocab", "300", "--gamma", "2", "--json",
+                         "--temperature", "1", "--max-tokens", "16", "--seed", "2", "hello world", env=env)
     assert code == 0, err
     assert "cutting draft.gguf's vocabulary to its first 300 ids" in err
     data = json.loads(out)

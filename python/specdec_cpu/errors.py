@@ -62,6 +62,25 @@ class UnsupportedModelError(ModelLoadError):
     """The model loads but cannot be used here (e.g. its cache cannot be truncated)."""
 
 
+class ModelNotFoundError(ModelLoadError):
+    """A model name or path matches no file and no model found on this machine
+    (the message lists close matches and where it looked)."""
+
+
+class AmbiguousModelError(ModelLoadError):
+    """A model name matches several models (the message lists them)."""
+
+
+class PullError(SpecDecError):
+    """A model could not be downloaded (no such repository or file, offline,
+    the hub unreachable, or the optional ``huggingface_hub`` missing)."""
+
+
+class InsufficientMemoryError(ModelLoadError):
+    """The models (and their KV caches) would not fit in the memory available
+    now: refused before loading instead of being killed while loading."""
+
+
 class QueueFullError(SpecDecError):
     """A batched decoder's waiting queue is full: the request was not queued.
 

@@ -20,7 +20,7 @@ from ._common import PROG, UsageError, emit
 __all__ = ["build_parser", "main"]
 
 # Module names under specdec_cpu.cli, in the order `--help` lists them.
-COMMANDS: tuple[str, ...] = ("generate", "chat", "serve", "models", "plan", "calibrate", "audit")
+COMMANDS: tuple[str, ...] = ("generate", "chat", "serve", "models", "pull", "plan", "calibrate", "audit")
 
 
 def build_parser() -> argparse.ArgumentParser:

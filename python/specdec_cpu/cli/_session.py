@@ -7,13 +7,13 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from pathlib import Path
 from typing import Any, Optional, Sequence, TextIO, Union
 
-from ..errors import ModelLoadError, SpecDecError
+from ..errors import SpecDecError
 from ..params import SamplingParams
 from ..core.stats import GenerationStats
 from ._common import UsageError, emit, int_in, nonneg_float
+from ._discovery import add_discovery_args, finish_models, label
 from ._interrupts import interruptible  # noqa: F401  (generate and chat use it from here)
 
 GammaSetting = Union[int, str]
@@ -73,13 +73,16 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     from ..settings import DecoderSettings, add_flags
 
     g = p.add_argument_group("models")
-    g.add_argument("--target", metavar="T.gguf",
-                   help="target model (GGUF). Default: the bundled demo pair "
-                        "(see `specdec-cpu models`)")
-    g.add_argument("--draft", metavar="D.gguf",
-                   help="draft model (GGUF) sharing the target's vocabulary. With --target "
-                        "but no --draft: plain decoding (or n-gram drafting with --ngram)")
+    g.add_argument("--target", metavar="T.gguf|NAME",
+                   help="target model: a GGUF file or a model's name (qwen2.5-coder:7b, "
+                        "org/repo:file.gguf; see `specdec-cpu models`). Default: the bundled "
+                        "demo pair")
+    g.add_argument("--draft", metavar="D.gguf|NAME",
+                   help="draft model sharing the target's vocabulary. With --target but no "
+                        "--draft: the smallest such model found on this machine, else n-gram "
+                        "drafting (see --no-auto-draft)")
     add_flags(g, DecoderSettings, MODEL_SETTINGS)
+    add_discovery_args(g)
 
 
 def add_sampling_flags(g: "argparse._ActionsContainer", temperature: float) -> None:
@@ -130,7 +133,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise UsageError("--draft needs --target (without either, the default pair is used)")
     if args.draft_vocab is not None and args.target is not None and args.draft is None:
         raise UsageError("--draft-vocab cuts the draft model: add --draft D.gguf")
-    no_drafter = args.target is not None and args.draft is None and not args.ngram
+    no_drafter = (args.target is not None and args.draft is None and not args.ngram
+                  and getattr(args, "no_auto_draft", True))
     if no_drafter and isinstance(args.gamma, int) and args.gamma > 0:
         raise UsageError(f"--gamma {args.gamma} needs a drafter: add --draft D.gguf or --ngram")
     settings(args)
@@ -152,16 +156,8 @@ def model_paths(args: argparse.Namespace) -> "tuple[str, Optional[str]]":
         from ..demo_models import ensure_default_pair
 
         target, draft = ensure_default_pair(progress=True)
-        return str(target), str(draft)
-    for flag, path in (("--target", args.target), ("--draft", args.draft)):
-        if path is None:
-            continue
-        p = Path(path)
-        if not p.exists():
-            raise ModelLoadError(f"{flag} {path}: no such file")
-        if p.is_dir():
-            raise ModelLoadError(f"{flag} {path}: is a directory, not a GGUF file")
-    return args.target, args.draft
+        return finish_models(args, str(target), str(draft), n_ctx=args.n_ctx, named=False)
+    return finish_models(args, args.target, args.draft, n_ctx=args.n_ctx)
 
 
 def load_decoder(args: argparse.Namespace, announce: Optional[TextIO] = None):
@@ -172,10 +168,10 @@ def load_decoder(args: argparse.Namespace, announce: Optional[TextIO] = None):
     from ..decoding.single import SpeculativeDecoder
 
     check_args(args)
+    target, draft = model_paths(args)  # may pick a draft, or fall back on prompt lookup
     s = settings(args)
-    target, draft = model_paths(args)
     if announce is not None:
-        names = ", ".join(Path(p).name for p in (target, draft) if p)
+        names = ", ".join(label(p) for p in (target, draft) if p)
         emit(f"loading {names} ...", announce)
     try:
         return SpeculativeDecoder.from_gguf(target, draft, settings=s, progress=lambda line: emit(line, sys.stderr))
@@ -191,10 +187,10 @@ def has_drafter(decoder) -> bool:
 
 def describe_models(decoder) -> str:
     """One line naming the files and the drafting mode."""
-    target = Path(decoder.target_path).name if decoder.target_path else "?"
+    target = label(decoder.target_path)
     ngram = bool(getattr(decoder, "ngram", False))
     if decoder.draft_path:
-        draft = f"draft {Path(decoder.draft_path).name}" + (" + n-gram lookup" if ngram else "")
+        draft = f"draft {label(decoder.draft_path)}" + (" + n-gram lookup" if ngram else "")
     elif ngram:
         draft = "n-gram drafting"
     else:

@@ -14,6 +14,7 @@ from ..params import SamplingParams
 from ..settings import DecoderSettings, add_flags, from_flags
 from ._common import UsageError, emit, int_in
 from ._session import add_sampling_flags
+from ._discovery import add_discovery_args, finish_models
 from ._format import draft_lines, plan_lines, verify_lines
 
 
@@ -26,8 +27,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
                     "measure the acceptance α on a few sample prompts, cache the result per "
                     "(model files, threads, CPU) and print the resulting plan.",
     )
-    p.add_argument("--target", required=True, metavar="T.gguf", help="target model (GGUF)")
-    p.add_argument("--draft", required=True, metavar="D.gguf", help="draft model (GGUF)")
+    p.add_argument("--target", required=True, metavar="T.gguf|NAME",
+                   help="target model: a GGUF file or a model's name (see `specdec-cpu models`)")
+    p.add_argument("--draft", required=True, metavar="D.gguf|NAME", help="draft model: a GGUF file or a name")
     add_flags(p, DecoderSettings, ("draft_vocab", "n_threads", "n_ctx", "gamma_max", "seed"),
               defaults={"n_ctx": 2048, "gamma_max": 8})
     add_sampling_flags(p.add_argument_group("the sampling settings α is measured at"), 1.0)
@@ -41,6 +43,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--no-cache", action="store_true", help="neither read nor write the cache")
     p.add_argument("--json", action="store_true", help="print the calibration as JSON "
                    "(usable as `plan --calibration FILE`)")
+    add_discovery_args(p, auto_draft=False)
     p.set_defaults(func=run)
 
 
@@ -51,16 +54,14 @@ def run(args: argparse.Namespace) -> int:
                                 min_p=args.min_p, seed=args.seed)
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    for flag, path in (("--target", args.target), ("--draft", args.draft)):
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"{flag} {path}: no such file")
+    target, draft = finish_models(args, args.target, args.draft, n_ctx=args.n_ctx, auto_draft=False)
 
     # Heavy imports (llama.cpp, the C++ extension) only now, so `plan` needs neither.
     from ..decoding.single import SpeculativeDecoder
     from ..planning import calibrate
 
     settings = from_flags(args, DecoderSettings, calibration=None)
-    decoder = SpeculativeDecoder.from_gguf(args.target, args.draft, settings=settings,
+    decoder = SpeculativeDecoder.from_gguf(target, draft, settings=settings,
                                            progress=lambda line: emit(line, sys.stderr))
     model = calibrate(decoder, params=params, gamma_max=args.gamma_max, batch=args.batch,
                       n_tokens=args.n_tokens, cache=not args.no_cache, recalibrate=args.recalibrate)

@@ -25,6 +25,8 @@ from ..errors import SpecDecError
 from ..params import SamplingParams
 from ..core.stats import GenerationStats
 from ._common import emit
+from ._conversation import load_conversation, save_conversation
+from ._discovery import label
 from ._interrupts import PromptInterrupts
 from ._session import (
     PARAM_KEYS,
@@ -59,6 +61,8 @@ Commands:
                               gamma (auto or N), seed (every reply restarts its random
                               streams from it; none = one stream for the session)
   /system TEXT                set the system prompt (/system alone shows it, /system - clears it)
+  /save FILE                  save the conversation and the parameters (JSON)
+  /load FILE                  continue a saved conversation, with its parameters
   /reset                      forget the conversation (and the model's cache of it)
   /help                       this help
   /exit                       quit (also Ctrl-D)
@@ -202,9 +206,37 @@ class ChatSession:
             else:
                 self.system = rest
                 emit("(system prompt set)")
+        elif name in ("save", "load"):
+            if not rest:
+                emit(f"usage: /{name} FILE", sys.stderr)
+            else:
+                try:
+                    if name == "save":
+                        self.save(rest)
+                    else:
+                        self.load(rest)
+                except (OSError, ValueError) as exc:
+                    emit(f"error: {_first_line(exc)}", sys.stderr)
         else:
             emit(f"unknown command /{name}; /help lists the commands", sys.stderr)
         return True
+
+    def save(self, path: str) -> None:
+        """Write the conversation and the settings to ``path`` (JSON)."""
+        models = {"target": label(self.decoder.target_path),
+                  "draft": label(self.decoder.draft_path) if self.decoder.draft_path else None}
+        dst = save_conversation(path, self.system, self.history, self.settings(), models)
+        emit(f"(saved {len(self.history) // 2} turns to {dst})")
+
+    def load(self, path: str) -> None:
+        """Continue the conversation saved in ``path``, with its settings (all or nothing)."""
+        system, history, settings = load_conversation(path)
+        items = [f"{k}={'none' if v is None else v}" for k, v in settings.items() if k in PARAM_KEYS]
+        if isinstance(settings.get("gamma"), int) and settings["gamma"] > 0 and not has_drafter(self.decoder):
+            items = [i for i in items if not i.startswith("gamma=")]  # this session cannot draft
+        self.set_params(items)
+        self.system, self.history = system, history
+        emit(f"(loaded {len(history) // 2} turns from {path}; {self.params_text()})")
 
     def settings(self) -> dict:
         p = self.params

