@@ -291,14 +291,14 @@ PROMPT = [1, 2, 3, 1, 2, 3, 1, 2]  # every suffix has matches: n-gram drafts are
 CYCLE = {1: 2, 2: 3, 3: 1, 0: 4, 4: 0}
 
 
-def cyclic_markov(seed: int, bias: float = 2.0) -> MarkovLM:
+def cyclic_markov(seed: int, bias: float = 2.0, pass_seconds: float = 0.0) -> MarkovLM:
     """An order-2 model that tends to continue the cycle 1 → 2 → 3 → 1, so
     that copied continuations are often (not always) accepted."""
     rng = np.random.default_rng(seed)
     table = rng.normal(0.0, 1.0, size=(V, V, V))
     for prev, nxt in CYCLE.items():
         table[:, prev, nxt] += bias
-    return MarkovLM(V, order=2, table=table)
+    return MarkovLM(V, order=2, table=table, pass_seconds=pass_seconds)
 
 
 def joint_of_three(model: MarkovLM, params: SamplingParams) -> np.ndarray:
@@ -344,8 +344,10 @@ def test_ngram_drafts_are_exact(params, gamma):
 @pytest.mark.parametrize("gamma", [3, "auto"])
 def test_combined_drafts_are_exact(gamma):
     params = SamplingParams(temperature=0.9, top_p=0.95)
-    target = cyclic_markov(seed=5)
-    draft = cyclic_markov(seed=6, bias=1.0)
+    # γ auto plans with measured pass times: a memory-bound pair (every target
+    # pass 1 ms, a draft pass 0.1 ms), where both routes can pay.
+    target = cyclic_markov(seed=5, pass_seconds=0.001 if gamma == "auto" else 0.0)
+    draft = cyclic_markov(seed=6, bias=1.0, pass_seconds=0.0001 if gamma == "auto" else 0.0)
     dec = SpeculativeDecoder(target, ByteTokenizer(), draft, ngram=True,
                              ngram_kwargs={"max_ngram": 3, "min_ngram": 2}, gamma=gamma, gamma_max=8, seed=77)
     counts, by_drafter = sample_three(dec, params, 6000)

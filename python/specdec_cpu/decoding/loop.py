@@ -199,7 +199,7 @@ class StepLoop:
             have = self.draft.n_past(s.slot) if self.draft is not None else 0
             if d.catch_up:
                 catch_up.append(Rows(s.slot, s.seq[have:have + d.catch_up]))
-            elif timing and not d.gamma and have < len(s.seq) - 1:
+            elif timing and not d.gamma and s.gamma == "auto" and have < len(s.seq) - 1:
                 # The draft's cost is unknown: its next token is one row of a draft
                 # pass as drafting runs it (with logits), which times T_draft(1).
                 catch_up.append(Rows(s.slot, s.seq[have:have + 1], 1))

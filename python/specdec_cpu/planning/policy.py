@@ -180,13 +180,6 @@ class DraftPolicy:
         saving repays the catch-up, a chunk of it is taken in this step.
         """
         decisions = [Decision(batch=len(cands)) for _ in cands]
-        if not self.planner.target.known(1):
-            # Nothing is known of a pass's cost yet (no calibration, no pass of one
-            # row): this step is plain, and measures T(1) (docs/planning.md §4).
-            for c, d in zip(cands, decisions):
-                d.match = c.match if c.gamma != 0 and c.room else None
-            self.planner.last_rate, self.catch_up_gain = 0.0, 0.0
-            return decisions
         explorer = self._explorer(cands)
         plans = [self._options(c, d, len(cands), fixed_rows, explore=i == explorer)
                  for i, (c, d) in enumerate(zip(cands, decisions))]
@@ -212,6 +205,11 @@ class DraftPolicy:
         fixed = c.gamma if isinstance(c.gamma, int) else None
         if c.match is not None:
             d.match = c.match
+        if fixed is None and not self.planner.target.known(1):
+            # Nothing is known of a pass's cost yet (no calibration, no pass of one
+            # row): the step is plain, and measures T(1) (docs/planning.md §4).
+            return PlanRequest()
+        if c.match is not None:
             n = min(c.room, fixed if fixed is not None else c.lookup_max)
             options.append(DraftOption(NGRAM, self.match_alphas.row_alphas(c.match.length, c.match.unanimous, n),
                                        costly=False, catch_up=0))
