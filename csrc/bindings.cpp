@@ -7,12 +7,15 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <exception>
 #include <string>
 #include <vector>
 
+#include "kernels/adjust.h"
 #include "kernels/dispatch.h"
 #include "kernels/sample.h"
 #include "kernels/softmax.h"
@@ -128,15 +131,99 @@ const float* read_draft_probs(const py::object& draft_probs, size_t gamma, size_
     return static_cast<const float*>(q.data());
 }
 
+// The row changes of k rows (kernels/adjust.h), read from the optional
+// `mask` ((k, W) uint32, or (W,) when k == 1) and `sparse` (a tuple of
+// offsets (k+1,) int64, ids int32, scale_pos, scale_neg and add float32,
+// row r's entries at [offsets[r], offsets[r+1])) arguments.  The arrays
+// must outlive the returned rows (the caller holds them).
+struct Adjustments {
+    std::vector<specdec::RowAdjust> rows;
+    const specdec::RowAdjust* get() const { return rows.empty() ? nullptr : rows.data(); }
+};
+
+template <typename T>
+const T* typed_data(const py::array& a, const char* name, const char* dtype) {
+    if (!py::isinstance<py::array_t<T>>(a)) {
+        throw py::type_error(std::string(name) + " must be a " + dtype + " array, got dtype " + dtype_of(a));
+    }
+    if (!(a.flags() & py::array::c_style) || !is_aligned(a)) {
+        throw py::type_error(std::string(name) + " must be C-contiguous");
+    }
+    return static_cast<const T*>(a.data());
+}
+
+Adjustments read_adjustments(const py::object& mask, const py::object& sparse, size_t k, size_t n_vocab) {
+    Adjustments adj;
+    if (mask.is_none() && sparse.is_none()) return adj;
+    adj.rows.resize(k);
+    const size_t words = (n_vocab + 31) / 32;
+    if (!mask.is_none()) {
+        if (!py::isinstance<py::array>(mask)) throw py::type_error("mask must be a uint32 numpy array or None");
+        py::array m = py::reinterpret_borrow<py::array>(mask);
+        const uint32_t* data = typed_data<uint32_t>(m, "mask", "uint32");
+        const bool one = m.ndim() == 1 && k == 1 && static_cast<size_t>(m.shape(0)) == words;
+        const bool many = m.ndim() == 2 && static_cast<size_t>(m.shape(0)) == k && static_cast<size_t>(m.shape(1)) == words;
+        if (!one && !many) {
+            throw py::value_error("mask must have shape (" + std::to_string(k) + ", " + std::to_string(words) +
+                                  ") (rows, ceil(V/32) words), got " + shape_of(m));
+        }
+        for (size_t r = 0; r < k; ++r) adj.rows[r].mask = data + r * words;
+    }
+    if (!sparse.is_none()) {
+        if (!py::isinstance<py::tuple>(sparse) || py::len(sparse) != 5) {
+            throw py::type_error("sparse must be a tuple (offsets, ids, scale_pos, scale_neg, add) or None");
+        }
+        py::tuple t = py::reinterpret_borrow<py::tuple>(sparse);
+        py::array offsets = t[0].cast<py::array>(), ids = t[1].cast<py::array>();
+        py::array pos = t[2].cast<py::array>(), neg = t[3].cast<py::array>(), add = t[4].cast<py::array>();
+        const int64_t* off = typed_data<int64_t>(offsets, "sparse offsets", "int64");
+        if (offsets.ndim() != 1 || static_cast<size_t>(offsets.shape(0)) != k + 1) {
+            throw py::value_error("sparse offsets must have shape (" + std::to_string(k + 1) + ",), got " +
+                                  shape_of(offsets));
+        }
+        const size_t m = static_cast<size_t>(ids.size());
+        const int32_t* id = typed_data<int32_t>(ids, "sparse ids", "int32");
+        const float* sp = typed_data<float>(pos, "sparse scale_pos", "float32");
+        const float* sn = typed_data<float>(neg, "sparse scale_neg", "float32");
+        const float* ad = typed_data<float>(add, "sparse add", "float32");
+        if (static_cast<size_t>(pos.size()) != m || static_cast<size_t>(neg.size()) != m ||
+            static_cast<size_t>(add.size()) != m) {
+            throw py::value_error("sparse ids, scale_pos, scale_neg and add must have the same length");
+        }
+        for (size_t j = 0; j < m; ++j) {
+            if (!(std::isfinite(sp[j]) && sp[j] > 0.0f && std::isfinite(sn[j]) && sn[j] > 0.0f)) {
+                throw py::value_error("sparse scales must be positive and finite");
+            }
+            if (std::isnan(ad[j]) || ad[j] == std::numeric_limits<float>::infinity()) {
+                throw py::value_error("sparse add must be finite or -inf (a ban)");
+            }
+        }
+        for (size_t r = 0; r < k; ++r) {
+            if (off[r] < 0 || off[r] > off[r + 1] || static_cast<size_t>(off[r + 1]) > m) {
+                throw py::value_error("sparse offsets must be non-decreasing within [0, " + std::to_string(m) + "]");
+            }
+            specdec::RowAdjust& row = adj.rows[r];
+            row.ids = id + off[r];
+            row.scale_pos = sp + off[r];
+            row.scale_neg = sn + off[r];
+            row.add = ad + off[r];
+            row.n_ids = static_cast<size_t>(off[r + 1] - off[r]);
+        }
+    }
+    return adj;
+}
+
 py::tuple run_verify(const float* logits, size_t k, size_t n_vocab, const py::array& draft_tokens,
-                     const py::object& draft_probs, const DistParams& params, Rng& rng) {
+                     const py::object& draft_probs, const DistParams& params, Rng& rng, const py::object& mask,
+                     const py::object& sparse) {
     const size_t gamma = k - 1;
     const std::vector<int64_t> tokens = read_tokens(draft_tokens, gamma);
     const float* q = read_draft_probs(draft_probs, gamma, n_vocab);
+    const Adjustments adj = read_adjustments(mask, sparse, k, n_vocab);
     specdec::VerifyOutcome outcome;
     {
         py::gil_scoped_release release;
-        specdec::verify_step(logits, k, n_vocab, tokens.data(), q, params, rng, &outcome);
+        specdec::verify_step(logits, k, n_vocab, tokens.data(), q, params, rng, &outcome, adj.get());
     }
     py::array_t<double> alphas(static_cast<py::ssize_t>(outcome.alphas.size()));
     if (!outcome.alphas.empty()) {
@@ -199,7 +286,8 @@ PYBIND11_MODULE(_core, m) {
 
     m.def(
         "distribution",
-        [](py::array logits, double temperature, int64_t top_k, double top_p, double min_p) {
+        [](py::array logits, double temperature, int64_t top_k, double top_p, double min_p, py::object mask,
+           py::object sparse) {
             require_float32(logits, "logits");
             const DistParams params = make_params(temperature, top_k, top_p, min_p);
             if (logits.ndim() != 1 && logits.ndim() != 2) {
@@ -209,6 +297,7 @@ PYBIND11_MODULE(_core, m) {
             const size_t rows = single ? 1 : static_cast<size_t>(logits.shape(0));
             const size_t n_vocab = static_cast<size_t>(logits.shape(logits.ndim() - 1));
             if (n_vocab == 0) throw py::value_error("logits must have at least one token, got " + shape_of(logits));
+            const Adjustments adj = read_adjustments(mask, sparse, rows, n_vocab);
             std::vector<py::ssize_t> shape(logits.shape(), logits.shape() + logits.ndim());
             py::array_t<float> out(shape);
             const float* src = static_cast<const float*>(logits.data());
@@ -217,24 +306,31 @@ PYBIND11_MODULE(_core, m) {
                 py::gil_scoped_release release;
                 specdec::Workspace& ws = specdec::thread_workspace();
                 for (size_t r = 0; r < rows; ++r) {
-                    specdec::compute_distribution(src + r * n_vocab, n_vocab, params, dst + r * n_vocab, ws, "logits",
-                                                  single ? -1 : static_cast<int64_t>(r));
+                    const int64_t at = single ? -1 : static_cast<int64_t>(r);
+                    const float* row = specdec::adjusted_row(src + r * n_vocab, n_vocab,
+                                                             adj.get() != nullptr ? adj.get() + r : nullptr, ws.adj,
+                                                             "logits", at);
+                    specdec::compute_distribution(row, n_vocab, params, dst + r * n_vocab, ws, "logits", at);
                 }
             }
             return out;
         },
         py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"),
-        "Final sampling distribution of logits (V,) or (n, V) float32; returns a new float32 array.");
+        py::arg("mask") = py::none(), py::arg("sparse") = py::none(),
+        "Final sampling distribution of logits (V,) or (n, V) float32 (each row adjusted by mask and sparse "
+        "first); returns a new float32 array.");
 
     m.def(
         "sample",
-        [](py::array logits, double temperature, int64_t top_k, double top_p, double min_p, Rng& rng) {
+        [](py::array logits, double temperature, int64_t top_k, double top_p, double min_p, Rng& rng,
+           py::object mask, py::object sparse) {
             require_float32(logits, "logits");
             const DistParams params = make_params(temperature, top_k, top_p, min_p);
             if (logits.ndim() != 1 || logits.shape(0) == 0) {
                 throw py::value_error("logits must have shape (V,) with V >= 1, got " + shape_of(logits));
             }
             const size_t n = static_cast<size_t>(logits.shape(0));
+            const Adjustments adj = read_adjustments(mask, sparse, 1, n);
             const float* src = static_cast<const float*>(logits.data());
             int64_t token;
             {
@@ -242,17 +338,20 @@ PYBIND11_MODULE(_core, m) {
                 specdec::Workspace& ws = specdec::thread_workspace();
                 ws.reserve(n);
                 float* p = ws.p.data();
-                const DistResult dist = specdec::compute_distribution(src, n, params, p, ws, "logits", -1);
+                const float* row = specdec::adjusted_row(src, n, adj.get(), ws.adj, "logits", -1);
+                const DistResult dist = specdec::compute_distribution(row, n, params, p, ws, "logits", -1);
                 token = specdec::sample_distribution(p, n, dist, rng, ws);
             }
             return token;
         },
         py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"),
-        py::arg("rng"), "Draw one token id from the distribution of a logits row (V,).");
+        py::arg("rng"), py::arg("mask") = py::none(), py::arg("sparse") = py::none(),
+        "Draw one token id from the distribution of a logits row (V,) (adjusted by mask and sparse first).");
 
     m.def(
         "sample_into",
-        [](py::array logits, double temperature, int64_t top_k, double top_p, double min_p, Rng& rng, py::array out) {
+        [](py::array logits, double temperature, int64_t top_k, double top_p, double min_p, Rng& rng, py::array out,
+           py::object mask, py::object sparse) {
             require_float32(logits, "logits");
             require_float32(out, "out");
             require_writeable(out, "out");
@@ -266,21 +365,24 @@ PYBIND11_MODULE(_core, m) {
                                       " (the length of logits), got " + shape_of(out));
             }
             const size_t n_out = static_cast<size_t>(out.shape(0));
+            const Adjustments adj = read_adjustments(mask, sparse, 1, n);
             const float* src = static_cast<const float*>(logits.data());
             float* dst = static_cast<float*>(out.mutable_data());
             int64_t token;
             {
                 py::gil_scoped_release release;
                 specdec::Workspace& ws = specdec::thread_workspace();
-                const DistResult dist = specdec::compute_distribution(src, n, params, dst, ws, "logits", -1);
+                const float* row = specdec::adjusted_row(src, n, adj.get(), ws.adj, "logits", -1);
+                const DistResult dist = specdec::compute_distribution(row, n, params, dst, ws, "logits", -1);
                 if (n_out > n) std::memset(dst + n, 0, (n_out - n) * sizeof(float));
                 token = specdec::sample_distribution(dst, n, dist, rng, ws);
             }
             return token;
         },
         py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"),
-        py::arg("rng"), py::arg("out"),
-        "Write the distribution of logits (V_in,) into out[:V_in] (zeros after) and draw a token from it.");
+        py::arg("rng"), py::arg("out"), py::arg("mask") = py::none(), py::arg("sparse") = py::none(),
+        "Write the distribution of logits (V_in,) (adjusted by mask and sparse first) into out[:V_in] (zeros "
+        "after) and draw a token from it.");
 
     m.def(
         "acceptance_rate",
@@ -306,7 +408,7 @@ PYBIND11_MODULE(_core, m) {
     m.def(
         "verify",
         [](py::array target_logits, py::array draft_tokens, py::object draft_probs, double temperature, int64_t top_k,
-           double top_p, double min_p, Rng& rng) {
+           double top_p, double min_p, Rng& rng, py::object mask, py::object sparse) {
             require_float32(target_logits, "target_logits");
             const DistParams params = make_params(temperature, top_k, top_p, min_p);
             if (target_logits.ndim() != 2 || target_logits.shape(0) < 1 || target_logits.shape(1) < 1) {
@@ -316,16 +418,19 @@ PYBIND11_MODULE(_core, m) {
             const size_t k = static_cast<size_t>(target_logits.shape(0));
             const size_t n_vocab = static_cast<size_t>(target_logits.shape(1));
             return run_verify(static_cast<const float*>(target_logits.data()), k, n_vocab, draft_tokens, draft_probs,
-                              params, rng);
+                              params, rng, mask, sparse);
         },
         py::arg("target_logits"), py::arg("draft_tokens"), py::arg("draft_probs"), py::arg("temperature"),
-        py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("rng"),
-        "Exact speculative verification of one step; returns (n_accepted, token, alphas).");
+        py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("rng"), py::arg("mask") = py::none(),
+        py::arg("sparse") = py::none(),
+        "Exact speculative verification of one step (each row adjusted by its mask and sparse changes first); "
+        "returns (n_accepted, token, alphas).");
 
     m.def(
         "verify_ptr",
         [](py::object address, int64_t n_rows, int64_t n_vocab, py::array draft_tokens, py::object draft_probs,
-           double temperature, int64_t top_k, double top_p, double min_p, Rng& rng) {
+           double temperature, int64_t top_k, double top_p, double min_p, Rng& rng, py::object mask,
+           py::object sparse) {
             const uint64_t addr = to_u64(address, "address");
             if (addr == 0) throw py::value_error("address must be a non-null pointer to float32 logits");
             if (addr % alignof(float) != 0) throw py::value_error("address must be aligned to 4 bytes");
@@ -337,10 +442,11 @@ PYBIND11_MODULE(_core, m) {
             const DistParams params = make_params(temperature, top_k, top_p, min_p);
             const float* logits = reinterpret_cast<const float*>(static_cast<uintptr_t>(addr));
             return run_verify(logits, static_cast<size_t>(n_rows), static_cast<size_t>(n_vocab), draft_tokens,
-                              draft_probs, params, rng);
+                              draft_probs, params, rng, mask, sparse);
         },
         py::arg("address"), py::arg("n_rows"), py::arg("n_vocab"), py::arg("draft_tokens"), py::arg("draft_probs"),
         py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("rng"),
+        py::arg("mask") = py::none(), py::arg("sparse") = py::none(),
         "verify() over n_rows x n_vocab float32 logits at a raw address (no copy).");
 
     m.def(

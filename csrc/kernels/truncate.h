@@ -31,6 +31,7 @@ std::string validate_params(const DistParams& params);
 struct Workspace {
     std::vector<float> p;         // a distribution row
     std::vector<float> r;         // a residual row
+    std::vector<float> adj;       // an adjusted logits row (kernels/adjust.h)
     std::vector<float> vals;      // compact values
     std::vector<uint32_t> cand;   // candidate token ids
     std::vector<uint32_t> tmp;    // radix-select scratch

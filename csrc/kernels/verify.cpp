@@ -89,7 +89,7 @@ int64_t sample_residual(const float* p, const float* q_row, int64_t x, size_t n,
 double acceptance_rate(const float* p, const float* q, size_t n) { return kernels().sum_min(p, q, n); }
 
 void verify_step(const float* logits, size_t k, size_t n_vocab, const int64_t* tokens, const float* draft_probs,
-                 const DistParams& params, Rng& rng, VerifyOutcome* out) {
+                 const DistParams& params, Rng& rng, VerifyOutcome* out, const RowAdjust* adjust) {
     const size_t gamma = k - 1;
     validate_drafts(tokens, gamma, n_vocab, draft_probs);
     out->alphas.clear();
@@ -99,7 +99,8 @@ void verify_step(const float* logits, size_t k, size_t n_vocab, const int64_t* t
     const bool greedy = params.greedy();
 
     for (size_t i = 0; i < gamma; ++i) {
-        const float* row = logits + i * n_vocab;
+        const float* row = adjusted_row(logits + i * n_vocab, n_vocab, adjust != nullptr ? adjust + i : nullptr,
+                                        ws.adj, "target_logits", static_cast<int64_t>(i));
         const float* q_row = draft_probs != nullptr ? draft_probs + i * n_vocab : nullptr;
         const int64_t x = tokens[i];
         const double qx = q_row != nullptr ? static_cast<double>(q_row[x]) : 1.0;
@@ -147,7 +148,8 @@ void verify_step(const float* logits, size_t k, size_t n_vocab, const int64_t* t
     }
 
     // Every draft accepted: the bonus token from row gamma.
-    const float* row = logits + gamma * n_vocab;
+    const float* row = adjusted_row(logits + gamma * n_vocab, n_vocab, adjust != nullptr ? adjust + gamma : nullptr,
+                                    ws.adj, "target_logits", static_cast<int64_t>(gamma));
     out->n_accepted = static_cast<int64_t>(gamma);
     if (greedy) {
         const float max = checked_row_max(row, n_vocab, "target_logits", static_cast<int64_t>(gamma));

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/adjust.h"
 #include "kernels/truncate.h"
 #include "rng.h"
 
@@ -24,10 +25,12 @@ struct VerifyOutcome {
 // Row i < gamma: p = distribution(row i); draw u; accept iff u * q(x) < p(x);
 // on rejection return a sample from max(0, p - q) (from p when that is
 // numerically empty). All accepted: sample the bonus from row gamma.
+// adjust: k row changes (row i's before its distribution: the mask and
+// penalties of the prefix that row i continues), or nullptr.
 // Throws std::invalid_argument (bad draft token / q(x) = 0, before any draw)
 // or InvalidLogits.
 void verify_step(const float* logits, size_t k, size_t n_vocab, const int64_t* tokens, const float* draft_probs,
-                 const DistParams& params, Rng& rng, VerifyOutcome* out);
+                 const DistParams& params, Rng& rng, VerifyOutcome* out, const RowAdjust* adjust = nullptr);
 
 // sum(min(p, q)) over n entries.
 double acceptance_rate(const float* p, const float* q, size_t n);

@@ -12,6 +12,16 @@ from typing import Optional
 import numpy as np
 import numpy.typing as npt
 
+#: Per-row changes to the logits before the sampling chain (csrc/kernels/adjust.h):
+#: ``mask`` is (rows, ceil(V/32)) uint32 (or (ceil(V/32),) for one row), bit t%32
+#: of word t//32 set where token t is allowed; ``sparse`` is (offsets (rows+1,)
+#: int64, ids int32, scale_pos, scale_neg, add float32): for the ids of row r,
+#: ``offsets[r]:offsets[r+1]``, a logit x becomes (x * scale_pos if x > 0 else
+#: x * scale_neg) + add.
+Mask = Optional[npt.NDArray[np.uint32]]
+Sparse = Optional[tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.float32],
+                        npt.NDArray[np.float32], npt.NDArray[np.float32]]]
+
 def active_isa() -> str:
     """The instruction set the kernels run on: 'scalar', 'avx2', 'avx512' or 'neon'."""
 
@@ -39,13 +49,15 @@ class Rng:
         """Number of draws made so far."""
 
 def distribution(
-    logits: npt.NDArray[np.float32], temperature: float, top_k: int, top_p: float, min_p: float
+    logits: npt.NDArray[np.float32], temperature: float, top_k: int, top_p: float, min_p: float,
+    mask: Mask = None, sparse: Sparse = None,
 ) -> npt.NDArray[np.float32]:
     """Final sampling distribution of logits (V,) or (n, V): temperature -> top-k
     -> top-p -> min-p -> normalise; a new float32 array of the same shape."""
 
 def sample(
-    logits: npt.NDArray[np.float32], temperature: float, top_k: int, top_p: float, min_p: float, rng: Rng
+    logits: npt.NDArray[np.float32], temperature: float, top_k: int, top_p: float, min_p: float, rng: Rng,
+    mask: Mask = None, sparse: Sparse = None,
 ) -> int:
     """One token drawn from the distribution of logits (V,) (one uniform)."""
 
@@ -57,6 +69,8 @@ def sample_into(
     min_p: float,
     rng: Rng,
     out: npt.NDArray[np.float32],
+    mask: Mask = None,
+    sparse: Sparse = None,
 ) -> int:
     """Write the distribution of logits (V_in,) to out[:V_in], zeros to
     out[V_in:] (out is (V_out,) with V_out >= V_in), and draw a token from it."""
@@ -73,6 +87,8 @@ def verify(
     top_p: float,
     min_p: float,
     rng: Rng,
+    mask: Mask = None,
+    sparse: Sparse = None,
 ) -> tuple[int, int, npt.NDArray[np.float64]]:
     """Speculative verification of one step.
 
@@ -92,6 +108,8 @@ def verify_ptr(
     top_p: float,
     min_p: float,
     rng: Rng,
+    mask: Mask = None,
+    sparse: Sparse = None,
 ) -> tuple[int, int, npt.NDArray[np.float64]]:
     """verify() over n_rows x n_vocab contiguous float32 logits at a raw address."""
 

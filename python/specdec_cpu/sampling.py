@@ -29,6 +29,41 @@ VERIFY_STREAM = 1
 
 
 @dataclass(frozen=True)
+class Changes:
+    """What changes logits rows before the sampling chain (docs/math.md §11),
+    row by row, in C++:
+
+    - ``mask``: ``(rows, ceil(V/32))`` uint32 (or ``(ceil(V/32),)`` for one
+      row); token t is allowed iff bit ``t % 32`` of word ``t // 32`` is set
+      (a grammar's allowed set; the rest become −∞);
+    - ``sparse``: ``(offsets, ids, scale_pos, scale_neg, add)``, row r's
+      entries at ``offsets[r]:offsets[r+1]`` (int64 offsets, int32 ids,
+      float32 values): the logit x of each id becomes
+      ``(x > 0 ? x·scale_pos : x·scale_neg) + add`` (penalties and biases;
+      ``add = −inf`` bans a token).
+
+    The same changes apply to a position's target and draft rows, so the
+    verification stays exact.
+    """
+
+    mask: Optional[np.ndarray] = None
+    sparse: Optional[tuple] = None
+
+    def row(self, r: int) -> "Changes":
+        """Row ``r``'s changes alone (for sampling one row)."""
+        mask = None if self.mask is None else self.mask[r]
+        sparse = None
+        if self.sparse is not None:
+            offsets, ids, pos, neg, add = self.sparse
+            a, b = int(offsets[r]), int(offsets[r + 1])
+            sparse = (np.array([0, b - a], dtype=np.int64), ids[a:b], pos[a:b], neg[a:b], add[a:b])
+        return Changes(mask, sparse)
+
+
+NO_CHANGES = Changes()
+
+
+@dataclass(frozen=True)
 class VerifyResult:
     """Outcome of verifying one step of γ draft tokens.
 
@@ -60,28 +95,30 @@ def set_isa(name: str) -> None:
     _core.set_isa(name)
 
 
-def distribution(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """The final sampling distribution of a row ``(V,)`` or rows ``(n, V)``.
+def distribution(logits: np.ndarray, params: SamplingParams, changes: Changes = NO_CHANGES) -> np.ndarray:
+    """The final sampling distribution of a row ``(V,)`` or rows ``(n, V)``
+    (each row first changed by ``changes``).
 
     Returns float32 of the same shape: zeros outside the kept support, each
     row summing to 1.  Greedy parameters give a one-hot at the argmax.
     """
-    return _core.distribution(logits, *_knobs(params))
+    return _core.distribution(logits, *_knobs(params), changes.mask, changes.sparse)
 
 
-def sample(logits: np.ndarray, params: SamplingParams, rng: "_core.Rng") -> int:
+def sample(logits: np.ndarray, params: SamplingParams, rng: "_core.Rng", changes: Changes = NO_CHANGES) -> int:
     """Draw one token id from the distribution of a logits row ``(V,)``."""
-    return _core.sample(logits, *_knobs(params), rng)
+    return _core.sample(logits, *_knobs(params), rng, changes.mask, changes.sparse)
 
 
-def sample_into(logits: np.ndarray, params: SamplingParams, rng: "_core.Rng", out: np.ndarray) -> int:
+def sample_into(logits: np.ndarray, params: SamplingParams, rng: "_core.Rng", out: np.ndarray,
+                changes: Changes = NO_CHANGES) -> int:
     """Draw one token and keep the distribution it was drawn from.
 
     ``out`` is a preallocated float32 row at least as long as ``logits``; it
     receives the distribution, zero-padded past ``len(logits)`` (a draft with
     fewer vocabulary rows than the target gives q = 0 on the ids it lacks).
     """
-    return _core.sample_into(logits, *_knobs(params), rng, out)
+    return _core.sample_into(logits, *_knobs(params), rng, out, changes.mask, changes.sparse)
 
 
 def mask_tokens(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -104,6 +141,7 @@ def verify(
     draft_probs: Optional[np.ndarray],
     params: SamplingParams,
     rng: "_core.Rng",
+    changes: Changes = NO_CHANGES,
 ) -> VerifyResult:
     """Exact speculative verification of one step.
 
@@ -115,10 +153,13 @@ def verify(
             from, or ``None`` for a deterministic drafter (q is one-hot).
         params: sampling parameters applied to the target rows.
         rng: the verification stream.
+        changes: the γ + 1 rows' changes before sampling (a grammar's mask,
+            penalties), each for the prefix its row continues.
 
     Rows after the first rejection are not processed.
     """
-    n, token, alphas = _core.verify(target_logits, _tokens(draft_tokens), draft_probs, *_knobs(params), rng)
+    n, token, alphas = _core.verify(target_logits, _tokens(draft_tokens), draft_probs, *_knobs(params), rng,
+                                    changes.mask, changes.sparse)
     return VerifyResult(n, token, alphas)
 
 

@@ -43,13 +43,49 @@ class DraftVocab:
         self._direct = self.runs == [(0, 0, self.n_columns)]
         self._scratch = None if self._direct else np.empty(self.n_columns, dtype=np.float32)
 
-    def sample_into(self, logits: np.ndarray, params: SamplingParams, rng: sampling.Rng, q_row: np.ndarray) -> int:
-        """Sample from the draft's ``logits`` row under ``params``; write q
-        over the target's ids into ``q_row``; return the target id drawn."""
+    def sample_into(self, logits: np.ndarray, params: SamplingParams, rng: sampling.Rng, q_row: np.ndarray,
+                    changes: sampling.Changes = sampling.NO_CHANGES) -> int:
+        """Sample from the draft's ``logits`` row under ``params``, first
+        changed as the target's row of the same position (``changes``, one
+        row over the target's ids); write q over the target's ids into
+        ``q_row``; return the target id drawn, or -1 when the changes leave
+        none of the draft's ids possible (a grammar forcing a token a cut
+        draft lacks: nothing can be drafted there)."""
         n = self.n_columns
+        changes = self.columns(changes)
+        if changes is None:
+            return -1
         if self._direct:  # no copy: q goes straight into the row
-            return sampling.sample_into(logits[:n], params, rng, q_row[:n])
-        column = sampling.sample_into(logits[:n], params, rng, self._scratch)
+            return sampling.sample_into(logits[:n], params, rng, q_row[:n], changes)
+        column = sampling.sample_into(logits[:n], params, rng, self._scratch, changes)
         for first_id, first_col, length in self.runs:
             q_row[first_id:first_id + length] = self._scratch[first_col:first_col + length]
         return int(self.ids[column])
+
+    def columns(self, changes: sampling.Changes) -> "sampling.Changes | None":
+        """``changes`` over the target's ids as changes over the draft's
+        columns (None when its mask allows none of them)."""
+        if changes.mask is None and changes.sparse is None:
+            return changes
+        n = self.n_columns
+        mask, sparse = changes.mask, changes.sparse
+        if mask is not None:
+            if self._direct:
+                mask = mask[:(n + 31) // 32]
+            else:  # a column is allowed where the target id it stands for is
+                bits = np.unpackbits(mask.view(np.uint8), bitorder="little")[self.ids]
+                mask = np.packbits(np.pad(bits, (0, -n % 32)), bitorder="little").view(np.uint32)
+            if not mask.any():
+                return None
+        if sparse is not None:
+            offsets, ids, pos, neg, add = sparse
+            if self._direct:
+                keep = ids < n
+                cols = ids[keep]
+            else:
+                at = np.searchsorted(self.ids, ids)
+                keep = (at < n) & (self.ids[np.minimum(at, n - 1)] == ids)
+                cols = at[keep].astype(np.int32)
+            sparse = (np.array([0, int(keep.sum())], dtype=np.int64), np.ascontiguousarray(cols, dtype=np.int32),
+                      pos[keep], neg[keep], add[keep])
+        return sampling.Changes(mask, sparse)
