@@ -86,3 +86,38 @@ class ByteTokenizer:
 
     def chat_prompt(self, messages, *, add_generation_prompt: bool = True):
         return "".join(m["content"] for m in messages)
+
+
+class GrammarByteTokenizer(ByteTokenizer):
+    """A ``ByteTokenizer`` whose end-of-generation token ``eog`` is a control
+    token, with the vocabulary as llguidance's tokenizer (``grammar_tokenizer``)
+    so that decoders can follow grammars over synthetic models."""
+
+    def __init__(self, n_vocab: int, eog: int) -> None:
+        super().__init__(eog=eog)
+        self.n_vocab = n_vocab
+        self._llg = None
+
+    def token_bytes(self, token: int) -> bytes:
+        return b"" if token == self.eog else super().token_bytes(token)
+
+    def grammar_tokenizer(self):
+        import llguidance
+
+        if self._llg is None:
+            tok = self
+
+            class View:  # what llguidance.TokenizerWrapper reads
+                tokens = [b"\xff<eos>" if t == tok.eog else chr(ord("a") + t).encode() for t in range(tok.n_vocab)]
+                special_token_ids = [tok.eog]
+                eos_token_id = tok.eog
+                bos_token_id = None
+
+                def __call__(self, text):
+                    if not isinstance(text, str):
+                        raise TypeError("text must be a str")
+                    return [ord(c) - ord("a") for c in text]
+
+            self._llg = llguidance.LLTokenizer(llguidance.TokenizerWrapper(View()), n_vocab=self.n_vocab,
+                                               eos_token=[self.eog])
+        return self._llg

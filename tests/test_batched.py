@@ -26,7 +26,7 @@ from specdec_cpu import (
     SpecDecError,
     SpeculativeDecoder,
 )
-from specdec_cpu.planning.policy import CATCH_UP_LIMIT, INVESTMENT_GAIN, PROBE_GAMMA
+from specdec_cpu.planning.policy import CATCH_UP_LIMIT, EXPLORE_ROWS, INVESTMENT_GAIN, PROBE_GAMMA
 from specdec_cpu.decoding.step_trace import StepRecord
 from batched_helpers import assert_greedy_equal, call_or_fail, endless_prompt, wait_idle
 
@@ -516,8 +516,8 @@ def test_a_pair_without_a_measured_acceptance_probes_at_the_first_decoding_step(
     two requests of the default pair looked no better than plain batching;
     measured, it was 1.4x): the first request that can draft probes at its
     first decoding step, its draft catching up first where the prompt is too
-    long to take in within the step (> CATCH_UP_LIMIT), and only until the
-    pair has drafted rows.  That exploration buys knowledge for every later
+    long to take in within the step (> CATCH_UP_LIMIT), and again at steps
+    that would not draft until the pair has EXPLORE_ROWS first rows.  That exploration buys knowledge for every later
     plan: it is not booked against drafting at its batch size (the drafting
     ledger).  With a measured α there is nothing to explore.  The costs
     (T(k) = 10 + 6(k − 1) ms, a draft row 1 ms) make drafting pay at 0.95
@@ -549,14 +549,15 @@ def test_a_pair_without_a_measured_acceptance_probes_at_the_first_decoding_step(
     explored = [r for r in decoding if any(r.probes)]
     if alpha is None:
         first = decoding.index(explored[0])
-        assert decoding[first].gammas == (PROBE_GAMMA,) and explored == [decoding[first]]  # once
+        # probes until the pair has EXPLORE_ROWS first rows (each one row), at steps that would not draft
+        assert all(r.gammas == (PROBE_GAMMA,) for r in explored) and 1 <= len(explored) <= EXPLORE_ROWS
         catch_ups = [r.catch_up_rows for r in decoding[:first]]
         if prompt_tokens > CATCH_UP_LIMIT:  # its draft caught up first, in chunks
             assert catch_ups and all(catch_ups) and sum(catch_ups) > CATCH_UP_LIMIT
         else:
             assert first == 0
         assert dec.policy.pair_alpha.first_rows > 0
-        assert len(booked) == len(decoding) - first - 1
+        assert len(booked) == len(decoding) - first - len(explored)
         assert [n for _, n in seeds] == [1.0, 2.0]  # the first request started from the guess, the second from rows
     else:
         assert not explored and len(booked) == len(decoding)

@@ -153,6 +153,24 @@ def test_a_guessed_acceptance_is_explored_at_once_and_replaced():
                    draft_lag=1)])[0].gamma
 
 
+def test_one_unlucky_first_row_does_not_stop_the_exploring():
+    """At T = 0 a row's α is 0 or 1: a first probe that met a 0 would leave the
+    pair at half the guess, and a good draft idle.  The policy explores again
+    at each step that would not draft, until EXPLORE_ROWS first rows."""
+    rng = np.random.default_rng(6)
+    calls = {"n": 0}
+
+    def rows(g: int) -> list[float]:
+        calls["n"] += 1
+        return [0.0] * g if calls["n"] == 1 else [1.0] * g  # greedy: the draft agrees from then on
+
+    pol = policy(F32, 0.3)  # a costlier draft than the default: at α̂ = 0.35 drafting would not pay
+    m = Machine(pol, lambda k: F32[k - 1], 0.3 * F32[0], rows, rng)
+    m.run(8)
+    assert m.gammas[0] == PROBE_GAMMA and m.probes >= 2  # explored again after the 0
+    assert max(m.gammas) > PROBE_GAMMA and pol.pair_alpha.first > ALPHA_GUESS
+
+
 def test_no_probes_where_even_perfect_acceptance_cannot_pay():
     """A compute-bound target with a costly draft (c = 0.68): a probe would only
     cost the draft's passes, so none are made, not even to replace the guess."""

@@ -327,7 +327,7 @@ def combine(all_stats: Sequence[GenerationStats]) -> GenerationStats:
     """Totals over several generations (rates recomputed from the sums)."""
     total = GenerationStats()
     for s in all_stats:
-        for name in ("prompt_tokens", "prompt_cached", "tokens", "steps", "drafted", "accepted",
+        for name in ("prompt_tokens", "prompt_cached", "tokens", "steps", "drafted", "accepted", "forced",
                      "alpha_sum", "alpha_rows", "prompt_seconds", "draft_seconds",
                      "target_seconds", "sampling_seconds", "total_seconds"):
             setattr(total, name, getattr(total, name) + getattr(s, name))

@@ -62,7 +62,9 @@ class Sequence:
     ``"auto"``), the two random streams, ``cancel``/``timeout``.  Set while
     it runs: ``slot`` (its sequence in the models' caches), ``seq`` (prompt
     and output so far), ``out``, ``stats``, ``ngram`` (its prompt-lookup
-    drafter, if any), ``plan`` (the draft policy's estimates for it).
+    drafter, if any), ``constraint`` (the grammar its output follows, at
+    the accepted output: ``ConstraintState``), ``plan`` (the draft policy's
+    estimates for it).
     """
 
     def __init__(self, prompt: list[int], *, max_tokens: int, params: SamplingParams, text: TextAssembler,
@@ -88,11 +90,14 @@ class Sequence:
         self.finished = False
         self.closed = False  # the caller went away (a closed or dropped stream)
         self.ngram: Optional["NgramDrafter"] = None
+        #: the grammar the output must follow (a ConstraintState: constraints/state.py), if any
+        self.constraint: Any = None
         self.plan: Any = None  # the draft policy's per-sequence state (planning/policy.py)
         self.result: Optional[Generation] = None
         self.error: Optional[BaseException] = None
         self.pieces: list[str] = []  # text delivered and not yet taken (see take_pieces)
         self._q: Optional[np.ndarray] = None  # q rows of model drafts, allocated on first use
+        self._masks: Optional[np.ndarray] = None  # a constraint's mask rows, allocated on first use
         self._q_rows = gamma_rows
         self._n_vocab = n_vocab
 
@@ -107,6 +112,12 @@ class Sequence:
         if self._q is None or self._q.shape[0] < gamma:
             self._q = np.zeros((max(gamma, self._q_rows), self._n_vocab), dtype=np.float32)
         return self._q
+
+    def mask_rows(self, rows: int) -> np.ndarray:
+        """A ``(≥ rows, ceil(V/32))`` uint32 buffer for a step's mask rows."""
+        if self._masks is None or self._masks.shape[0] < rows:
+            self._masks = np.zeros((max(rows, self._q_rows + 1), (self._n_vocab + 31) // 32), dtype=np.uint32)
+        return self._masks
 
     def room(self, n_ctx: int) -> int:
         """Draft tokens a step may still propose: one token is always emitted

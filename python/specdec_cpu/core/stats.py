@@ -17,6 +17,8 @@ class GenerationStats:
     a free sequence (not part of ``total_seconds``); ``first_token_seconds``
     (batched decoder) is the time from its submission to its first token,
     queue and prompt included: its time to first token inside the decoder.
+    ``forced`` counts tokens a grammar forced: drafted for free and always
+    accepted, they are not in ``drafted``/``accepted`` nor in the α rows.
     ``acceptance`` is accepted/drafted (what the drafts achieved);
     ``mean_alpha`` is the mean of the exact Σ min(p, q) over every verified
     row (what they could be expected to achieve: the quantity the planner uses).
@@ -28,6 +30,7 @@ class GenerationStats:
     steps: int = 0
     drafted: int = 0
     accepted: int = 0
+    forced: int = 0
     alpha_sum: float = 0.0
     alpha_rows: int = 0
     queue_seconds: float = 0.0

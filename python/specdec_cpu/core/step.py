@@ -14,6 +14,10 @@ Glossary (docs/math.md has the derivations):
   is accepted there (what the planner learns from).
 - **catch-up** — tokens a draft model's cache lacks (after a prompt or plain
   steps), taken in by its first pass of a step.
+- **mask, forced** — a grammar's allowed tokens at a position (everything
+  else −∞ in the target's and the draft's rows alike); where it allows one
+  token only, that token is *forced*: it joins the draft without a draft
+  pass and is accepted with probability 1 (docs/math.md §11).
 
 One step for the sequences of ``works`` (``StepCore.propose`` then
 ``StepCore.verify``):
@@ -37,8 +41,9 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, List, Optional, Protocol
+from typing import Sequence as Seq
 
 import numpy as np
 
@@ -48,12 +53,12 @@ from ..errors import InvalidLogitsError, SpecDecError
 from .protocols import LogitRowsView, Rows, SequenceLM, Tokenizer, eog_id_array
 from .sequence import Sequence
 
-__all__ = ["MODEL", "NGRAM", "StepCore", "StepObserver", "Work"]
+__all__ = ["FORCED", "MODEL", "NGRAM", "StepCore", "StepObserver", "Work"]
 
 log = logging.getLogger("specdec_cpu.core")
 
-#: The draft routes: the draft model, and prompt lookup (n-gram).
-MODEL, NGRAM = "model", "ngram"
+#: The draft routes: the draft model, prompt lookup (n-gram), a grammar's forced tokens alone.
+MODEL, NGRAM, FORCED = "model", "ngram", "forced"
 
 
 @dataclass
@@ -67,14 +72,18 @@ class Work:
 
     seq: Sequence
     route: Optional[str] = None
-    gamma: int = 0
+    gamma: int = 0  # draft rows in all, the forced ones first
     decision: Any = None
+    forced: Seq[int] = ()  # tokens a grammar forces next, drafted for free (the first len(forced) rows)
+    free: List[int] = field(default_factory=list)  # rows drafted without a draft pass: forced ones
     tokens: Optional[np.ndarray] = None  # the draft
     probs: Optional[np.ndarray] = None  # its q rows (model route)
+    masks: Optional[np.ndarray] = None  # a constrained sequence's mask rows, one per verified row
     draft_seconds: float = 0.0
-    alphas: tuple = ()
+    alphas: tuple = ()  # Σ min(p, q) of every verified row
+    drafted_alphas: tuple = ()  # of the rows the draft sampled (what acceptance is learnt from)
     accepted: int = 0
-    first_token: Optional[int] = None
+    first_token: Optional[int] = None  # the token emitted after the forced ones
     verified: bool = False
 
 
@@ -119,65 +128,145 @@ class StepCore:
 
     # ------------------------------------------------------------ drafting
     def propose(self, works: List[Work], catch_up: List[Rows]) -> None:
-        """Draft for every work with a route: n-gram lookups, then one
-        draft-model pass per depth (``catch_up`` chunks ride in the first).
-        A work whose draft came out empty, or whose draft pass failed,
-        takes a plain step."""
+        """Draft for every work with a route: forced tokens and n-gram
+        lookups, then one draft-model pass per depth (``catch_up`` chunks
+        ride in the first).  A constrained sequence's mask rows are filled
+        along its draft, its drafts are kept within the grammar, and a run
+        of tokens the grammar forces after a drafted one joins the draft
+        without a pass of its own.  A work whose draft came out empty, or
+        whose draft pass failed, takes a plain step."""
         for w in works:
-            if w.route == NGRAM and w.gamma > 0:
-                d = w.seq.ngram.propose(w.seq.seq, w.gamma, w.seq.params, w.seq.rng_draft)
-                w.gamma = min(w.gamma, len(d))
-                w.tokens, w.probs = d.tokens[:w.gamma], None
-                if w.gamma == 0:
-                    w.route = None
-        drafting = [w for w in works if w.route == MODEL and w.gamma > 0]
-        if self.draft is None or (not drafting and not catch_up):
-            return
-        for w in drafting:
+            w.gamma = w.gamma if w.route is not None else 0
+            f = min(len(w.forced), w.gamma)
             w.tokens = np.zeros(w.gamma, dtype=np.int32)
-            w.probs = w.seq.q_rows(w.gamma)
-        depth = 0
+            w.tokens[:f] = w.forced[:f]
+            w.forced, w.free = w.forced[:f], list(range(f))
+            c = w.seq.constraint
+            if c is not None:
+                w.masks = w.seq.mask_rows(w.gamma + 1)
+                for i in range(f):  # the state follows the draft; verify rolls it back
+                    c.fill_mask(w.masks[i])
+                    c.consume((int(w.tokens[i]),))
+            if w.route == NGRAM and w.gamma > f:
+                self._lookup(w, f)
+            elif w.route != MODEL:
+                w.gamma = f
+            if w.gamma == 0:
+                w.route = None
+        drafting = [w for w in works if w.route == MODEL and w.gamma > len(w.forced)]
+        if self.draft is not None and (drafting or catch_up):
+            for w in drafting:
+                w.probs = w.seq.q_rows(w.gamma)
+                for i in w.free:
+                    self._one_hot(w, i)
+            self._draft_passes(drafting, catch_up)
+        for w in works:
+            if w.route == MODEL and w.gamma == len(w.free):  # nothing sampled: one-hot rows only
+                w.route, w.probs = (FORCED if w.gamma else None), None
+            if w.seq.constraint is not None and not w.seq.finished:
+                w.seq.constraint.fill_mask(w.masks[w.gamma])  # the bonus row's
+
+    @staticmethod
+    def _one_hot(w: Work, i: int) -> None:
+        """q of a forced token: one-hot (the masked p is 1 there too)."""
+        w.probs[i].fill(0.0)
+        w.probs[i, w.tokens[i]] = 1.0
+
+    def _lookup(self, w: Work, f: int) -> None:
+        """Prompt lookup after the sequence and its forced tokens; a
+        constrained sequence keeps the longest part its grammar allows."""
+        seq = w.seq
+        d = seq.ngram.propose(seq.seq + list(w.forced), w.gamma - f, seq.params, seq.rng_draft)
+        n = f
+        c = seq.constraint
+        for t in d.tokens[:w.gamma - f].tolist():
+            if c is not None:
+                c.fill_mask(w.masks[n])
+                if c.consume((t,)) != 1:
+                    break
+            w.tokens[n] = t
+            n += 1
+        w.gamma = n
+
+    def _draft_passes(self, drafting: List[Work], catch_up: List[Rows]) -> None:
+        """Draft-model passes until every work's draft is full: each pass
+        takes in a work's tokens its cache lacks (catch-up and forced ones
+        included) and samples its next draft token."""
+        filled = {id(w): len(w.forced) for w in drafting}  # draft rows known
+        fed = {id(w): None for w in drafting}  # draft rows in the draft's cache (None: none yet)
+        first = True
         while True:
-            live = [w for w in drafting if w.gamma > depth and not w.seq.finished]
-            parts = list(catch_up) if depth == 0 else []
+            live = [w for w in drafting if w.gamma > filled[id(w)] and not w.seq.finished]
+            parts = list(catch_up) if first else []
             for w in live:
-                seq = w.seq.seq
-                toks = seq[self.draft.n_past(w.seq.slot):] if depth == 0 else [int(w.tokens[depth - 1])]
+                toks = w.tokens[fed[id(w)] or 0:filled[id(w)]].tolist()
+                if fed[id(w)] is None:
+                    toks = w.seq.seq[self.draft.n_past(w.seq.slot):] + toks
+                fed[id(w)] = filled[id(w)]
                 parts.append(Rows(w.seq.slot, toks, 1))
             if not parts:
                 break
+            first = False
             t0 = time.perf_counter()
             try:
                 rows = self.draft.decode(parts)
-            except SpecDecError as exc:  # the draft failed: these sequences take a plain step
-                log.warning("draft pass failed (%s); %d sequences step without a draft", exc, len(live))
+            except SpecDecError as exc:  # the draft failed: these sequences keep what they have
+                log.warning("draft pass failed (%s); %d sequences step without more draft", exc, len(live))
                 for w in live:
-                    w.route, w.gamma, w.tokens, w.probs = None, 0, None, None
+                    w.gamma = filled[id(w)]
                 break
             dt = time.perf_counter() - t0
             self.observer.draft_pass(sum(len(p.tokens) for p in parts), dt)
             for w, r in zip(live, rows[len(parts) - len(live):]):
                 w.draft_seconds += dt
-                self._sample_draft(w, depth, r)
-            depth += 1
+                filled[id(w)] = self._sample_draft(w, filled[id(w)], r)
             if not live:
                 break
         for w in drafting:
             if w.seq.finished:
                 w.route, w.gamma = None, 0
 
-    def _sample_draft(self, w: Work, depth: int, rows: LogitRowsView) -> None:
+    def _sample_draft(self, w: Work, i: int, rows: LogitRowsView) -> int:
+        """Draft token ``i`` of ``w`` from the draft's row (masked as the
+        target's row of the same position), then the tokens the grammar
+        forces after it; returns the draft rows now known.  A draft the
+        grammar leaves nothing to propose, or an end-of-generation draft,
+        ends here."""
         seq = w.seq
+        c = seq.constraint
         try:
-            w.tokens[depth] = self.draft_vocab.sample_into(rows.view()[0], seq.params, seq.rng_draft,
-                                                           w.probs[depth])
+            changes = sampling.NO_CHANGES
+            if c is not None:
+                c.fill_mask(w.masks[i])
+                changes = sampling.Changes(mask=w.masks[i])
+            t = self.draft_vocab.sample_into(rows.view()[0], seq.params, seq.rng_draft, w.probs[i], changes)
         except InvalidLogitsError as exc:
             self._fail(seq, InvalidLogitsError(
                 f"the draft model produced invalid logits{self._names[1]} for request {seq.id} drafting "
                 f"from position {len(seq.seq)}: {exc}"))
+            return i
         except Exception as exc:  # a fault of this sequence's draft: it alone fails
             log.exception("drafting for request %d failed", seq.id)
             self._fail(seq, SpecDecError(f"request {seq.id} failed while drafting: {exc}"))
+            return i
+        if t < 0:  # the cut draft has none of the tokens allowed here
+            w.gamma = i
+            return i
+        w.tokens[i] = t
+        i += 1
+        if c is None:
+            return i
+        c.consume((t,))
+        for t in c.forced_tokens(w.gamma - i) if not c.ended else ():
+            c.fill_mask(w.masks[i])
+            c.consume((t,))
+            w.tokens[i] = t
+            self._one_hot(w, i)
+            w.free.append(i)
+            i += 1
+        if c.ended:  # nothing can follow what the grammar ends with
+            w.gamma = i
+        return i
 
     # ------------------------------------------------------------ the target pass
     def verify(self, works: List[Work], prefill: List[Rows]) -> int:
@@ -220,7 +309,14 @@ class StepCore:
         t0 = time.perf_counter()
         self._ban_eog(seq, rows)
         try:
-            token = sampling.sample(rows.view()[0], seq.params, seq.rng_verify)
+            changes = sampling.NO_CHANGES
+            if seq.constraint is not None:
+                mask = seq.mask_rows(1)[0]
+                seq.constraint.fill_mask(mask)
+                changes = sampling.Changes(mask=mask)
+            token = sampling.sample(rows.view()[0], seq.params, seq.rng_verify, changes)
+            if seq.constraint is not None:
+                seq.constraint.consume((token,))
         except InvalidLogitsError as exc:
             self._fail(seq, InvalidLogitsError(
                 f"the target model produced invalid logits{self._names[0]} for request {seq.id} at the end "
@@ -243,16 +339,21 @@ class StepCore:
         n_old = len(seq.seq)
         t0 = time.perf_counter()
         self._ban_eog(seq, rows)
+        c = seq.constraint
         try:
             logits = rows.view()
+            changes = sampling.NO_CHANGES if c is None else sampling.Changes(mask=w.masks[:w.gamma + 1])
             if w.gamma == 0:
-                new = [sampling.sample(logits[0], seq.params, seq.rng_verify)]
+                new = [sampling.sample(logits[0], seq.params, seq.rng_verify, changes.row(0))]
                 n_acc, alphas = 0, ()
             else:
                 res = sampling.verify(logits, w.tokens[:w.gamma], None if w.probs is None else w.probs[:w.gamma],
-                                      seq.params, seq.rng_verify)
+                                      seq.params, seq.rng_verify, changes)
                 n_acc, alphas = res.n_accepted, tuple(float(a) for a in res.alphas)
                 new = w.tokens[:n_acc].tolist() + [res.token]
+            if c is not None:  # the grammar follows the accepted tokens and the one after them
+                c.rollback(w.gamma - n_acc)
+                c.consume((new[-1],))
         except InvalidLogitsError as exc:
             self._fail(seq, InvalidLogitsError(
                 f"the target model produced invalid logits{self._names[0]} for request {seq.id} at positions "
@@ -270,18 +371,24 @@ class StepCore:
             self.draft.truncate(seq.slot, min(self.draft.n_past(seq.slot), n_old + n_acc))
         if seq.ngram is not None:
             seq.ngram.rollback(n_old + n_acc)
-        w.alphas, w.accepted, w.first_token, w.verified = alphas, n_acc, int(new[0]), True
+        f = len(w.forced)
+        free = set(w.free)  # forced rows (α = 1) are neither drafts nor acceptance evidence
+        w.alphas, w.accepted, w.verified = alphas, n_acc, True
+        w.drafted_alphas = tuple(a for i, a in enumerate(alphas) if i not in free)
+        w.first_token = int(new[f]) if f < len(new) else None
+        n_free_accepted = sum(1 for i in free if i < n_acc)
         stats.steps += 1
         stats.gammas.append(w.gamma)
         stats.target_seconds += target_seconds
         stats.draft_seconds += w.draft_seconds
         stats.sampling_seconds += t_sample
-        if w.gamma:
-            stats.drafted += w.gamma
-            stats.accepted += n_acc
-            stats.alpha_sum += float(sum(alphas))
-            stats.alpha_rows += len(alphas)
-            stats.record_drafter(w.route, w.gamma, n_acc)
+        stats.forced += n_free_accepted
+        if w.gamma > len(free):
+            stats.drafted += w.gamma - len(free)
+            stats.accepted += n_acc - n_free_accepted
+            stats.alpha_sum += float(sum(w.drafted_alphas))
+            stats.alpha_rows += len(w.drafted_alphas)
+            stats.record_drafter(w.route, w.gamma - len(free), n_acc - n_free_accepted)
         self.observer.verified(w, t_sample)
         return self.emit(seq, new)
 
@@ -299,7 +406,10 @@ class StepCore:
         returns the tokens appended."""
         stats = seq.stats
         n = 0
-        for tok in new:
+        # The grammar's state is at the end of ``new`` already: whether it is
+        # complete (only an end may follow) is a question for its last token.
+        complete = seq.constraint is not None and seq.constraint.finished
+        for i, tok in enumerate(new):
             if self.tokenizer.is_eog(tok):
                 stats.finish_reason = "stop"
                 break
@@ -310,7 +420,7 @@ class StepCore:
             if stats.tokens == 1:
                 self.observer.first_token(seq)
             seq.deliver(seq.text.feed(self.tokenizer.token_bytes(tok)))
-            if seq.text.stopped:
+            if seq.text.stopped or (complete and i == len(new) - 1):
                 stats.finish_reason = "stop"
                 break
             if stats.tokens >= seq.max_tokens:

@@ -146,7 +146,8 @@ class BatchedDecoder(DecoderFront):
     # ------------------------------------------------------------------ requests
     def generate(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
                  stop: Seq[str] = (), gamma: Optional[GammaSetting] = None,
-                 cancel: Optional[threading.Event] = None, timeout: Optional[float] = None) -> Generation:
+                 cancel: Optional[threading.Event] = None, timeout: Optional[float] = None,
+                 grammar: Any = None) -> Generation:
         """Generate a continuation of ``prompt``; see ``SpeculativeDecoder.generate``.
 
         A fixed ``gamma`` above the decoder's ``gamma_max`` drafts
@@ -158,7 +159,7 @@ class BatchedDecoder(DecoderFront):
         ``GenerationCancelled`` (with ``partial``) on ``cancel``/``timeout``,
         ``DecoderClosedError`` when the decoder is closed meanwhile.
         """
-        req = self._submit(prompt, max_tokens, params, stop, gamma, cancel, timeout)
+        req = self._submit(prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar)
         try:
             req.done.wait()
         except BaseException:  # e.g. KeyboardInterrupt while waiting: the request must not run on
@@ -171,18 +172,20 @@ class BatchedDecoder(DecoderFront):
 
     def stream(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
                stop: Seq[str] = (), gamma: Optional[GammaSetting] = None,
-               cancel: Optional[threading.Event] = None, timeout: Optional[float] = None) -> RequestStream:
+               cancel: Optional[threading.Event] = None, timeout: Optional[float] = None,
+               grammar: Any = None) -> RequestStream:
         """Yield text pieces as they are accepted; see ``SpeculativeDecoder.stream``.
 
         The stream ends quietly on ``cancel``/``timeout`` (``result`` says
         why); closing or dropping it frees the request's sequence at the next
         step.  Argument errors and ``QueueFullError`` are raised here.
         """
-        return RequestStream(self._submit(prompt, max_tokens, params, stop, gamma, cancel, timeout))
+        return RequestStream(self._submit(prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar))
 
     def astream(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
                 stop: Seq[str] = (), gamma: Optional[GammaSetting] = None,
-                cancel: Optional[threading.Event] = None, timeout: Optional[float] = None) -> AsyncRequestStream:
+                cancel: Optional[threading.Event] = None, timeout: Optional[float] = None,
+                grammar: Any = None) -> AsyncRequestStream:
         """``stream`` for asyncio code: an async iterator of text pieces
         (call it in a running event loop; no thread blocks on the request).
 
@@ -190,7 +193,8 @@ class BatchedDecoder(DecoderFront):
         ``await s.aclose()`` stops the request without waiting.
         """
         loop = asyncio.get_running_loop()
-        return AsyncRequestStream(self._submit(prompt, max_tokens, params, stop, gamma, cancel, timeout), loop)
+        return AsyncRequestStream(self._submit(prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar),
+                                  loop)
 
     # ------------------------------------------------------------------ state
     @property
@@ -246,8 +250,9 @@ class BatchedDecoder(DecoderFront):
         return f"BatchedDecoder({self.target_path!r}, max_sequences={self.max_sequences}, {state})"
 
     # ------------------------------------------------------------------ internals
-    def _submit(self, prompt, max_tokens, params, stop, gamma, cancel, timeout) -> Request:
-        req = self._sequence(Request, prompt, max_tokens, params, stop, gamma, cancel, timeout, self.gamma_max)
+    def _submit(self, prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar=None) -> Request:
+        req = self._sequence(Request, prompt, max_tokens, params, stop, gamma, cancel, timeout, self.gamma_max,
+                             grammar)
         # The seed is drawn once the request is accepted: a refused one uses none.
         self._scheduler.submit(req, on_accept=self._seed_of)
         return req

@@ -81,9 +81,27 @@ class DecoderFront:
         self.close()  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------ internals
+    def grammar_state(self, grammar: Any) -> Any:
+        """A fresh matcher of ``grammar`` for this decoder's vocabulary: a
+        ``constraints.Grammar``, or a JSON schema (a dict, or a pydantic
+        model class).  Compiled once per grammar (cached); an invalid one
+        raises ``InvalidGrammarError`` naming what is wrong."""
+        from ..constraints import Grammar, compile_grammar
+
+        if not isinstance(grammar, Grammar):
+            grammar = Grammar.json_schema(grammar)
+        tok = self.tokenizer
+        if hasattr(tok, "grammar_tokenizer"):  # a tokenizer of the tests' synthetic models
+            llg = tok.grammar_tokenizer()
+        else:
+            from ..engine import llg_tokenizer
+
+            llg = llg_tokenizer(tok.weights)  # type: ignore[attr-defined]
+        return compile_grammar(grammar, llg, param="grammar").new_state()
+
     def _sequence(self, cls: Type[S], prompt: Prompt, max_tokens: int, params: SamplingParams, stop: Seq[str],
                   gamma: Optional[GammaSetting], cancel: Optional[threading.Event], timeout: Optional[float],
-                  gamma_limit: int) -> S:
+                  gamma_limit: int, grammar: Any = None) -> S:
         """A checked sequence for one call (its seed is drawn later, by the
         caller, once the request is accepted); a fixed γ above
         ``gamma_limit`` drafts ``gamma_limit`` tokens."""
@@ -96,9 +114,12 @@ class DecoderFront:
         if isinstance(gamma, int):
             gamma = min(gamma, gamma_limit)
         tokens = self.tokenize(prompt)
-        return cls(tokens, max_tokens=max_tokens, params=params, text=TextAssembler(stop), gamma=gamma,
-                   n_vocab=self._target_lm.n_vocab, cancel=cancel, timeout=timeout,
-                   gamma_rows=min(self.gamma_max, 16))
+        state = None if grammar is None else self.grammar_state(grammar)
+        seq = cls(tokens, max_tokens=max_tokens, params=params, text=TextAssembler(stop), gamma=gamma,
+                  n_vocab=self._target_lm.n_vocab, cancel=cancel, timeout=timeout,
+                  gamma_rows=min(self.gamma_max, 16))
+        seq.constraint = state
+        return seq
 
     def _seed_of(self, seq: Sequence) -> None:
         """Start ``seq``'s random streams: its own seed, or the decoder's next."""

@@ -146,7 +146,7 @@ class StepLoop:
         emitted = self.core.verify(works, prefill)
         for w, c in zip(works, cands):
             if w.verified:
-                self.policy.learn(c, w.decision, w.route, w.alphas, w.first_token)
+                self.policy.learn(c, w.decision, w.route, w.drafted_alphas, w.first_token)
         if works and not prefill:
             self.policy.observe_step(len(works), any(w.gamma > 0 for w in works), bool(catch_up),
                                      any(w.decision.explore for w in works), planned_rate, emitted,
@@ -194,8 +194,8 @@ class StepLoop:
         timing = self.draft is not None and self.policy.draft_unmeasured()
         decisions = self.policy.plan(cands, fixed_rows, joining, budget)
         works, catch_up = [], []
-        for s, d in zip(decoding, decisions):
-            works.append(Work(s, route=d.route, gamma=d.gamma, decision=d))
+        for s, c, d in zip(decoding, cands, decisions):
+            works.append(Work(s, route=d.route, gamma=d.gamma, decision=d, forced=c.forced[:d.forced]))
             have = self.draft.n_past(s.slot) if self.draft is not None else 0
             if d.catch_up:
                 catch_up.append(Rows(s.slot, s.seq[have:have + d.catch_up]))
@@ -208,12 +208,15 @@ class StepLoop:
 
     def _candidate(self, s: Sequence) -> Candidate:
         room = s.room(self.target.n_ctx)
+        forced: list = []
+        if s.constraint is not None and s.gamma != 0 and room > 0:
+            forced = s.constraint.forced_tokens(room)  # drafts that cost no pass (the state does not move)
         lookup = s.ngram
-        match = lookup.match(s.seq) if lookup is not None and room > 0 else None
+        match = lookup.match(s.seq + forced if forced else s.seq) if lookup is not None and room > len(forced) else None
         lag = len(s.seq) - self.draft.n_past(s.slot) if self.draft is not None else None
         remaining = min(s.max_tokens - s.stats.tokens, self.target.n_ctx - len(s.seq))
         return Candidate(plan=s.plan, gamma=s.gamma, room=room, remaining=remaining, match=match,
-                         lookup_max=lookup.max_draft if lookup is not None else 0, draft_lag=lag)
+                         lookup_max=lookup.max_draft if lookup is not None else 0, draft_lag=lag, forced=forced)
 
     def _start_decoding(self, seq: Sequence) -> None:
         seq.prefilled = True
@@ -249,11 +252,13 @@ class StepLoop:
     def verified(self, work: Work, sampling_seconds: float) -> None:
         with self.metrics.lock():
             self.metrics.sampling_seconds += sampling_seconds
-            if work.gamma:
-                self.metrics.drafted += work.gamma
-                self.metrics.accepted += work.accepted
-                self.metrics.alpha_sum += float(sum(work.alphas))
-                self.metrics.alpha_rows += len(work.alphas)
+            if work.gamma > len(work.free):  # forced rows are no drafts (the stats count them apart)
+                free_accepted = sum(1 for i in work.free if i < work.accepted)
+                self.metrics.drafted += work.gamma - len(work.free)
+                self.metrics.accepted += work.accepted - free_accepted
+                self.metrics.alpha_sum += float(sum(work.drafted_alphas))
+                self.metrics.alpha_rows += len(work.drafted_alphas)
+            self.metrics.forced += sum(1 for i in work.free if i < work.accepted)
 
     def first_token(self, seq: Sequence) -> None:
         ttft = time.perf_counter() - seq.submitted

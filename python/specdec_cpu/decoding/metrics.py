@@ -34,6 +34,7 @@ class MetricsSnapshot:
     prefix_cache_hits: int
     drafted: int
     accepted: int
+    forced: int  # tokens a grammar forced, verified without a draft pass (not in drafted)
     alpha_sum: float
     alpha_rows: int
     steps: int
@@ -88,6 +89,7 @@ class ServingMetrics:
     prefix_cache_hits: int = 0
     drafted: int = 0
     accepted: int = 0
+    forced: int = 0
     alpha_sum: float = 0.0
     alpha_rows: int = 0
     steps: int = 0
@@ -137,6 +139,7 @@ class ServingMetrics:
                 prefix_cache_hits=self.prefix_cache_hits,
                 drafted=self.drafted,
                 accepted=self.accepted,
+                forced=self.forced,
                 alpha_sum=self.alpha_sum,
                 alpha_rows=self.alpha_rows,
                 steps=self.steps,

@@ -195,8 +195,15 @@ class SpeculativeDecoder(DecoderFront):
     # ------------------------------------------------------------------ public API
     def generate(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
                  stop: Seq[str] = (), gamma: Optional[GammaSetting] = None,
-                 cancel: Optional[threading.Event] = None, timeout: Optional[float] = None) -> Generation:
+                 cancel: Optional[threading.Event] = None, timeout: Optional[float] = None,
+                 grammar: Any = None) -> Generation:
         """Generate a continuation of ``prompt`` (text, UTF-8 bytes, or token ids).
+
+        ``grammar`` constrains the output: a ``constraints.Grammar`` (JSON
+        schema, Lark, regex, GBNF), or a JSON schema as a dict or a pydantic
+        model class.  The output is then distributed exactly as the target's
+        sampling distribution masked to the grammar, and tokens the grammar
+        forces are drafted for free (docs/math.md §11).
 
         ``cancel`` (a ``threading.Event``) and ``timeout`` (seconds for the
         whole call, waiting for the decoder included) stop generation at the
@@ -205,7 +212,7 @@ class SpeculativeDecoder(DecoderFront):
         ``"cancelled"`` or ``"timeout"``) and ``reason`` says which.  The
         decoder is ready for the next call either way.
         """
-        run = self._run(prompt, max_tokens, params, stop, gamma, cancel, timeout)
+        run = self._run(prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar)
         pieces = run.iterate()
         try:
             for _ in pieces:
@@ -216,7 +223,8 @@ class SpeculativeDecoder(DecoderFront):
 
     def stream(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
                stop: Seq[str] = (), gamma: Optional[GammaSetting] = None,
-               cancel: Optional[threading.Event] = None, timeout: Optional[float] = None) -> "_Stream":
+               cancel: Optional[threading.Event] = None, timeout: Optional[float] = None,
+               grammar: Any = None) -> "_Stream":
         """Yield text pieces as they are accepted.
 
         Unlike ``generate``, a stream simply ends when ``cancel`` is set or
@@ -228,7 +236,7 @@ class SpeculativeDecoder(DecoderFront):
         that stops generation at once and leaves the decoder ready for the
         next call.  Argument errors are raised here, not at the first piece.
         """
-        return _Stream(self._run(prompt, max_tokens, params, stop, gamma, cancel, timeout))
+        return _Stream(self._run(prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar))
 
     def close(self) -> None:
         """Free the llama.cpp contexts, and the models if :meth:`from_gguf`
@@ -262,8 +270,9 @@ class SpeculativeDecoder(DecoderFront):
         return self._metrics.snapshot()
 
     # ------------------------------------------------------------------ internals
-    def _run(self, prompt, max_tokens, params, stop, gamma, cancel, timeout) -> "_Run":
-        seq = self._sequence(Sequence, prompt, max_tokens, params, stop, gamma, cancel, timeout, self.gamma_cap)
+    def _run(self, prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar=None) -> "_Run":
+        seq = self._sequence(Sequence, prompt, max_tokens, params, stop, gamma, cancel, timeout, self.gamma_cap,
+                             grammar)
         self._seed_of(seq)
         return _Run(self, seq)
 

@@ -80,12 +80,15 @@ class DraftOption:
             costs nothing.
         catch_up: rows the draft model must take in at depth 0 before its
             first draft token (the tokens its cache lacks, at least 1).
+        free: leading rows that need no draft pass (tokens a grammar forces:
+            α = 1); a costly option's passes draft the rows after them.
     """
 
     route: str
     row_alphas: Sequence[float]
     costly: bool = True
     catch_up: int = 1
+    free: int = 0
 
 
 @dataclass
@@ -412,10 +415,10 @@ class BatchPlanner:
 class _Option:
     """A DraftOption with E[tokens] precomputed for every γ."""
 
-    __slots__ = ("route", "costly", "catch_up", "n", "cum_e")
+    __slots__ = ("route", "costly", "catch_up", "free", "n", "cum_e")
 
     def __init__(self, opt: DraftOption) -> None:
-        self.route, self.costly, self.catch_up = opt.route, opt.costly, opt.catch_up
+        self.route, self.costly, self.catch_up, self.free = opt.route, opt.costly, opt.catch_up, opt.free
         self.n = len(opt.row_alphas)
         e, reach, cum = 1.0, 1.0, [1.0]
         for a in opt.row_alphas:  # E(γ) = 1 + α0 + α0·α1 + ...
@@ -466,9 +469,10 @@ class _State:
             total_e += opt.cum_e[gi] - 1.0
             e[i] = opt.cum_e[gi]
             rows += gi
-            if opt.costly and gi:
+            passes = gi - opt.free
+            if opt.costly and passes > 0:
                 depth[0] += opt.catch_up
-                for j in range(1, gi):
+                for j in range(1, passes):
                     depth[j] += 1
         if max(depth) > self.max_draft_rows:
             return 0.0
@@ -524,9 +528,10 @@ class _State:
         self.opt[i], self.gamma[i], self.e[i] = opt, g, opt.cum_e[g]
         self.total_e += opt.cum_e[g] - 1.0  # _remove left the request counted as one plain token
         self.rows += g
-        if opt.costly:
+        passes = g - opt.free
+        if opt.costly and passes > 0:
             self._add_draft_rows(0, opt.catch_up)
-            for j in range(1, g):
+            for j in range(1, passes):
                 self._add_draft_rows(j, 1)
 
     def _remove(self, i: int) -> None:
@@ -535,9 +540,10 @@ class _State:
             return
         self.total_e -= opt.cum_e[g] - 1.0
         self.rows -= g
-        if opt.costly:
+        passes = g - opt.free
+        if opt.costly and passes > 0:
             self._add_draft_rows(0, -opt.catch_up)
-            for j in range(1, g):
+            for j in range(1, passes):
                 self._add_draft_rows(j, -1)
         self.opt[i], self.gamma[i], self.e[i] = None, 0, 1.0
 
@@ -560,8 +566,8 @@ class _State:
             extra_draft = 0.0
             cum = opt.cum_e
             for g in range(1, min(opt.n, room) + 1):
-                if opt.costly:
-                    j = g - 1  # depth of the pass that drafts token g
+                if opt.costly and g > opt.free:
+                    j = g - 1 - opt.free  # depth of the pass that drafts token g
                     if j > _MAX_DEPTH:
                         break
                     have = self.depth_rows[j]

@@ -19,7 +19,9 @@ tokens per second) the policy decides what the optimiser cannot see:
   meanwhile catches up first, where that would repay itself at a good
   acceptance;
 - **exploring**: while the pair's acceptance is only ALPHA_GUESS, the first
-  sequence that may draft probes at once;
+  sequence that may draft probes at once, and again at each step its plan
+  would not draft until the pair has EXPLORE_ROWS first rows (one row is
+  too little to give up a draft on: at T = 0 it is a 0 or a 1);
 - **catch-up**: a draft cache lagging by more than IN_STEP_LAG tokens catches
   up in prompt-sized chunks only when the drafting it enables repays it
   (:meth:`DraftPolicy._catch_up`).
@@ -37,9 +39,10 @@ from .batch_planner import AlphaTracker, BatchPlanner, DraftOption, PlanRequest
 from .costmodel import CostModel
 from .match_alphas import MatchAlphas
 
-__all__ = ["ALPHA_GUESS", "Candidate", "Decision", "DraftPolicy", "SequencePlan"]
+__all__ = ["ALPHA_GUESS", "EXPLORE_ROWS", "FORCED", "MODEL", "NGRAM", "Candidate", "Decision", "DraftPolicy", "SequencePlan"]
 
-MODEL, NGRAM = "model", "ngram"
+#: The routes: the draft model, prompt lookup, and a grammar's forced tokens alone.
+MODEL, NGRAM, FORCED = "model", "ngram", "forced"
 
 #: A lag the first draft pass of a step takes in, charged to the plan (a drafting step's own lag).
 IN_STEP_LAG = 4
@@ -59,6 +62,9 @@ PROBE_GAMMA = 2
 OPTIMISTIC_ALPHA = 0.95
 #: The pair's acceptance before anything is measured (a guess, explored at once: §2).
 ALPHA_GUESS = 0.7
+#: First rows the pair's acceptance needs before it replaces the guess for
+#: good; fewer, and a step that would not draft explores instead (§2).
+EXPLORE_ROWS = 4
 
 
 @dataclass
@@ -84,6 +90,7 @@ class Candidate:
         lookup_max: the lookup's longest draft.
         draft_lag: tokens the draft model's cache lacks, the last one
             included (None without a draft model).
+        forced: the tokens a grammar forces next (drafts that cost no pass).
     """
 
     plan: SequencePlan
@@ -93,6 +100,7 @@ class Candidate:
     match: Any = None
     lookup_max: int = 0
     draft_lag: Optional[int] = None
+    forced: Sequence[int] = ()
 
 
 @dataclass
@@ -106,6 +114,7 @@ class Decision:
 
     route: Optional[str] = None
     gamma: int = 0
+    forced: int = 0  # of the γ rows, how many are forced tokens (always first)
     probe: bool = False
     explore: bool = False
     match: Any = None
@@ -181,9 +190,16 @@ class DraftPolicy:
         """
         decisions = [Decision(batch=len(cands)) for _ in cands]
         explorer = self._explorer(cands)
-        plans = [self._options(c, d, len(cands), fixed_rows, explore=i == explorer)
+        # Explored once already: explore again only where the plan would not draft.
+        again = explorer is not None and self.pair_alpha.first_rows > 0
+        plans = [self._options(c, d, len(cands), fixed_rows, explore=i == explorer and not again)
                  for i, (c, d) in enumerate(zip(cands, decisions))]
         choice = self.planner.plan(plans, fixed_rows)
+        if again and choice[explorer][0] != MODEL:
+            decisions[explorer] = d = Decision(batch=len(cands))
+            plans[explorer] = self._options(cands[explorer], d, len(cands), fixed_rows, explore=True)
+            if d.explore:
+                choice = self.planner.plan(plans, fixed_rows)
         rate = self.planner.last_rate
         self.catch_up_gain = 0.0
         lagging = [i for i, d in enumerate(decisions) if d.lagging]
@@ -192,13 +208,19 @@ class DraftPolicy:
             choice = self.planner.plan(plans, fixed_rows, sum(d.catch_up for d in decisions))
         else:
             self.planner.last_rate = rate  # the rate of the plan chosen, not of _catch_up's what-if
-        for d, plan, (route, g) in zip(decisions, plans, choice):
+        for c, d, plan, (route, g) in zip(cands, decisions, plans, choice):
             d.route, d.gamma = route, g
+            d.forced = min(g, len(c.forced)) if route is not None else 0
             d.alpha_hat = next((tuple(o.row_alphas[:g]) for o in plan.options if o.route == route and g), ())
         return decisions
 
     def _options(self, c: Candidate, d: Decision, batch: int, fixed_rows: int, explore: bool) -> PlanRequest:
-        """How ``c`` could draft this step (and whether it probes)."""
+        """How ``c`` could draft this step (and whether it probes).
+
+        Tokens a grammar forces (``c.forced``) lead every option as rows of
+        α = 1 that need no draft pass: the lookup continues after them, the
+        draft model takes them in with its first pass, and alone they are
+        the FORCED route (free drafts, docs/math.md §11)."""
         if c.gamma == 0 or c.room == 0:
             return PlanRequest()
         options = []
@@ -209,10 +231,13 @@ class DraftPolicy:
             # Nothing is known of a pass's cost yet (no calibration, no pass of one
             # row): the step is plain, and measures T(1) (docs/planning.md §4).
             return PlanRequest()
+        f = min(len(c.forced), c.room)
+        forced = [1.0] * f
         if c.match is not None:
-            n = min(c.room, fixed if fixed is not None else c.lookup_max)
-            options.append(DraftOption(NGRAM, self.match_alphas.row_alphas(c.match.length, c.match.unanimous, n),
-                                       costly=False, catch_up=0))
+            n = min(c.room, fixed if fixed is not None else f + c.lookup_max) - f
+            if n > 0:
+                options.append(DraftOption(NGRAM, forced + self.match_alphas.row_alphas(
+                    c.match.length, c.match.unanimous, n), costly=False, catch_up=0))
         probe = False
         if c.draft_lag is not None:
             lag = c.draft_lag
@@ -220,14 +245,18 @@ class DraftPolicy:
             due = fixed is None and (explore or c.plan.probe_pending or (
                 c.plan.plain_run >= c.plan.probe_interval and self._probe_could_pay(batch, fixed_rows)))
             probe = due and lag <= self.catch_up_limit
-            if lag <= IN_STEP_LAG or (lag <= self.catch_up_limit and (fixed is not None or probe)):
-                n = min(c.room, fixed if fixed is not None else self.gamma_max)
-                # The first pass that drafts takes in every token the draft lacks: the plan is
-                # charged for them (a few after drafting steps; longer lags are judged in _catch_up).
-                options.append(DraftOption(MODEL, self._alphas(c).row_alphas(n), costly=True, catch_up=lag))
-            else:  # its draft catches up first (and then it probes, when one is due)
+            n = min(c.room, fixed if fixed is not None else f + self.gamma_max) - f
+            if n > 0 and (lag <= IN_STEP_LAG or (lag <= self.catch_up_limit and (fixed is not None or probe))):
+                # The first pass that drafts takes in every token the draft lacks (and the
+                # forced ones): the plan is charged for them (a few after drafting steps;
+                # longer lags are judged in _catch_up).
+                options.append(DraftOption(MODEL, forced + self._alphas(c).row_alphas(n), costly=True,
+                                           catch_up=lag + f, free=f))
+            elif n > 0:  # its draft catches up first (and then it probes, when one is due)
                 d.lagging = True
                 d.explore, d.probe_due = explore, due
+        if f:
+            options.append(DraftOption(FORCED, forced, costly=False, catch_up=0))
         if not options:
             return PlanRequest(fixed=fixed)
         if fixed is not None:
@@ -235,7 +264,7 @@ class DraftPolicy:
         model = [o for o in options if o.route == MODEL]
         if model and probe:
             d.probe, d.explore = True, explore  # α̂ may be stale (or a guess): measure it
-            return PlanRequest(options=model, fixed=min(PROBE_GAMMA, len(model[0].row_alphas)))
+            return PlanRequest(options=model, fixed=min(f + PROBE_GAMMA, len(model[0].row_alphas)))
         return PlanRequest(options=options)
 
     def _catch_up(self, cands: Sequence[Candidate], decisions: list[Decision], plans: list[PlanRequest],
@@ -304,8 +333,9 @@ class DraftPolicy:
 
     def _explorer(self, cands: Sequence[Candidate]) -> Optional[int]:
         """The sequence that probes the draft model now because the pair's
-        acceptance is still the guess (the first one that may draft), or None."""
-        if not self.has_draft or self.alpha_known or self.pair_alpha.first_rows:
+        acceptance is still (mostly) the guess (the first one that may
+        draft), or None."""
+        if not self.has_draft or self.alpha_known or self.pair_alpha.first_rows >= EXPLORE_ROWS:
             return None
         return next((i for i, c in enumerate(cands) if not isinstance(c.gamma, int)), None)
 
@@ -319,10 +349,13 @@ class DraftPolicy:
 
     # ------------------------------------------------------------ feedback
     def learn(self, c: Candidate, d: Decision, route: Optional[str], alphas: Sequence[float],
-              first_token: int) -> None:
+              first_token: Optional[int]) -> None:
         """Feed one verified step of ``c`` (planned as ``d``, drafted through
-        ``route``, which an empty or failed draft turns to None) to the
-        acceptance estimates."""
+        ``route``, which an empty or failed draft turns to None; ``alphas``
+        of the verified rows the draft sampled, forced rows left out since
+        their α = 1 would inflate α̂; ``first_token``: the
+        token emitted after the forced ones, if any) to the acceptance
+        estimates."""
         plan = c.plan
         rows = [float(a) for a in alphas]
         if route == MODEL:
@@ -340,7 +373,7 @@ class DraftPolicy:
         m = d.match
         if route == NGRAM:
             self.match_alphas.record_rows(m.length, m.unanimous, rows)
-        elif m is not None:  # the lookup predicted a token it did not draft: was it right?
+        elif m is not None and first_token is not None:  # the lookup predicted a token it did not draft: was it right?
             self.match_alphas.record_prediction(m.length, m.unanimous, int(first_token) == int(m.token))
 
     def observe_target(self, rows: int, seconds: float) -> None:

@@ -59,6 +59,7 @@ class DecoderCollector(Collector):
             ("specdec_prefix_cache_hits", "Requests that reused a cached prompt prefix", m.prefix_cache_hits),
             ("specdec_drafted_tokens", "Draft tokens verified", m.drafted),
             ("specdec_accepted_tokens", "Draft tokens accepted", m.accepted),
+            ("specdec_forced_tokens", "Tokens a grammar forced, emitted without a draft pass", m.forced),
             ("specdec_steps", "Scheduler steps", m.steps),
             ("specdec_target_passes", "Target model passes (llama_decode calls)", m.target_passes),
             ("specdec_target_rows", "Rows in all target passes", m.target_rows),

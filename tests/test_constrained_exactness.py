@@ -1,0 +1,100 @@
+"""Constrained decoding is exact under speculation (docs/math.md §11).
+
+A grammar gives each position an allowed set m; the output must follow the
+target's sampling distribution of the logits masked to m (mask first, then
+temperature, top-k, top-p, min-p), whatever the draft and γ.  Synthetic
+Markov models with a small grammar (forced tokens and choice points): the
+first tokens' joint law is checked by chi-square, and each case asserts
+what it exercised: γ ≥ 2 drafts, rejections (hence rollbacks of the
+grammar's state) and forced tokens drafted for free.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from specdec_cpu import SamplingParams, SpeculativeDecoder
+from specdec_cpu.constraints import Grammar, compile_grammar
+from specdec_cpu.constraints import bitmask
+from stats_helpers import assert_matches_distribution, expected_distribution
+from synthetic import GrammarByteTokenizer, MarkovLM
+
+V, EOS = 6, 5  # tokens a..e, and an end-of-generation token
+PROMPT = [0, 1]
+#: a choice (a|b|c), a forced "d", a choice (a|b|d), a forced "e", then a
+#: choice of "a", "b", or the end: rows with singleton masks between rows of
+#: two or three tokens.
+GRAMMAR = Grammar.regex("[abc]d[abd]e[ab]?")
+N = 4  # the tokens whose joint law is checked (the first four)
+
+
+def masked_law(model: MarkovLM, tok: GrammarByteTokenizer, params: SamplingParams) -> dict:
+    """Exact P(first N tokens) of plain sampling from ``model`` masked by GRAMMAR."""
+    compiled = compile_grammar(GRAMMAR, tok.grammar_tokenizer())
+    law: dict = {}
+
+    def walk(prefix: tuple, prob: float) -> None:
+        if len(prefix) == N or prob == 0.0:
+            law[prefix] = law.get(prefix, 0.0) + prob
+            return
+        state = compiled.new_state()
+        assert state.consume(list(prefix)) == len(prefix)
+        allowed = bitmask.to_bool(state.mask(), V)
+        logits = np.where(allowed, model.row(PROMPT + list(prefix)), -np.inf)
+        p = expected_distribution(logits, params=params)
+        for t in np.flatnonzero(p > 0):
+            walk(prefix + (int(t),), prob * float(p[t]))
+
+    walk((), 1.0)
+    return law
+
+
+CASES = [(2, SamplingParams(temperature=1.0)), (4, SamplingParams(temperature=1.0)),
+         (3, SamplingParams(temperature=0.7, top_p=0.9))]
+
+
+@pytest.mark.parametrize("gamma,params", CASES, ids=lambda c: c if isinstance(c, int) else f"T{c.temperature}")
+def test_constrained_output_follows_the_masked_target(gamma: int, params: SamplingParams) -> None:
+    tok = GrammarByteTokenizer(V, EOS)
+    target = MarkovLM(V, order=1, seed=3, scale=1.5)
+    draft = MarkovLM(V, order=1, seed=4, scale=1.5)  # another model: rejections at the choice points
+    dec = SpeculativeDecoder(target, tok, draft, gamma=gamma, seed=100 + gamma)
+    law = masked_law(target, tok, params)
+    cells = sorted(law)
+    index = {c: i for i, c in enumerate(cells)}
+    counts = np.zeros(len(cells))
+    forced = drafted = accepted = longest = 0
+    n = 6000
+    for _ in range(n):
+        gen = dec.generate(PROMPT, max_tokens=8, params=params, grammar=GRAMMAR)
+        first = tuple(gen.tokens[:N])
+        assert first in index, f"{first} is outside the grammar"
+        counts[index[first]] += 1
+        s = gen.stats
+        forced, drafted, accepted = forced + s.forced, drafted + s.drafted, accepted + s.accepted
+        longest = max(longest, max(s.gammas))
+    print(f"γ={gamma}: {forced} forced tokens, {drafted} drafted, {accepted} accepted")
+    assert longest >= 2  # steps verified forced and drafted rows together
+    assert forced > n  # the forced "d" and "e" were drafted for free
+    assert drafted - accepted > 500  # rejections: the grammar's state was rolled back
+    assert_matches_distribution(counts, np.array([law[c] for c in cells]),
+                                what=f"constrained, γ={gamma}, {params}")
+
+
+def test_every_output_is_in_the_language_and_greedy_equals_plain() -> None:
+    tok = GrammarByteTokenizer(V, EOS)
+    greedy = SamplingParams(temperature=0.0)
+    plain = SpeculativeDecoder(MarkovLM(V, order=1, seed=3), tok, gamma=0)
+    want = plain.generate(PROMPT, max_tokens=8, params=greedy, grammar=GRAMMAR).tokens
+    for gamma in (1, 3, 6):
+        spec = SpeculativeDecoder(MarkovLM(V, order=1, seed=3), tok, MarkovLM(V, order=1, seed=4), gamma=gamma)
+        assert spec.generate(PROMPT, max_tokens=8, params=greedy, grammar=GRAMMAR).tokens == want
+    import re
+
+    sampled = SpeculativeDecoder(MarkovLM(V, order=1, seed=3), tok, MarkovLM(V, order=1, seed=4), gamma=4, seed=1)
+    for _ in range(200):
+        gen = sampled.generate(PROMPT, max_tokens=8, params=SamplingParams(temperature=1.0), grammar=GRAMMAR)
+        assert re.fullmatch("[abc]d[abd]e[ab]?", gen.text) and gen.finish_reason == "stop", gen.text
