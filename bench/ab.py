@@ -134,7 +134,8 @@ def run(args) -> Dict[str, Any]:
         first = worker(args.baseline_python, target, draft, "auto", {"prompt": WARM_PROMPT}, tokens=8,
                        threads=args.threads)
         results["calibration_run"] = {k: first.get(k) for k in ("load_s", "progress", "calibrated")}
-        results["calibration"] = [_redact_calibration(json.loads(p.read_text())) for p in sorted(cal_dir.glob("*.json"))]
+        results["calibration"] = [_redact_calibration(json.loads(f.read_text()))
+                                  for f in sorted(cal_dir.glob("*.json"))]
         peers.run_plain(target, WARM_PROMPT, 8, threads=args.threads, ctx=N_CTX, timeout=TIMEOUT)  # page cache
         block = 0
         for sid in args.settings:

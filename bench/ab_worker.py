@@ -66,7 +66,7 @@ def main() -> int:
             "tokens": s.tokens, "wall_s": wall, "tps": s.tokens_per_second, "wall_tps": s.tokens / wall,
             "prompt_s": s.prompt_seconds, "decode_s": s.decode_seconds, "steps": s.steps,
             "drafted": s.drafted, "accepted": s.accepted,
-            "mean_gamma": statistics.fmean(s.gammas) if s.gammas else 0.0,
+            "mean_gamma": statistics.fmean(s.gammas) if s.gammas else 0.0, "first_gammas": list(s.gammas[:8]),
             "mean_alpha": s.mean_alpha if s.drafted else None,
         })
     if hasattr(dec, "close"):

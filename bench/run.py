@@ -295,7 +295,8 @@ def baseline_python(value: Optional[str]) -> Optional[str]:
 
 def baseline_versions(python: str) -> Dict[str, Any]:
     """The specdec_cpu version and git commit that ``python`` imports (no paths)."""
-    code = "import json, os, specdec_cpu as s; print(json.dumps([getattr(s, '__version__', '?'), os.path.dirname(s.__file__)]))"
+    code = ("import json, os, specdec_cpu as s; "
+            "print(json.dumps([getattr(s, '__version__', '?'), os.path.dirname(s.__file__)]))")
     proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
         raise RuntimeError(f"{python} cannot import specdec_cpu: {proc.stderr.strip().splitlines()[-1:]}")
