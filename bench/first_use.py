@@ -1,20 +1,41 @@
-"""First use: how quickly γ=auto reaches its calibrated behaviour on a fresh machine.
+"""First use: γ=auto with no stored calibration, against the γ a user could have fixed instead.
 
-    python -m bench.first_use [--blocks 5] [--tokens 128]
+    python -m bench.first_use                                # both pairs, 5 blocks, 128 tokens, T = 1
+    python -m bench.first_use --pairs memory --blocks 3
+    python -m bench.first_use --baseline-python PATH         # the previous main too: before / after
+    python -m bench.first_use --quick                        # one block, 32 tokens: does it run?
+    python -m bench.first_use --report-only bench/first_use_results.json
 
-A decoder that finds no calibration of its pair measures the pass times on
-first use (timing only: a few seconds, cached) and learns α online.  Per
-block, on the default pair (F32 target / Q4_0 draft, T = 1), side by side:
+Per block (one prompt of bench/prompts.py, rotating, and one seed) and pair
+(memory-bound: F32 target / Q4_0 draft; compute-bound: Q4_K_M / Q4_0), each
+engine runs in a fresh process (bench/ab_worker.py, no warm-up: the first
+generation of a fresh process is the one timed) with an EMPTY calibration
+directory of its own, in an order rotated from block to block:
 
-- ``fresh``: SpeculativeDecoder γ=auto with an empty calibration cache (the
-  first-use measurement included in its load time, reported apart);
-- ``cached``: γ=auto starting from the calibration ``fresh`` just stored;
-- ``gamma4`` / ``gamma6``: the best fixed γ of this pair (bench/RESULTS.md);
-- ``batched``: BatchedDecoder γ=auto, fresh cache, one request.
+- ``load``: the same two files loaded with ``calibration="cached"`` (nothing
+  stored, so nothing measured) and no generation: the pure load time;
+- ``fresh``: SpeculativeDecoder γ=auto with the default ``calibration="auto"``:
+  whatever first use costs, at load or during its first generation;
+- ``gamma2``, ``gamma4``, ``gamma6``: a fixed γ (``calibration="cached"``:
+  they measure nothing, the best case for a user who fixes γ);
+- ``plain``: γ=0 without a draft.
 
-Reported: tok/s (decode), the ratio of each to the better fixed γ in the same
-block (median over blocks), and the mean γ of the first 8 steps.  Writes a
-"## First use" section of bench/RESULTS.md.  Nothing here asserts a time.
+The time that counts for ``fresh`` is its first-use cost at load (its
+``from_gguf`` time minus the pure load time of the same files in the same
+block: the median over ``load`` and the three fixed γ, which load the same
+files and measure nothing; load times vary by tenths of a second from one
+process to the next, so one sample would be noisy) plus its first generation's wall
+time (prompt and decode); for the others, their first generation's wall
+time (loading the models is paid by every choice).  Effective tok/s = tokens
+/ that time.  The progress lines a first-use measurement prints ("measured in
+X s") are recorded beside the subtraction, as a check.  Reported per pair:
+fresh / best fixed γ (the better of the three in each block; the figure that
+matters on the memory-bound pair, where drafting pays) and fresh / plain (on
+the compute-bound pair, where it may not); medians of per-block ratios
+[bootstrap 95% interval].  With ``--baseline-python`` every engine also runs
+under the previous main, and the report adds fresh (this checkout) / fresh
+(previous main).  Writes bench/first_use_results.json and the "## First use"
+section of bench/RESULTS.md.  Nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -22,6 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -31,110 +53,207 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 try:
+    from .ab import PAIRS, request_of, worker
     from .prompts import PROMPTS
     from .report import bootstrap_ci
-    from .serving import write_section
-    from .suite import F32, Q4_0
+    from .run import baseline_versions, machine_info, redact_baseline, versions
+    from .serving import _tokenizer, write_section
+    from .suite import SETTINGS
 except ImportError:  # pragma: no cover - run as a plain script
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.ab import PAIRS, request_of, worker  # type: ignore[no-redef]
     from bench.prompts import PROMPTS  # type: ignore[no-redef]
     from bench.report import bootstrap_ci  # type: ignore[no-redef]
-    from bench.serving import write_section  # type: ignore[no-redef]
-    from bench.suite import F32, Q4_0  # type: ignore[no-redef]
+    from bench.run import baseline_versions, machine_info, redact_baseline, versions  # type: ignore[no-redef]
+    from bench.serving import _tokenizer, write_section  # type: ignore[no-redef]
+    from bench.suite import SETTINGS  # type: ignore[no-redef]
 
 HERE = Path(__file__).resolve().parent
 SECTION = "## First use"
-ENGINES = ("fresh", "cached", "gamma4", "gamma6", "batched")
+ENGINES = ("load", "fresh", "gamma2", "gamma4", "gamma6", "plain")
+FIXED = ("gamma2", "gamma4", "gamma6")
+SIDES = {"new": "this checkout", "baseline": "previous main"}
 
 
-def _first_gammas(stats, n_steps: int = 8) -> Optional[float]:
-    """Mean γ of the first ``n_steps`` steps (the first ~30 tokens at this pair's acceptance)."""
-    gs = stats.gammas[:n_steps]
-    return statistics.fmean(gs) if gs else None
+def run_one(python: str, engine: str, target: Path, draft: Path, request: Dict[str, Any],
+            args: argparse.Namespace) -> Dict[str, Any]:
+    """One engine in a fresh process with an empty calibration directory of its own."""
+    gamma, calibration, tokens = {"load": ("auto", "cached", 0), "fresh": ("auto", "auto", args.tokens),
+                                  "plain": (0, "cached", args.tokens)}.get(engine, (engine[5:], "cached", args.tokens))
+    cal = tempfile.mkdtemp(prefix="first-use-")
+    try:
+        return worker(python, target, None if engine == "plain" else draft, gamma, request, tokens=tokens,
+                      threads=args.threads, extra=["--no-warmup", "--calibration", calibration],
+                      env=dict(os.environ, SPECDEC_CALIBRATION_DIR=cal))
+    finally:
+        shutil.rmtree(cal, ignore_errors=True)
 
 
 def run(args: argparse.Namespace) -> Dict[str, Any]:
-    from specdec_cpu import BatchedDecoder, SamplingParams, SpeculativeDecoder
     from specdec_cpu.demo_models import ensure_model
 
-    target, draft = str(ensure_model(F32)), str(ensure_model(Q4_0))
-    runs: List[Dict[str, Any]] = []
+    sides = {"new": args.new_python, **({"baseline": args.baseline_python} if args.baseline_python else {})}
+    setting = SETTINGS[args.setting]
+    results: Dict[str, Any] = {
+        "command": args.command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": machine_info(args.threads), "versions": versions(None), "pairs": args.pairs,
+        "setting": args.setting, "tokens": args.tokens, "threads": args.threads, "runs": []}
+    if args.baseline_python:
+        results["baseline_versions"] = baseline_versions(args.baseline_python)
+    files = {p: (ensure_model(PAIRS[p][1]), ensure_model(PAIRS[p][2])) for p in args.pairs}
+    for p, (target, draft) in files.items():  # untimed: the files into the page cache
+        run_one(args.new_python, "load", target, draft, {}, args)
+    order = [(side, e) for side in sides for e in ENGINES]
     for block in range(args.blocks):
-        prompt_msgs = PROMPTS[block % len(PROMPTS)].messages()
-        cal = Path(tempfile.mkdtemp(prefix="first-use-"))
-        os.environ["SPECDEC_CALIBRATION_DIR"] = str(cal)  # empty: a fresh machine
-        order = ENGINES[block % len(ENGINES):] + ENGINES[:block % len(ENGINES)]
-        order = ["fresh"] + [e for e in order if e != "fresh"]  # 'cached' needs fresh's calibration
-        for engine in order:
-            t0 = time.perf_counter()
-            if engine == "batched":
-                os.environ["SPECDEC_CALIBRATION_DIR"] = str(cal / "batched")
-                dec = BatchedDecoder.from_gguf(target, draft, max_sequences=1, n_ctx=2048, n_threads=args.threads)
-            else:
-                gamma = {"gamma4": 4, "gamma6": 6}.get(engine, "auto")
-                os.environ["SPECDEC_CALIBRATION_DIR"] = str(cal)
-                dec = SpeculativeDecoder.from_gguf(target, draft, n_ctx=2048, n_threads=args.threads, gamma=gamma)
-            load = time.perf_counter() - t0
-            prompt = dec.chat_prompt(prompt_msgs)
-            gen = dec.generate(prompt, max_tokens=args.tokens, params=SamplingParams(temperature=1.0, seed=block))
-            s = gen.stats
-            runs.append({"block": block, "engine": engine, "load_s": load, "tokens": s.tokens,
-                         "tps": s.tokens_per_second, "mean_gamma": s.mean_gamma,
-                         "first_steps_gamma": _first_gammas(s), "mean_alpha": s.mean_alpha})
-            print(f"block {block} {engine:8s} load {load:5.1f} s  {s.tokens_per_second:5.1f} tok/s  "
-                  f"mean γ {s.mean_gamma:.1f} (first 8 steps {runs[-1]['first_steps_gamma'] or 0:.1f})",
-                  file=sys.stderr, flush=True)
-            if hasattr(dec, "close"):
-                dec.close()
-            del dec
-        shutil.rmtree(cal, ignore_errors=True)
-    return {"command": "python -m bench.first_use " + " ".join(sys.argv[1:]),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": runs,
-            "tokens": args.tokens, "threads": args.threads}
+        prompt = PROMPTS[block % len(PROMPTS)]
+        request = request_of(_tokenizer().chat_prompt(prompt.messages()), setting, args.seed + block)
+        for p, (target, draft) in files.items():
+            turn = order[block % len(order):] + order[:block % len(order)]
+            for pos, (side, engine) in enumerate(turn):
+                try:
+                    rec = run_one(sides[side], engine, target, draft, request, args)
+                except Exception as exc:  # recorded: a failed run is a result too
+                    rec = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                rec.update(block=block, pair=p, side=side, engine=engine, prompt=prompt.name,
+                           seed=request["seed"], position=pos)
+                results["runs"].append(rec)
+                print(f"block {block} {p:7s} {side:8s} {engine:6s} load {rec.get('load_s', 0):5.2f} s  "
+                      + (f"ERROR {rec['error']}" if "error" in rec else
+                         f"first generation {rec['wall_s']:5.2f} s, mean γ {rec['mean_gamma']:.1f}"
+                         if "wall_s" in rec else f"{rec['progress']}"), file=sys.stderr, flush=True)
+    return results
+
+
+# ---------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------
+
+
+def _block(runs: List[Dict[str, Any]], block: int, pair: str, side: str) -> Dict[str, Dict[str, Any]]:
+    return {r["engine"]: r for r in runs if (r["block"], r["pair"], r["side"]) == (block, pair, side)
+            and "error" not in r}
+
+
+def first_use_cost(d: Dict[str, Dict[str, Any]]) -> Optional[float]:
+    """``fresh``'s load time minus the block's pure load time (the median of the engines that load the
+    same two files and measure nothing)."""
+    pure = [d[e]["load_s"] for e in ("load",) + FIXED if e in d]
+    return d["fresh"]["load_s"] - statistics.median(pure) if "fresh" in d and pure else None
+
+
+def effective(runs: List[Dict[str, Any]], block: int, pair: str, side: str) -> Dict[str, float]:
+    """Per engine of one block: tokens / the time that counts (see the module docstring)."""
+    d = _block(runs, block, pair, side)
+    out = {e: d[e]["tokens"] / d[e]["wall_s"] for e in FIXED + ("plain",) if e in d}
+    cost = first_use_cost(d)
+    if cost is not None:
+        out["fresh"] = d["fresh"]["tokens"] / (cost + d["fresh"]["wall_s"])
+    if all(e in out for e in FIXED):
+        out["best fixed γ"] = max(out[e] for e in FIXED)
+    return out
+
+
+def _measured(rec: Dict[str, Any]) -> Optional[float]:
+    """The seconds a first-use measurement reported in its progress line, if it printed one."""
+    for _, msg in rec.get("progress") or []:
+        m = re.search(r"measured in ([\d.]+) s", msg)
+        if m:
+            return float(m.group(1))
+    return None
+
+
+def _med(xs) -> Optional[float]:
+    v = [x for x in xs if x is not None]
+    return statistics.median(v) if v else None
+
+
+def _ratio(xs: Sequence[float]) -> str:
+    if not xs:
+        return "–"
+    ci = bootstrap_ci(xs)
+    return f"{statistics.median(xs):.2f}×" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+
+def _f(x: Optional[float], digits: int = 1) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
 
 
 def render(results: Dict[str, Any]) -> str:
     runs = results["runs"]
     blocks = sorted({r["block"] for r in runs})
-
-    def get(block, engine):
-        return next((r for r in runs if r["block"] == block and r["engine"] == engine), None)
-
+    sides = [s for s in SIDES if any(r["side"] == s for r in runs)]
+    bv = results.get("baseline_versions") or {}
     L = [SECTION, "", "Generated by `bench/first_use.py` (every run in [first_use_results.json]"
          "(first_use_results.json)):", "", "```", results["command"], "```", "",
-         f"- {results['date']}; default pair (F32 target / Q4_0 draft), T = 1, {results['tokens']} tokens, "
-         f"{results['threads']} threads; one prompt per block (bench/prompts.py, rotating), engines in a "
-         "rotated order after `fresh`, which must run first (it creates the calibration `cached` uses).",
-         "- `fresh` starts with an empty calibration cache: its load includes the first-use timing "
-         "measurement. Ratios are to the better of γ = 4 and γ = 6 in the same block; median over "
-         "blocks [bootstrap 95% interval].", "",
-         "| engine | load s (median) | tok/s (median) | × best fixed γ | mean γ | mean γ, first 8 steps |",
-         "|---|---|---|---|---|---|"]
-    for e in ENGINES:
-        rs = [r for r in runs if r["engine"] == e]
-        if not rs:
-            continue
-        ratios = []
-        for b in blocks:
-            r, g4, g6 = get(b, e), get(b, "gamma4"), get(b, "gamma6")
-            if r and g4 and g6:
-                ratios.append(r["tps"] / max(g4["tps"], g6["tps"]))
-        ci = bootstrap_ci(ratios)
-        ratio = (f"{statistics.median(ratios):.2f}×" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
-                 if ratios else "–")
-        med = lambda k: statistics.median([r[k] for r in rs if r[k] is not None])  # noqa: E731
-        L.append(f"| {e} | {med('load_s'):.1f} | {med('tps'):.1f} | {ratio} | {med('mean_gamma'):.1f} | "
-                 f"{med('first_steps_gamma'):.1f} |")
+         f"- {results['date']}; {SETTINGS[results['setting']].label}, {results['tokens']} tokens (`ignore_eos`), "
+         f"{results['threads']} threads; {results['machine'].get('cpu')}; {len(blocks)} block(s), each one prompt of "
+         "bench/prompts.py (rotating); every engine in a fresh process with an empty calibration directory, "
+         "its first generation timed, in an order rotated from block to block. This checkout at git "
+         f"{results['versions'].get('specdec_cpu_git', '?')}"
+         + (f"; the previous main at git {bv.get('specdec_cpu_git', '?')}" if bv else "") + ".",
+         "- `fresh`: γ=auto, default calibration (none stored: first use). Its time = its first-use cost at load "
+         "(its load minus the pure load of the same files in the same block, the median over `load` and the "
+         "fixed γ, which measure nothing; in brackets the median the "
+         "decoder's own progress line reported, where it printed one) + its first generation (prompt and "
+         "decode). Fixed γ (2, 4, 6: the best of them per block) and plain (γ=0, no draft): their first "
+         "generation. tok/s = tokens / that time; ratios: medians of per-block ratios [bootstrap 95% interval].",
+         "- The figure that matters: memory-bound, fresh / best fixed γ (drafting pays; can γ=auto find it "
+         "from nothing?); compute-bound, fresh / plain (drafting barely pays; does first use cost anything?).", "",
+         "| pair | checkout | first-use cost at load, s | fresh first generation, s | fresh tok/s | best fixed γ "
+         "tok/s | plain tok/s | fresh / best fixed γ | fresh / plain | fresh mean γ, first 8 steps |",
+         "|---|---|---|---|---|---|---|---|---|---|"]
+    for p in results["pairs"]:
+        for side in sides:
+            effs = [effective(runs, b, p, side) for b in blocks]
+            fresh = [r for r in runs if (r["pair"], r["side"], r["engine"]) == (p, side, "fresh") and "error" not in r]
+            cost = _med(first_use_cost(_block(runs, b, p, side)) for b in blocks)
+            said = _med(_measured(r) for r in fresh)
+            first8 = _med(statistics.fmean(r["first_gammas"]) for r in fresh if r.get("first_gammas"))
+            per = lambda a, b: [e[a] / e[b] for e in effs if a in e and b in e]  # noqa: E731
+            L.append(f"| {PAIRS[p][0]} | {SIDES[side]} | {_f(cost, 2)}" + (f" [{said:.2f}]" if said else "")
+                     + f" | {_f(_med(r['wall_s'] for r in fresh), 2)} | {_f(_med(e.get('fresh') for e in effs))} | "
+                     f"{_f(_med(e.get('best fixed γ') for e in effs))} | {_f(_med(e.get('plain') for e in effs))} | "
+                     f"{_ratio(per('fresh', 'best fixed γ'))} | {_ratio(per('fresh', 'plain'))} | {_f(first8)} |")
+    if "baseline" in sides:
+        L += ["", "| pair | fresh tok/s, this checkout / previous main |", "|---|---|"]
+        for p in results["pairs"]:
+            pairs = [(effective(runs, b, p, "new").get("fresh"), effective(runs, b, p, "baseline").get("fresh"))
+                     for b in blocks]
+            L.append(f"| {PAIRS[p][0]} | {_ratio([a / b for a, b in pairs if a and b])} |")
+    errors = [r for r in runs if "error" in r]
+    if errors:
+        L += ["", f"- {len(errors)} run(s) failed, e.g. {errors[0]['side']} {errors[0]['engine']}: "
+              f"{errors[0]['error'][:200]}"]
     return "\n".join(L) + "\n"
+
+
+# ---------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.first_use", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--blocks", type=int, default=5)
+    ap.add_argument("--pairs", type=lambda s: s.split(","), default=list(PAIRS),
+                    help=f"model pairs (default {','.join(PAIRS)})")
+    ap.add_argument("--setting", choices=list(SETTINGS), default="t1", help="sampling setting (default t1)")
+    ap.add_argument("--blocks", type=int, default=5, help="blocks (default 5: each prompt once)")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=1234, help="base seed (block i uses seed + i)")
+    ap.add_argument("--new-python", default=sys.executable,
+                    help="a Python importing this checkout's specdec_cpu (default: this one)")
+    ap.add_argument("--baseline-python", default=None,
+                    help="also run every engine under this Python, importing the previous main's specdec_cpu "
+                         "(default: this checkout only)")
+    ap.add_argument("--quick", action="store_true", help="one block, 32 tokens")
     ap.add_argument("--report-only", type=Path, default=None)
     args = ap.parse_args(argv)
+    args.command = " ".join(["python -m bench.first_use", *redact_baseline(sys.argv[1:] if argv is None else argv)])
+    if args.quick:
+        args.blocks, args.tokens = 1, 32
+    if [p for p in args.pairs if p not in PAIRS]:
+        ap.error(f"--pairs: choose from {', '.join(PAIRS)}")
     out = HERE / "first_use_results.json"
     results = json.loads(args.report_only.read_text()) if args.report_only else run(args)
     out.write_text(json.dumps(results, indent=1))

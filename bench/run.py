@@ -279,6 +279,51 @@ def versions(peer_paths: Optional[Dict[str, Path]]) -> Dict[str, Any]:
     return out
 
 
+# ---------------------------------------------------------------------------
+# the previous main, for the side-by-side benchmarks (bench/ab.py, bench/serving.py)
+# ---------------------------------------------------------------------------
+
+#: Where a side-by-side benchmark finds the Python of the checkout to compare
+#: with, when no ``--baseline-python`` is given.
+BASELINE_PYTHON_ENV = "SPECDEC_BASELINE_PYTHON"
+
+
+def baseline_python(value: Optional[str]) -> Optional[str]:
+    """The baseline checkout's Python: ``value`` (``--baseline-python``), else $SPECDEC_BASELINE_PYTHON."""
+    return value or os.environ.get(BASELINE_PYTHON_ENV) or None
+
+
+def baseline_versions(python: str) -> Dict[str, Any]:
+    """The specdec_cpu version and git commit that ``python`` imports (no paths)."""
+    code = ("import json, os, specdec_cpu as s; "
+            "print(json.dumps([getattr(s, '__version__', '?'), os.path.dirname(s.__file__)]))")
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{python} cannot import specdec_cpu: {proc.stderr.strip().splitlines()[-1:]}")
+    version, where = json.loads(proc.stdout.strip().splitlines()[-1])
+    out: Dict[str, Any] = {"specdec_cpu": version}
+    git = subprocess.run(["git", "-C", where, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    if git.returncode == 0 and git.stdout.strip():
+        dirty = subprocess.run(["git", "-C", where, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+        out["specdec_cpu_git"] = git.stdout.strip() + (" with uncommitted changes" if dirty else "")
+    return out
+
+
+def redact_baseline(argv: Sequence[str]) -> List[str]:
+    """A command line as recorded in results: the baseline Python's path written as PATH."""
+    out, hide = [], False
+    for a in argv:
+        if hide:
+            out.append("PATH")
+        elif a.startswith("--baseline-python="):
+            out.append("--baseline-python=PATH")
+        else:
+            out.append(a)
+        hide = a == "--baseline-python"
+    return out
+
+
 class CpuMeter:
     """CPU time other processes used: (all busy time − ours) per second of wall time.
 

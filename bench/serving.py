@@ -3,6 +3,8 @@
     python -m bench.serving                       # the full sweep (see --help for its size)
     python -m bench.serving --quick               # minutes: K = 1, 4, T = 1, one block
     python -m bench.serving --http                # through HTTP: ours, llama-server, llama-cpp-python's server
+    python -m bench.serving --http --engines ours,ours-baseline,server-plain,server-md4 --baseline-python PATH
+                                                  # through HTTP: this checkout against the previous main
     python -m bench.serving --ray                 # Ray Serve, 1 and 2 replicas of 1 thread
     python -m bench.serving --report-only bench/serving_results.json
 
@@ -45,13 +47,15 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 try:  # python -m bench.serving, or bench/ on sys.path
     from . import peers
     from .report import bootstrap_ci
-    from .run import CpuMeter, machine_info, versions
+    from .run import (BASELINE_PYTHON_ENV, CpuMeter, baseline_python, baseline_versions, machine_info,
+                      redact_baseline, versions)
     from .suite import F32, Q4_0, SETTINGS, Setting
 except ImportError:  # pragma: no cover - run as a plain script
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from bench import peers  # type: ignore[no-redef]
     from bench.report import bootstrap_ci  # type: ignore[no-redef]
-    from bench.run import CpuMeter, machine_info, versions  # type: ignore[no-redef]
+    from bench.run import (BASELINE_PYTHON_ENV, CpuMeter, baseline_python, baseline_versions,  # type: ignore[no-redef]
+                           machine_info, redact_baseline, versions)
     from bench.suite import F32, Q4_0, SETTINGS, Setting  # type: ignore[no-redef]
 
 HERE = Path(__file__).resolve().parent
@@ -69,6 +73,8 @@ def section_of(results) -> tuple[str, str]:
     cores), where the server and the clients no longer preempt llama.cpp."""
     mode = results.get("mode", "direct")
     heading, plot_file = MODES[mode]
+    if mode == "http" and AB_ENGINE in results.get("engines", {}):
+        return f"{heading}, this checkout against the previous main", plot_file.replace(".png", "_ab.png")
     if mode == "http" and _spare_cores(results):
         t = results["threads"]
         return (f"{heading}, {t} thread{'s' if t > 1 else ''} (a core to spare)",
@@ -341,10 +347,14 @@ def _raylet_running() -> bool:
 class OpenAIServer(Engine):
     """A server process driven with the official ``openai`` client (streamed
     /v1/completions with the templated prompt): ours (``specdec-cpu serve``,
-    optionally through Ray Serve) or llama-cpp-python's ``llama_cpp.server``."""
+    optionally through Ray Serve) or llama-cpp-python's ``llama_cpp.server``.
+    ``python``: the interpreter that runs the server (default this one; the
+    previous main's for ``ours-baseline``)."""
 
-    def __init__(self, id: str, label: str, kind: str, *, replicas: int = 0, threads: Optional[int] = None) -> None:
+    def __init__(self, id: str, label: str, kind: str, *, replicas: int = 0, threads: Optional[int] = None,
+                 python: Optional[str] = None) -> None:
         self.id, self.label, self.kind = id, label, kind
+        self.python = python or sys.executable
         self.replicas, self.fixed_threads = replicas, threads
         self.proc = None
         # One Ray cluster at a time: an idle cluster's processes (controller,
@@ -362,7 +372,7 @@ class OpenAIServer(Engine):
             return [sys.executable, "-m", "llama_cpp.server", "--model", target, "--n_ctx", str(N_CTX),
                     "--n_threads", str(threads), "--n_threads_batch", str(threads), "--port", str(port),
                     "--host", "127.0.0.1"]
-        cmd = [sys.executable, "-m", "specdec_cpu.cli", "serve", target, draft, "--port", str(port),
+        cmd = [self.python, "-m", "specdec_cpu.cli", "serve", target, draft, "--port", str(port),
                "--threads", str(threads), "--n-ctx", str(N_CTX), "--max-sequences", str(k),
                "--model-name", "bench", "--log-level", "warning"]
         if self.replicas:
@@ -495,6 +505,7 @@ class OpenAIServer(Engine):
         self.proc = None
 
 
+AB_ENGINE = "ours-baseline"
 ENGINES: Dict[str, Callable[[], Engine]] = {
     "batched-auto": lambda: OursBatched("auto"),
     "batched-g0": lambda: OursBatched(0),
@@ -510,6 +521,10 @@ ENGINES: Dict[str, Callable[[], Engine]] = {
     # --http: the same decoder behind our HTTP server, and llama-cpp-python's server
     "http-batched-auto": lambda: OpenAIServer("http-batched-auto", "ours over HTTP (specdec-cpu serve, openai client)",
                                               "ours"),
+    "ours": lambda: ENGINES["http-batched-auto"](),  # the same engine, by a shorter name
+    # the same server under the previous main's Python (--baseline-python): this checkout against it
+    AB_ENGINE: lambda: OpenAIServer(AB_ENGINE, "the previous main over HTTP (its specdec-cpu serve, openai client)",
+                                    "ours", python=os.environ[BASELINE_PYTHON_ENV]),
     "lcp-server": lambda: OpenAIServer("lcp-server", "llama-cpp-python server (python -m llama_cpp.server)", "lcp"),
     # --ray: one thread per replica
     "bare-t1": lambda: OpenAIServer("bare-t1", "ours over HTTP, 1 thread (no Ray)", "ours", threads=1),
@@ -618,6 +633,8 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
         "mode": "http" if args.http else "ray" if args.ray else "direct", "output": args.output.name,
         "engines": {}, "runs": [],
     }
+    if AB_ENGINE in args.engines:
+        results["baseline_versions"] = baseline_versions(os.environ[BASELINE_PYTHON_ENV])
     block = 0
     if args.update:
         # Re-measure some K (all engines, in blocks of their own) into an earlier run's
@@ -758,6 +775,7 @@ def render(results) -> str:
     ks = sorted({r["k"] for r in results["runs"]})
     settings = [s for s in SETTINGS if any(r["setting"] == s for r in results["runs"])]
     arrivals = [a for a in ("burst", "staggered") if any(r["arrival"] == a for r in results["runs"])]
+    bv = results.get("baseline_versions")
     L = [section, "",
          "Generated by `bench/serving.py`; every number comes from the run described here "
          f"(every request is in [{results['output']}]({results['output']})).", "",
@@ -768,7 +786,10 @@ def render(results) -> str:
            f"`{u['command']}`."
            for u in results.get("updates", [])],
          f"- Run: {results['started']} → {results.get('finished', '(unfinished)')}"
-         + (f" (code at git {results['git']})" if results.get("git") else "") + "; "
+         + (f" (code at git {results['git']})" if results.get("git") else "")
+         + (f"; `{AB_ENGINE}`: the previous main, specdec-cpu {bv.get('specdec_cpu')} at git "
+            f"{bv.get('specdec_cpu_git', '?')}, the same server command under its own Python"
+            if bv else "") + "; "
          f"machine: {results['machine'].get('cpu')}, {results['machine'].get('cores')} cores, "
          f"{results['threads']} thread{'s' if results['threads'] != 1 else ''} for every engine "
          "(DecoderPool(K): max(1, threads // K) per decoder, "
@@ -818,6 +839,8 @@ def render(results) -> str:
     if mode == "direct":
         L += goals(results, ks, settings, arrivals)
         L += where_time_goes(results, ks, settings, arrivals)
+    elif mode == "http" and AB_ENGINE in results["engines"]:
+        L += ab_goals(results, ks, settings, arrivals)
     elif mode == "http":
         L += http_goals(results, ks, settings, arrivals)
     else:
@@ -952,6 +975,31 @@ def http_goals(results, ks, settings, arrivals) -> List[str]:
              "(a run with fewer threads than cores, `--threads 1`, shows the layer's cost on a machine "
              "with a core to spare)."), ""]
     return L
+
+
+def ab_goals(results, ks, settings, arrivals) -> List[str]:
+    """This checkout's server against the previous main's, and both against the faster llama-server mode."""
+    ours = "http-batched-auto"
+    L = ["### This checkout against the previous main (aggregate tok/s; medians of per-block ratios "
+         "[95% interval])", "",
+         "| setting | arrivals | K | ours / previous main | ours / llama-server (faster mode) | "
+         "previous main / llama-server (faster mode) | TTFT p50, ours − previous main |",
+         "|---|---|---|---|---|---|---|"]
+    for sid in settings:
+        for arrival in arrivals:
+            for k in ks:
+                m = dict(k=k, setting=sid, arrival=arrival)
+                if not _runs(results, engine=AB_ENGINE, **m):
+                    continue
+                srv = best_server(results, **m)
+                vs = lambda e: (f"{ratio_text(block_ratios(results, e, srv, **m))} (vs {srv})"  # noqa: E731
+                                if srv else "–")
+                L.append(f"| {SETTINGS[sid].label} | {arrival} | {k} | "
+                         f"{ratio_text(block_ratios(results, ours, AB_ENGINE, **m))} | {vs(ours)} | "
+                         f"{vs(AB_ENGINE)} | {_diff_text(_ttft_diffs(results, ours, AB_ENGINE, **m))} |")
+    return L + ["", f"`{ours}` and `{AB_ENGINE}` run the same `specdec-cpu serve` command, threads and "
+                "settings, each under its checkout's Python; each server measures the pair's pass times at "
+                "first use or reads them from the calibration store both share.", ""]
 
 
 def _layer_cpu_text(runs: Sequence[Dict[str, Any]]) -> str:
@@ -1110,6 +1158,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                     help=f"through HTTP: engines {','.join(HTTP_ENGINES)} (the HTTP layer's cost, and the servers)")
     ap.add_argument("--ray", action="store_true",
                     help=f"Ray Serve scaling at K = 1,2,4,8, 1 thread per replica: engines {','.join(RAY_ENGINES)}")
+    ap.add_argument("--baseline-python", default=None,
+                    help=f"a Python importing the previous main's specdec_cpu, for engine {AB_ENGINE} "
+                         f"(default: ${BASELINE_PYTHON_ENV})")
     ap.add_argument("--output", type=Path, default=HERE / "serving_results.json")
     ap.add_argument("--results-md", type=Path, default=HERE / "RESULTS.md")
     ap.add_argument("--update", action="store_true",
@@ -1123,7 +1174,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                          "python -m bench.step_trace")
     args = ap.parse_args(argv)
     given = list(argv if argv is not None else sys.argv[1:])
-    args.command = " ".join(["python -m bench.serving", *given])
+    args.command = " ".join(["python -m bench.serving", *redact_baseline(given)])
     explicit_engines = any(a.startswith("--engines") for a in given)
     if args.http and not explicit_engines:
         args.engines = list(HTTP_ENGINES)
@@ -1131,7 +1182,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         args.engines = list(RAY_ENGINES)
     if args.http or args.ray:
         default_out = "serving_http" if args.http else "serving_ray"
-        if args.http and args.threads < (os.cpu_count() or 1):
+        if args.http and AB_ENGINE in args.engines:
+            default_out += "_ab"  # this checkout against the previous main: its own results and section
+        elif args.http and args.threads < (os.cpu_count() or 1):
             default_out += f"_t{args.threads}"  # its own results and RESULTS.md section
         if args.output == HERE / "serving_results.json":
             args.output = HERE / f"{default_out}_results.json"
@@ -1142,6 +1195,11 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     unknown = [e for e in args.engines if e not in ENGINES] + [s for s in args.settings if s not in SETTINGS]
     if unknown:
         ap.error(f"unknown engines/settings: {', '.join(unknown)}")
+    if AB_ENGINE in args.engines and args.report_only is None:
+        args.baseline_python = baseline_python(args.baseline_python)
+        if not args.baseline_python:
+            ap.error(f"engine {AB_ENGINE} needs --baseline-python PATH or ${BASELINE_PYTHON_ENV}")
+        os.environ[BASELINE_PYTHON_ENV] = args.baseline_python  # the engine's factory reads it
     return args
 
 
