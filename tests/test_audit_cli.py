@@ -294,3 +294,29 @@ def test_batch_noise_is_measured(capsys, tiny_target, reference_files):
     exact = audit_json(capsys, "--target", tiny_target, "--input", reference_files[0], "--batch-noise", 150,
                        "--kv-type", "f32")["batch_noise"]
     assert exact["max_logit_diff"] < 1e-4 and exact["max_tv"] < 1e-5
+
+
+def test_constrained_samples_are_audited_against_the_masked_target(capsys, tmp_path, tiny_target, tiny_draft,
+                                                                   prompts_file):
+    """--regex (any of the structured-output options): our constrained samples
+    (γ = 4) pass against the target masked by the grammar, and fail against
+    the unmasked target, which is another distribution; a saved sample the
+    grammar does not allow is a usage error naming the token."""
+    pattern = "[a-z ]{8,40}[.!]"
+    saved = tmp_path / "constrained.jsonl"
+    data = audit_json(capsys, "--target", tiny_target, "--engine", "ours", "--draft", tiny_draft,
+                      "--gamma", 4, "--prompts", prompts_file, "--tokens", 60, "--samples", 8,
+                      "--temperature", 1.0, "--seed", 5, "--regex", pattern, "--save", saved,
+                      "--threshold", ROBUST)
+    gen = data["generation"]
+    show(capsys, {k: data[k] for k in ("tokens", "chi2_p", "z", "tv")}, gen)
+    assert data["constraint"] == "regex" and data["verdict"] == "pass", data["reasons"]
+    assert 4 in gen["gammas"] and 0 < gen["accepted"] < gen["drafted"] and data["tokens"] > 300
+    unmasked = audit_json(capsys, "--target", tiny_target, "--input", saved, "--temperature", 1.0)
+    assert unmasked["verdict"] == "fail"
+    masked = audit_json(capsys, "--target", tiny_target, "--input", saved, "--temperature", 1.0,
+                        "--regex", pattern, "--threshold", ROBUST)
+    assert masked["verdict"] == "pass" and masked["chi2_p"] == pytest.approx(data["chi2_p"])
+    code, _, err = run(capsys, "audit", "--target", tiny_target, "--input", saved, "--regex", "[0-9]+",
+                       "--threads", 1)
+    assert code == 2 and "is not allowed by the regex" in err

@@ -284,3 +284,37 @@ def test_missing_model_is_one_line(chat, tmp_path):
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 1
+
+
+def test_json_mode_constrains_the_replies(chat, tmp_path):
+    """/json on: the reply is one JSON object; /json FILE: it matches the
+    schema; /json off: free text again; a bad file is one line, the mode kept."""
+    import json as _json
+
+    schema = {"type": "object", "properties": {"animal": {"enum": ["cat", "dog"]}}, "required": ["animal"],
+              "additionalProperties": False}
+    (tmp_path / "s.json").write_text(_json.dumps(schema))
+    child = chat("--max-tokens", "60", "--seed", "3", "--gamma", "2")
+    ready(child)
+    child.sendline("/json")
+    child.expect_exact("replies are free text")
+    ready(child)
+    child.sendline(f"/json {tmp_path / 's.json'}")
+    child.expect_exact("(replies follow a JSON schema)")
+    ready(child)
+    child.sendline("pick an animal")
+    child.expect_exact("pick an animal")
+    child.expect(STATUS)
+    assert _json.loads(child.before.strip()) in ({"animal": "cat"}, {"animal": "dog"})
+    ready(child)
+    child.sendline(f"/json {tmp_path / 'missing.json'}")
+    child.expect("error: /json: cannot read")
+    ready(child)
+    child.sendline("/json")
+    child.expect_exact("replies follow a JSON schema")
+    ready(child)
+    child.sendline("/json off")
+    child.expect_exact("(replies are free text)")
+    ready(child)
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)

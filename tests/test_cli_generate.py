@@ -297,3 +297,39 @@ def test_a_draft_cut_to_part_of_its_vocabulary(env, pair):
     assert len(list((Path(env["SPECDEC_CACHE_DIR"]) / "drafts").glob("draft-vocab300-*.gguf"))) == 1
     code, out, err = cli("generate", *pair, "--draft-vocab", "384", "hello", env=env)
     assert code == 2 and "draft_vocab=384" in err and "Traceback" not in err
+
+
+def test_structured_output_options(env, pair, tmp_path):
+    """--json-schema FILE, --grammar FILE (GBNF or Lark) and --regex constrain
+    the output (γ = 3, sampled: drafts and forced tokens both run); a file
+    that is not a schema, or a grammar that does not compile, is one line
+    naming the option, exit code 2 or 1, no traceback."""
+    import re
+
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"word": {"enum": ["hello", "world"]},
+                                               "n": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["word", "n"], "additionalProperties": False}
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    (tmp_path / "g.gbnf").write_text('root ::= "the " ("cat" | "dog") "!"\n')
+    (tmp_path / "g.lark").write_text('start: "a " ("cat" | "dog") "?"\n')
+    base = ("generate", *pair, "--raw", "--json", "--gamma", "3", "--seed", "4", "--max-tokens", "40")
+    checks = [(("--json-schema", str(tmp_path / "s.json")), lambda t: jsonschema.validate(json.loads(t), schema)),
+              (("--grammar", str(tmp_path / "g.gbnf")), lambda t: re.fullmatch(r"the (cat|dog)!", t) or 1 / 0),
+              (("--grammar", str(tmp_path / "g.lark")), lambda t: re.fullmatch(r"a (cat|dog)\?", t) or 1 / 0),
+              (("--regex", "[0-9]{3}-x"), lambda t: re.fullmatch(r"[0-9]{3}-x", t) or 1 / 0)]
+    for option, check in checks:
+        code, out, err = cli(*base, *option, "hello world", env=env)
+        assert code == 0, err
+        data = json.loads(out)
+        check(data["text"])
+        assert data["finish_reason"] == "stop" and data["constraint"]
+        assert data["stats"]["forced"] > 0, option
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    code, out, err = cli(*base, "--json-schema", str(tmp_path / "bad.json"), "hi", env=env)
+    assert code == 2 and "--json-schema" in err and "object" in err and "Traceback" not in err
+    code, out, err = cli(*base, "--regex", "(unclosed", "hi", env=env)
+    assert code == 1 and "regex" in err.lower() and "Traceback" not in err
+    code, out, err = cli(*base, "--json-object", "--regex", "a", "hi", env=env)
+    assert code == 2 and "not allowed with" in err

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, List, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -31,6 +31,7 @@ def audit_sequences(
     threshold: float = DEFAULT_THRESHOLD,
     tie_tolerance: float = DEFAULT_TIE_TOLERANCE,
     min_expected: float = MIN_EXPECTED,
+    grammar: Any = None,
 ) -> AuditReport:
     """Audit ``sequences`` against the target's distributions under ``params`` and ``chain``.
 
@@ -38,13 +39,16 @@ def audit_sequences(
     emitted position's distribution comes from one batched pass over the
     sequence; the report pools every position of every sequence.
     ``threshold`` is the verdict's p-value threshold, and 1 − ``threshold``
-    the TV interval's confidence level.
+    the TV interval's confidence level.  With a ``grammar`` (a
+    ``constraints.Grammar`` or a JSON schema) the sequences were generated
+    under it, and each position's distribution is the target's masked by
+    the grammar's allowed set there, mask first (docs/math.md §11).
     """
     _check_args(params, chain, threshold, tie_tolerance)
     if not sequences:
         raise ValueError("no sequences to audit")
     session = AuditSession(target, params, chain=chain, threshold=threshold, tie_tolerance=tie_tolerance,
-                           min_expected=min_expected)
+                           min_expected=min_expected, grammar=grammar)
     try:
         session.add(list(sequences))
         return session.report()
@@ -81,10 +85,12 @@ class AuditSession:
 
     def __init__(self, target: Union[str, TargetModel], params: SamplingParams, *,
                  chain: str = TEMPERATURE_FIRST, threshold: float = DEFAULT_THRESHOLD,
-                 tie_tolerance: float = DEFAULT_TIE_TOLERANCE, min_expected: float = MIN_EXPECTED) -> None:
+                 tie_tolerance: float = DEFAULT_TIE_TOLERANCE, min_expected: float = MIN_EXPECTED,
+                 grammar: Any = None) -> None:
         _check_args(params, chain, threshold, tie_tolerance)
         self.model = target if isinstance(target, TargetModel) else TargetModel(target)
         self._own = self.model is not target
+        self._grammar = None if grammar is None else self.model.compiled_grammar(grammar)
         self.params = params
         self.chain = chain
         self.threshold = threshold
@@ -117,10 +123,13 @@ class AuditSession:
         for offset, ((prompt, emitted, stopped), seq) in enumerate(zip(prepared, sequences)):
             outcomes = np.asarray(list(emitted) + ([eog_rep] if stopped else []), dtype=np.int64)
             self.positions += outcomes.size
+            allowed = self._allowed(emitted, stopped, seq)
             for first, logits in model.rows(prompt, emitted, stopped, n_ctx):
                 for lo in range(0, logits.shape[0], _ROWS_PER_BLOCK):
                     block = logits[lo:lo + _ROWS_PER_BLOCK]
                     where = np.arange(first + lo, first + lo + block.shape[0])
+                    if allowed is not None:
+                        block = np.where(allowed[where], block, -np.inf).astype(block.dtype)
                     probs = chain_distribution(block, self.params, self.chain)
                     probs, outs, merged_logits = merge_eog(probs, outcomes[where], model.eog_ids, block)
                     acc.add(probs, outs, logits=merged_logits, sequence=self.sequences + offset, positions=where,
@@ -128,6 +137,26 @@ class AuditSession:
         self.sequences += len(prepared)
         self.stopped += sum(stopped for _, _, stopped in prepared)
         self.text_sequences += sum(s.text is not None for s in sequences)
+
+    def _allowed(self, emitted: List[int], stopped: bool, seq: GeneratedSequence) -> Optional[np.ndarray]:
+        """The grammar's allowed set at every audited position (rows, V) bool,
+        or None without a grammar; a token the grammar does not allow where it
+        was emitted is an input error naming it."""
+        if self._grammar is None:
+            return None
+        from ..constraints import bitmask
+
+        state = self._grammar.new_state()
+        n_vocab = self.model.n_vocab
+        rows = np.zeros((len(emitted) + int(stopped), n_vocab), dtype=bool)
+        for i, t in enumerate(emitted):
+            rows[i] = bitmask.to_bool(state.mask(), n_vocab)
+            if not rows[i, t] or state.consume([t]) != 1:
+                where = f"{seq.source}: " if seq.source else ""
+                raise AuditInputError(f"{where}token {t} at position {i} is not allowed by the {self._grammar.grammar.what}")
+        if stopped:
+            rows[-1] = bitmask.to_bool(state.mask(), n_vocab)
+        return rows
 
     def _near_tie(self, logits: np.ndarray, outcomes: np.ndarray) -> Callable[[int], bool]:
         def test(i: int) -> bool:

@@ -54,6 +54,16 @@ class TargetModel:
     def path(self) -> str:
         return self.weights.path
 
+    def compiled_grammar(self, grammar: object):
+        """``grammar`` (a ``constraints.Grammar``, or a JSON schema) compiled
+        for this model's vocabulary (``InvalidGrammarError`` if it cannot be)."""
+        from .. import engine
+        from ..constraints import Grammar, compile_grammar
+
+        if not isinstance(grammar, Grammar):
+            grammar = Grammar.json_schema(grammar)
+        return compile_grammar(grammar, engine.llg_tokenizer(self.weights), param="grammar")
+
     # -- ids -------------------------------------------------------------
 
     def prompt_ids(self, seq: GeneratedSequence) -> List[int]:

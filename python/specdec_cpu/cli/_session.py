@@ -309,6 +309,9 @@ def stats_lines(stats: GenerationStats, speedup: Optional[float], drafting: bool
             lines.append(f"est. speed-up:     {speedup:.2f}× over plain decoding (cost model)")
     else:
         lines.append("drafting:          none (plain decoding)")
+    if stats.forced:
+        lines.append(f"forced tokens:     {stats.forced} (the grammar's only continuation, verified "
+                     "without a draft pass)")
     lines.append(
         f"time split:        draft {stats.draft_seconds:.2f} s, target {stats.target_seconds:.2f} s, "
         f"sampling {stats.sampling_seconds:.2f} s, other {stats.overhead_seconds:.2f} s")

@@ -11,6 +11,7 @@ from typing import List, Optional
 
 from ..params import SamplingParams
 from ._common import UsageError, emit, int_in, nonneg_float
+from ._constraint import add_constraint_args, constraint_from_args
 from ._session import add_sampling_flags, gamma_value
 
 ENGINES = ("ours", "ours-plain")
@@ -66,6 +67,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     src.add_argument("--save", metavar="FILE.jsonl",
                      help="write the --engine samples in the --input format")
 
+    add_constraint_args(p)  # the samples were generated under it: the target's rows are masked by it
     o = p.add_argument_group("audit and output")
     o.add_argument("--threshold", type=_threshold, default=1e-3, metavar="P",
                    help="the verdict fails when either test's p-value is below P; the TV interval's "
@@ -105,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
     params = _params(args)
     _check_flags(args)
+    grammar = constraint_from_args(args)
     for flag in ("target", "draft", "input", "prompts"):
         path = getattr(args, flag)
         if path is not None and not Path(path).is_file():
@@ -124,10 +127,10 @@ def run(args: argparse.Namespace) -> int:
     with TargetModel(args.target, n_threads=args.threads, flash_attn=args.flash_attn,
                      kv_type=args.kv_type) as target:
         if args.engine:
-            sequences, summary = _generate(args, target, prompts, params)
+            sequences, summary = _generate(args, target, prompts, params, grammar)
         try:
             report = audit_sequences(target, sequences, params, chain=args.chain,
-                                     threshold=args.threshold, tie_tolerance=args.tie_tolerance)
+                                     threshold=args.threshold, tie_tolerance=args.tie_tolerance, grammar=grammar)
         except AuditInputError as exc:
             raise UsageError(str(exc)) from None
         noise = None
@@ -141,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     if report.positions == 0:
         raise ValueError("nothing to audit: every sequence is empty (no emitted tokens, none stopped)")
     try:
-        _print(args, report, summary, noise)
+        _print(args, report, summary, noise, grammar)
     except BrokenPipeError:  # e.g. `| head`: the reader is gone
         _silence_stdout()
         return 0
@@ -157,10 +160,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print(args: argparse.Namespace, report, summary, noise) -> None:
+def _print(args: argparse.Namespace, report, summary, noise, grammar) -> None:
     """The report as text or one JSON object on stdout."""
     if args.json:
         data = report.to_dict()
+        data["constraint"] = grammar.what if grammar is not None else None
         if summary is not None:
             data["generation"] = {"engine": args.engine, **summary.__dict__, "acceptance": summary.acceptance}
         if noise is not None:
@@ -172,6 +176,9 @@ def _print(args: argparse.Namespace, report, summary, noise) -> None:
             lines.insert(0, f"engine {args.engine}: {summary.line()}")
         if noise is not None:
             lines.insert(-1, noise.line())
+        if grammar is not None:
+            lines.insert(0, f"constrained by a {grammar.what}: every position is audited against the target's "
+                            "distribution masked by it")
         emit("\n".join(lines))
     sys.stdout.flush()
 
@@ -248,7 +255,7 @@ def _read_prompts(path: str) -> List[str]:
     return prompts
 
 
-def _generate(args: argparse.Namespace, target, prompts: List[str], params: SamplingParams):
+def _generate(args: argparse.Namespace, target, prompts: List[str], params: SamplingParams, grammar):
     """Samples from specdec-cpu's decoder over the audit's own target weights."""
     from .. import engine
     from ..audit import GeneratedSequence
@@ -278,7 +285,7 @@ def _generate(args: argparse.Namespace, target, prompts: List[str], params: Samp
         decoder = SpeculativeDecoder._over_pair(engine.ModelPair(target.weights, draft_w), settings, None)
         samples, summary = generate_samples(decoder, ids, samples=args.samples or DEFAULT_SAMPLES,
                                             max_tokens=max_tokens, params=params,
-                                            seed=args.seed if args.seed is not None else 0)
+                                            seed=args.seed if args.seed is not None else 0, grammar=grammar)
     finally:
         if draft_w is not None:
             draft_w.close()

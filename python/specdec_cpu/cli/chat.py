@@ -24,7 +24,8 @@ from typing import Any, Optional
 from ..errors import SpecDecError
 from ..params import SamplingParams
 from ..core.stats import GenerationStats
-from ._common import emit
+from ._common import UsageError, emit
+from ._constraint import add_constraint_args, constraint_from_args, schema_file
 from ._conversation import load_conversation, save_conversation
 from ._discovery import label
 from ._interrupts import PromptInterrupts
@@ -61,6 +62,8 @@ Commands:
                               gamma (auto or N), seed (every reply restarts its random
                               streams from it; none = one stream for the session)
   /system TEXT                set the system prompt (/system alone shows it, /system - clears it)
+  /json on | FILE | off       replies as one JSON object (on), as JSON matching the schema
+                              in FILE, or free text again (off); /json alone shows the mode
   /save FILE                  save the conversation and the parameters (JSON)
   /load FILE                  continue a saved conversation, with its parameters
   /reset                      forget the conversation (and the model's cache of it)
@@ -85,6 +88,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     )
     add_model_args(p)
     add_sampling_args(p, DEFAULT_MAX_TOKENS)
+    add_constraint_args(p)
     p.set_defaults(func=run)
 
 
@@ -93,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     setup_stdout()
     params = sampling_params(args)
     check_args(args)
+    grammar = constraint_from_args(args)
     err = sys.stderr
     decoder = load_decoder(args, announce=err)
     try:
@@ -100,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         raise ValueError(f"the target model has no chat template ({decoder.target_path}); "
                          "use `specdec-cpu generate --raw` with it instead") from None
-    session = ChatSession(decoder, params, args.max_tokens, args.gamma, args.system)
+    session = ChatSession(decoder, params, args.max_tokens, args.gamma, args.system, grammar)
     emit(f"{describe_models(decoder)}. /help for commands, Ctrl-D or /exit to quit.", err)
     history = _History()
     try:
@@ -114,8 +119,9 @@ class ChatSession:
     """The conversation state and the command handlers."""
 
     def __init__(self, decoder, params: SamplingParams, max_tokens: int, gamma: Any,
-                 system: Optional[str]) -> None:
+                 system: Optional[str], grammar: Any = None) -> None:
         self.decoder = decoder
+        self.grammar = grammar  # a constraints.Grammar every reply follows, or None
         self.params = params
         self.max_tokens = max_tokens
         self.gamma = gamma
@@ -206,6 +212,8 @@ class ChatSession:
             else:
                 self.system = rest
                 emit("(system prompt set)")
+        elif name == "json":
+            self.json_mode(rest)
         elif name in ("save", "load"):
             if not rest:
                 emit(f"usage: /{name} FILE", sys.stderr)
@@ -220,6 +228,26 @@ class ChatSession:
         else:
             emit(f"unknown command /{name}; /help lists the commands", sys.stderr)
         return True
+
+    def json_mode(self, rest: str) -> None:
+        """``/json``: show the mode; ``/json`` on, with a schema FILE, or off."""
+        from ..constraints import Grammar
+
+        if not rest:
+            emit(f"replies follow a {self.grammar.what}" if self.grammar is not None else "replies are free text")
+            return
+        if rest.lower() == "off":
+            self.grammar = None
+            emit("(replies are free text)")
+            return
+        try:
+            grammar = Grammar.json_object() if rest.lower() == "on" else schema_file(rest, "/json")
+            self.decoder.grammar_state(grammar)  # checked now, not at the next reply
+        except (UsageError, ValueError) as exc:
+            emit(f"error: {_first_line(exc)}", sys.stderr)
+            return
+        self.grammar = grammar
+        emit(f"(replies follow a {grammar.what})")
 
     def save(self, path: str) -> None:
         """Write the conversation and the settings to ``path`` (JSON)."""
@@ -288,7 +316,7 @@ class ChatSession:
             with interruptible() as cancel:
                 stream = self.decoder.chat_stream(messages, max_tokens=self.max_tokens,
                                                   params=self.params, gamma=self.gamma,
-                                                  cancel=cancel)
+                                                  cancel=cancel, grammar=self.grammar)
                 try:
                     for piece in stream:
                         out.write(piece)

@@ -9,6 +9,7 @@ import sys
 from typing import Optional
 
 from ._common import UsageError, emit
+from ._constraint import add_constraint_args, constraint_from_args
 from ._session import (
     add_model_args,
     add_sampling_args,
@@ -40,6 +41,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("prompt", metavar="PROMPT", help="the prompt; '-' reads it from stdin")
     add_model_args(p)
     add_sampling_args(p, DEFAULT_MAX_TOKENS)
+    add_constraint_args(p)
     fmt = p.add_argument_group("prompt format and output")
     mode = fmt.add_mutually_exclusive_group()
     mode.add_argument("--chat", dest="template", action="store_const", const=True, default=None,
@@ -60,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     params = sampling_params(args)
     check_args(args)
     prompt = _read_prompt(args.prompt)
+    grammar = constraint_from_args(args)
 
     decoder = load_decoder(args)
     text, chat = _prompt_text(decoder, prompt, args)
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     last = ""
     broken_pipe = False
     with interruptible() as cancel:
-        stream = decoder.stream(text, max_tokens=args.max_tokens, params=params, cancel=cancel)
+        stream = decoder.stream(text, max_tokens=args.max_tokens, params=params, cancel=cancel, grammar=grammar)
         try:
             for piece in stream:
                 if pieces_out:
@@ -90,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     drafting = stats.drafted > 0
     speedup = estimated_speedup(decoder, stats, decoder.gamma)
     if args.json:
-        emit(json.dumps(_json(decoder, args, params, gen, chat, speedup)))
+        emit(json.dumps(_json(decoder, args, params, gen, chat, speedup, grammar)))
     elif last and not last.endswith("\n"):
         sys.stdout.write("\n")
         sys.stdout.flush()
@@ -138,9 +141,10 @@ def _prompt_text(decoder, prompt: str, args: argparse.Namespace) -> "tuple[str, 
 
 
 def _json(decoder, args: argparse.Namespace, params, gen, chat: bool,
-          speedup: Optional[float]) -> dict:
+          speedup: Optional[float], grammar) -> dict:
     return {
         "text": gen.text,
+        "constraint": grammar.what if grammar is not None else None,
         "tokens": list(gen.tokens),
         "finish_reason": gen.finish_reason,
         "chat_template": chat,
