@@ -88,3 +88,31 @@ def random_walk(state: ConstraintState, rng: random.Random, max_steps: int,
         assert state.consume([t]) == 1
         tokens.append(t)
     return tokens
+
+
+def masked_output_law(row_after, compiled, prompt: List[int], params, eog: Iterable[int],
+                      floor: float = 0.005) -> dict:
+    """P(whole output) of plain sampling from a target masked by a grammar
+    whose language is finite: ``row_after(ids)`` gives the target's logits
+    row after ``ids``; outputs are token tuples (several tokenizations of a
+    text are different outcomes), ending at an EOG token (not included).
+    Branches below ``floor`` are left out (their mass is 1 − the sum)."""
+    from stats_helpers import expected_distribution
+
+    eog = set(int(t) for t in eog)
+    law: dict = {}
+
+    def walk(prefix: tuple, prob: float) -> None:
+        state = compiled.new_state()
+        assert state.consume(list(prefix)) == len(prefix)
+        row = np.asarray(row_after(list(prompt) + list(prefix)), dtype=np.float64)
+        allowed = bitmask.to_bool(state.mask(), row.size)
+        p = expected_distribution(np.where(allowed, row, -np.inf), params=params)
+        for t in np.flatnonzero(p >= floor):
+            if int(t) in eog:
+                law[prefix] = law.get(prefix, 0.0) + prob * p[t]
+            else:
+                walk(prefix + (int(t),), prob * p[t])
+
+    walk((), 1.0)
+    return law

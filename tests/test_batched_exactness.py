@@ -1,9 +1,10 @@
 """Exactness of every request of a batch, with different parameters side by side.
 
-Thousands of short requests of six kinds run through one BatchedDecoder at
+Thousands of short requests of seven kinds run through one BatchedDecoder at
 once (tiny generated GGUF models, the real llama.cpp path), so every step
 mixes kinds: T = 1 with draft-model drafts, top-k with the joint law of two
-tokens, top-p, greedy, prompt-lookup drafts, and ``ignore_eos``.  Each kind's emitted
+tokens, top-p, greedy, prompt-lookup drafts, ``ignore_eos``, and a grammar
+(the law of whole outputs of a finite language, masked, docs/math.md §11).  Each kind's emitted
 tokens must follow the target's own distribution for its parameters,
 computed independently from a one-sequence context.
 """
@@ -15,7 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from constraint_helpers import masked_output_law
 from specdec_cpu import BatchedDecoder, SamplingParams, engine
+from specdec_cpu.constraints import Grammar, compile_grammar
 from stats_helpers import assert_matches_distribution, expected_distribution
 
 N = 2000  # requests per kind
@@ -30,6 +33,8 @@ N = 2000  # requests per kind
 #: sampler.  A context whose support a change of NOISE in every logit could
 #: alter is a near-tie: the law there is not pinned down by the reference.
 NOISE = 1e-4
+#: The constrained kind's language: choices with forced text between them.
+PATTERN = "(hello|help|he|hi|ho|ha) and (world|word|wo|we|wa)!"
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +56,10 @@ def reference(tiny_target):
     def p(tokens: list[int], params: SamplingParams) -> np.ndarray:
         return expected_distribution(logits(tokens, params), params=params)
 
+    def constrained(tokens: list[int], params: SamplingParams) -> dict:
+        compiled = compile_grammar(Grammar.regex(PATTERN), engine.llg_tokenizer(w))
+        return masked_output_law(lambda ids: logits(ids, params), compiled, tokens, params, eog)
+
     def stable(tokens: list[int], params: SamplingParams) -> bool:
         # The support grows most when its tokens lose NOISE and the others
         # gain it, and shrinks most the other way round (top-k, top-p, min-p).
@@ -61,6 +70,7 @@ def reference(tiny_target):
                    for sign in (1, -1))
 
     p.stable = stable
+    p.constrained = constrained
     yield p
     w.close()
 
@@ -75,14 +85,16 @@ def test_each_request_follows_its_own_target_distribution(tiny_target, tiny_draf
         "ngram": ("and the world and the world and the world and the", SamplingParams(temperature=1.0), 3, 4),
         # a prompt after which the target ends 13% of the time: banned, never
         "ignore-eos": ("to print hello in", SamplingParams(temperature=1.0, ignore_eos=True), 3, 4),
+        "grammar": ("hello world", SamplingParams(temperature=1.5), 3, 16),
     }
-    with BatchedDecoder.from_gguf(tiny_target, tiny_draft, ngram=True, max_sequences=8, n_ctx=256,
+    with BatchedDecoder.from_gguf(tiny_target, tiny_draft, ngram=True, max_sequences=10, n_ctx=256,
                                   n_threads=1, seed=2024, max_queue=10**6) as dec:
         order = [k for _ in range(N) for k in kinds]  # interleaved: every step mixes kinds
 
         def run(kind: str):
             prompt, params, gamma, max_tokens = kinds[kind]
-            return dec.generate(prompt, max_tokens=max_tokens, params=params, gamma=gamma)
+            grammar = Grammar.regex(PATTERN) if kind == "grammar" else None
+            return dec.generate(prompt, max_tokens=max_tokens, params=params, gamma=gamma, grammar=grammar)
 
         with ThreadPoolExecutor(16) as pool:
             gens = list(pool.map(run, order))
@@ -101,9 +113,20 @@ def test_each_request_follows_its_own_target_distribution(tiny_target, tiny_draf
         # the prompt's own pass (a plain step); the others from a drafted step.
         # Which path a request takes is decided before anything is sampled, so
         # the drafted subset is an unbiased sample and is checked on its own too.
-        # (Six kinds share eight slots: a free slot holding a kind's prompt, so
+        # (Seven kinds share ten slots: a free slot holding a kind's prompt, so
         # that its request drafts at once, is found for about 70% of requests.)
         drafted_first = [g for g in gs if g.stats.gammas and g.stats.gammas[0] == gamma]
+        if kind == "grammar":
+            law = reference.constrained(toks, params)
+            cells = {c: i for i, c in enumerate(law)}
+            counts = np.zeros(len(cells) + 1)
+            for g in gs:
+                counts[cells.get(tuple(g.tokens), len(cells))] += 1
+            want = np.array(list(law.values()) + [max(0.0, 1.0 - sum(law.values()))])
+            assert len(cells) >= 8 and sum(g.stats.forced for g in gs) > N
+            assert sum(g.stats.drafted - g.stats.accepted for g in gs) > 100
+            assert_matches_distribution(counts, want / want.sum(), what=f"{kind}: whole outputs")
+            continue
         if kind == "greedy":
             want = int(np.argmax(reference(toks, params)))
             assert all(g.tokens and g.tokens[0] == want for g in gs), f"{kind}: greedy requests disagree"

@@ -17,21 +17,21 @@ forced tokens.
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Tuple
+from typing import List
 
 import numpy as np
 import pytest
 
 from specdec_cpu import SamplingParams, SpeculativeDecoder, engine
-from specdec_cpu.constraints import Grammar, bitmask, compile_grammar
-from stats_helpers import assert_matches_distribution, expected_distribution
+from constraint_helpers import masked_output_law
+from specdec_cpu.constraints import Grammar, compile_grammar
+from stats_helpers import assert_matches_distribution
 
 FLOOR = 0.005
 #: Choices between words (several tokenizations each) with forced text
 #: between them: " and " and the closing "!" are the grammar's only way on.
 PATTERN = "(hello|help|he|hi|ho|ha) and (world|word|wo|we|wa)!"
 GRAMMAR = Grammar.regex(PATTERN)
-Cell = Tuple[object, ...]
 
 
 @pytest.fixture(scope="module")
@@ -44,28 +44,6 @@ def target(tiny_target):
     weights.close()
 
 
-def exact_joint(ctx, tok, compiled, prompt: List[int], params: SamplingParams) -> Dict[Cell, float]:
-    """P(whole output) of plain sampling from the target masked by the grammar."""
-    cells: Dict[Cell, float] = {}
-    eog = set(tok.eog_ids)
-
-    def walk(prefix: Tuple[int, ...], prob: float) -> None:
-        state = compiled.new_state()
-        assert state.consume(list(prefix)) == len(prefix)
-        allowed = bitmask.to_bool(state.mask(), ctx.n_vocab)
-        ctx.reset()
-        logits = np.where(allowed, np.array(ctx.eval(prompt + list(prefix), 1)[0]), -np.inf)
-        p = expected_distribution(logits, params=params)
-        for t in np.flatnonzero(p >= FLOOR):
-            if int(t) in eog:
-                cells[prefix] = cells.get(prefix, 0.0) + prob * p[t]
-            else:
-                walk(prefix + (int(t),), prob * p[t])
-
-    walk((), 1.0)
-    return cells
-
-
 CASES = [(SamplingParams(temperature=1.5), 3), (SamplingParams(temperature=2.0, top_p=0.9), 4)]
 
 
@@ -74,7 +52,11 @@ def test_constrained_output_through_llama_cpp_follows_the_masked_target(target, 
                                                                         params, gamma):
     ctx, tok, compiled = target
     prompt = tok.tokenize("hello world")
-    cells = exact_joint(ctx, tok, compiled, prompt, params)
+    def row_after(ids: List[int]) -> np.ndarray:
+        ctx.reset()
+        return np.array(ctx.eval(ids, 1)[0])
+
+    cells = masked_output_law(row_after, compiled, prompt, params, tok.eog_ids, FLOOR)
     keys = list(cells)
     index = {k: i for i, k in enumerate(keys)}
     probs = np.array([cells[k] for k in keys] + [max(0.0, 1.0 - sum(cells.values()))])
