@@ -1019,10 +1019,13 @@ def server_complete(
     cache_prompt: bool = True,
     extra: Optional[Dict[str, Any]] = None,
     timeout: Optional[float] = 600.0,
+    endpoint: str = "/completion",
 ) -> ServerCompletion:
     """Send one ``/completion`` request to a llama-server at ``url`` and wait for the answer.
 
-    Arguments are those of :func:`completion_request`.  ``stream=True`` reads
+    Arguments are those of :func:`completion_request`; ``endpoint="/infill"``
+    sends a fill-in-the-middle request (its ``input_prefix``,
+    ``input_suffix`` and ``input_extra`` in ``extra``, the prompt empty).  ``stream=True`` reads
     the server-sent events as they come and records, for every token, its
     text piece and its arrival time (``pieces``, ``arrival_s``; ``ttft_s``
     is the first), for time-to-first-token and inter-token measurements; the
@@ -1040,12 +1043,12 @@ def server_complete(
     conn = http.client.HTTPConnection(host_port, timeout=timeout)
     t0 = time.perf_counter()
     try:
-        conn.request("POST", "/completion", body=json.dumps(body).encode("utf-8"),
+        conn.request("POST", endpoint, body=json.dumps(body).encode("utf-8"),
                      headers={"Content-Type": "application/json",
                               "Accept": "text/event-stream" if stream else "application/json"})
         resp = conn.getresponse()
         if resp.status != 200:
-            raise PeerRunError(f"llama-server /completion answered {resp.status}: "
+            raise PeerRunError(f"llama-server {endpoint} answered {resp.status}: "
                                f"{resp.read()[:500].decode('utf-8', 'replace')}")
         if not stream:
             final = json.loads(resp.read())

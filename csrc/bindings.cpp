@@ -17,6 +17,7 @@
 
 #include "kernels/adjust.h"
 #include "kernels/dispatch.h"
+#include "kernels/logprob.h"
 #include "kernels/sample.h"
 #include "kernels/softmax.h"
 #include "kernels/truncate.h"
@@ -448,6 +449,75 @@ PYBIND11_MODULE(_core, m) {
         py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("rng"),
         py::arg("mask") = py::none(), py::arg("sparse") = py::none(),
         "verify() over n_rows x n_vocab float32 logits at a raw address (no copy).");
+
+    m.def(
+        "logprobs",
+        [](py::array logits, py::array tokens, int64_t top_n, bool sampling, double temperature, int64_t top_k,
+           double top_p, double min_p, py::object mask, py::object sparse) {
+            require_float32(logits, "logits");
+            if (logits.ndim() != 2 || logits.shape(0) < 1 || logits.shape(1) < 1) {
+                throw py::value_error("logits must have shape (k, V) with k, V >= 1, got " + shape_of(logits));
+            }
+            const size_t k = static_cast<size_t>(logits.shape(0));
+            const size_t n = static_cast<size_t>(logits.shape(1));
+            if (top_n < 0 || static_cast<size_t>(top_n) > n) {
+                throw py::value_error("top_n must be in [0, " + std::to_string(n) + "], got " + std::to_string(top_n));
+            }
+            if (tokens.ndim() != 1 || static_cast<size_t>(tokens.shape(0)) != k) {
+                throw py::value_error("tokens must have shape (" + std::to_string(k) + ",) (one per row), got " +
+                                      shape_of(tokens));
+            }
+            std::vector<int64_t> ids(k);
+            if (py::isinstance<py::array_t<int64_t>>(tokens)) {
+                auto v = tokens.cast<py::array_t<int64_t>>().unchecked<1>();
+                for (size_t r = 0; r < k; ++r) ids[r] = v(r);
+            } else if (py::isinstance<py::array_t<int32_t>>(tokens)) {
+                auto v = tokens.cast<py::array_t<int32_t>>().unchecked<1>();
+                for (size_t r = 0; r < k; ++r) ids[r] = v(r);
+            } else {
+                throw py::type_error("tokens must be an int32 or int64 array, got dtype " + dtype_of(tokens));
+            }
+            for (size_t r = 0; r < k; ++r) {
+                if (ids[r] < 0 || static_cast<size_t>(ids[r]) >= n) {
+                    throw py::value_error("tokens[" + std::to_string(r) + "] = " + std::to_string(ids[r]) +
+                                          " is outside the vocabulary [0, " + std::to_string(n) + ")");
+                }
+            }
+            const DistParams params = make_params(temperature, top_k, top_p, min_p);
+            const Adjustments adj = sampling ? read_adjustments(mask, sparse, k, n) : Adjustments();
+            const size_t t = static_cast<size_t>(top_n);
+            py::array_t<float> token_lp(static_cast<py::ssize_t>(k));
+            py::array_t<int32_t> top_ids({static_cast<py::ssize_t>(k), static_cast<py::ssize_t>(t)});
+            py::array_t<float> top_lp({static_cast<py::ssize_t>(k), static_cast<py::ssize_t>(t)});
+            const float* src = static_cast<const float*>(logits.data());
+            float* out_lp = token_lp.mutable_data();
+            int32_t* out_ids = top_ids.mutable_data();
+            float* out_top = top_lp.mutable_data();
+            {
+                py::gil_scoped_release release;
+                specdec::Workspace& ws = specdec::thread_workspace();
+                std::vector<float> dist(sampling ? n : 0);
+                for (size_t r = 0; r < k; ++r) {
+                    const int64_t at = static_cast<int64_t>(r);
+                    const float* row = src + r * n;
+                    if (sampling) {  // the distribution the token was sampled from
+                        row = specdec::adjusted_row(row, n, adj.get() != nullptr ? adj.get() + r : nullptr, ws.adj,
+                                                    "logits", at);
+                        specdec::compute_distribution(row, n, params, dist.data(), ws, "logits", at);
+                        row = dist.data();
+                    }
+                    specdec::row_logprobs(row, n, sampling, ids[r], t, out_lp + r, out_ids + r * t, out_top + r * t,
+                                          ws, "logits", at);
+                }
+            }
+            return py::make_tuple(token_lp, top_ids, top_lp);
+        },
+        py::arg("logits"), py::arg("tokens"), py::arg("top_n"), py::arg("sampling"), py::arg("temperature"),
+        py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("mask") = py::none(),
+        py::arg("sparse") = py::none(),
+        "Log-probabilities of tokens (k,) under rows (k, V): of the model's own distribution (log softmax at "
+        "T = 1; sampling=False) or of the sampling distribution (each row adjusted by mask and sparse, then the "
+        "chain; sampling=True). Returns (token_logprobs (k,), top_ids (k, top_n), top_logprobs (k, top_n)).");
 
     m.def(
         "_exp",

@@ -196,6 +196,7 @@ def write_tiny_model(
     add_bos: Optional[bool] = None,
     architecture: str = "llama",
     nan_token: Optional[int] = None,
+    fim: Sequence[str] = (),
 ) -> Path:
     """Write a tiny llama-architecture GGUF model and return its path.
 
@@ -204,6 +205,9 @@ def write_tiny_model(
     ``architecture`` other than ``"llama"`` writes a file llama.cpp refuses
     (for load-error tests).  ``nan_token`` gives that token a NaN embedding:
     every position after it gets NaN logits (for bad-logits tests).
+    ``fim`` names fill-in-the-middle tokens to declare (of ``pre``, ``suf``,
+    ``mid``, ``pad``, ``rep``, ``sep``): the last ids of the vocabulary, in
+    that order of the names given.
     """
     path = Path(path)
     if n_embd % n_head:
@@ -245,6 +249,8 @@ def write_tiny_model(
         writer.add_eos_token_id(2)
         writer.add_add_bos_token(True if add_bos is None else add_bos)
     writer.add_add_eos_token(False)
+    for i, name in enumerate(fim):
+        writer.add_uint32(f"tokenizer.ggml.fim_{name}_token_id", n_vocab - len(fim) + i)
     if chat_template is not None:
         writer.add_chat_template(chat_template)
 

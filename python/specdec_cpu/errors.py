@@ -129,6 +129,10 @@ class InvalidToolsError(_ParamError):
     function that does not exist (an HTTP 400)."""
 
 
+class InfillUnsupportedError(_ParamError):
+    """A fill-in-the-middle request for a model without FIM tokens (an HTTP 400)."""
+
+
 class ConstraintError(SpecDecError):
     """A grammar matcher failed while decoding (llguidance's message, e.g. a
     parser resource limit); the constrained sequence cannot go on."""

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Mapping, Optional, Tuple, Union
+
+#: OpenAI's limits for the penalties and for one logit bias.
+PENALTY_LIMIT = 2.0
+BIAS_LIMIT = 100.0
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,26 @@ class SamplingParams:
             llama.cpp's and vLLM's ``ignore_eos``).  Only the target's rows
             are masked: a draft proposing an end token is rejected like any
             token the target cannot emit.
+
+    Penalties and biases change the logits before the pipeline, for the
+    target's and the draft's row of a position alike, each from the tokens
+    before that position, drafted ones included (docs/math.md §12):
+
+        presence_penalty: in [-2, 2]; subtracted once from the logit of
+            every token the output holds so far (OpenAI's).
+        frequency_penalty: in [-2, 2]; subtracted per occurrence in the
+            output so far (OpenAI's).
+        repeat_penalty: > 0, 1 is off; a token among the last
+            ``repeat_last_n`` tokens (prompt included) has a positive logit
+            divided by it and a negative one multiplied (llama.cpp's).
+        repeat_last_n: the window of ``repeat_penalty``; 0 is off, -1 the
+            whole sequence.
+        logit_bias: ``{token id: bias}``, each in [-100, 100], added to the
+            logit (OpenAI's; -100 practically bans the token).
+        min_tokens: the end-of-generation tokens and ``stop_token_ids``
+            are banned until the output has this many tokens.
+        stop_token_ids: tokens that end the generation as the end token
+            does (not part of the output).
     """
 
     temperature: float = 1.0
@@ -48,6 +72,13 @@ class SamplingParams:
     min_p: float = 0.0
     seed: Optional[int] = None
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    logit_bias: Union[Mapping[int, float], Tuple[Tuple[int, float], ...], None] = None
+    min_tokens: int = 0
+    stop_token_ids: Tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         _check_real("temperature", self.temperature)
@@ -70,11 +101,60 @@ class SamplingParams:
                 raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
         if not isinstance(self.ignore_eos, bool):
             raise TypeError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            _check_real(name, getattr(self, name))
+            if not -PENALTY_LIMIT <= getattr(self, name) <= PENALTY_LIMIT:
+                raise ValueError(f"{name} must be in [-2, 2] (0 means off), got {getattr(self, name)}")
+        _check_real("repeat_penalty", self.repeat_penalty)
+        if self.repeat_penalty <= 0:
+            raise ValueError(f"repeat_penalty must be > 0 (1 means off), got {self.repeat_penalty}")
+        _check_int("repeat_last_n", self.repeat_last_n, -1, "(0 means off, -1 the whole sequence)")
+        _check_int("min_tokens", self.min_tokens, 0, "")
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        stops = self.stop_token_ids
+        if isinstance(stops, (str, bytes)) or not isinstance(stops, (tuple, list)):
+            raise TypeError(f"stop_token_ids must be a sequence of token ids, got {stops!r}")
+        for t in stops:
+            _check_int("stop_token_ids entries", t, 0, "")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stops))
 
     @property
     def greedy(self) -> bool:
         """True when sampling reduces to the argmax."""
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether penalties, biases or ``min_tokens`` change rows before the pipeline."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias or self.min_tokens
+                    or (self.repeat_penalty != 1.0 and self.repeat_last_n != 0))
+
+
+def _check_int(name: str, value: object, low: int, meaning: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int >= {low} {meaning}".rstrip() + f", got {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be >= {low} {meaning}".rstrip() + f", got {value}")
+
+
+def _bias_pairs(bias: Any) -> Optional[Tuple[Tuple[int, float], ...]]:
+    """``logit_bias`` as sorted (id, bias) pairs (hashable, like the rest of the parameters)."""
+    if bias is None:
+        return None
+    items = bias.items() if isinstance(bias, Mapping) else bias
+    pairs = {}
+    try:
+        for token, value in items:
+            _check_int("logit_bias keys", token, 0, "(token ids)")
+            _check_real(f"logit_bias[{token}]", value)
+            if not -BIAS_LIMIT <= value <= BIAS_LIMIT:
+                raise ValueError(f"logit_bias[{token}] must be in [-100, 100], got {value}")
+            pairs[int(token)] = float(value)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, TypeError) and "logit_bias" not in str(exc):
+            raise TypeError(f"logit_bias must map token ids to numbers, got {bias!r}") from None
+        raise
+    return tuple(sorted(pairs.items())) or None
 
 
 def _check_real(name: str, value: object) -> None:

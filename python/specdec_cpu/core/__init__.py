@@ -9,7 +9,13 @@
   streams, text and statistics;
 - :mod:`.step` — ``StepCore``: draft, one target pass, the exact verify,
   roll-back and emit, for every sequence of a step (its glossary defines
-  α, γ, accepted, residual, bonus and catch-up);
+  α, γ, accepted, residual, bonus, catch-up, mask and forced);
+- :mod:`.penalties` — ``Penalties``: presence, frequency and repeat
+  penalties, biases and ``min_tokens`` as sparse row changes, for every
+  prefix of a draft;
+- :mod:`.logprobs` — ``TokenLogprob`` and the log-probabilities read off
+  the verified rows;
+- :mod:`.infill` — fill-in-the-middle prompts from a model's FIM tokens;
 - :mod:`.stats` — ``Generation`` and ``GenerationStats``;
 - :mod:`.text` — token bytes into text, with stop strings;
 - :mod:`.request_args` — checks of one request's arguments.

@@ -7,13 +7,14 @@ reaches a model (and never disturbs other requests of a batch).
 
 from __future__ import annotations
 
-from typing import Any, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
 from ..errors import ContextOverflowError, InvalidPromptError
-from .protocols import Tokenizer
 from ..params import SamplingParams
+from .logprobs import LOGPROB_MODES, MAX_TOP_LOGPROBS
+from .protocols import Tokenizer
 
 __all__ = ["GAMMA_LIMIT", "Prompt", "chat_prompt", "check_gamma", "check_request", "prompt_tokens"]
 
@@ -30,10 +31,24 @@ def check_gamma(gamma: object) -> None:
 
 
 def check_request(*, max_tokens: object, params: object, gamma: object, has_drafter: bool,
-                  cancel: object, timeout: object) -> None:
-    """Raise ``TypeError``/``ValueError`` naming the first bad argument."""
+                  cancel: object, timeout: object, n_vocab: Optional[int] = None, logprobs: object = None,
+                  logprob_mode: object = "model") -> None:
+    """Raise ``TypeError``/``ValueError`` naming the first bad argument
+    (token ids in ``params`` are checked against ``n_vocab`` when given)."""
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+    if n_vocab is not None:
+        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias or ()]),
+                          ("stop_token_ids", params.stop_token_ids)):
+            bad = [t for t in ids if t >= n_vocab]
+            if bad:
+                raise ValueError(f"{name}: token id {bad[0]} is outside the vocabulary [0, {n_vocab})")
+    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                 or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
+        raise ValueError(f"logprobs must be None or an int in [0, {MAX_TOP_LOGPROBS}] (alternatives per token), "
+                         f"got {logprobs!r}")
+    if logprob_mode not in LOGPROB_MODES:
+        raise ValueError(f"logprob_mode must be one of {', '.join(LOGPROB_MODES)}, got {logprob_mode!r}")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
     check_gamma(gamma)

@@ -28,11 +28,25 @@ from .text import TextAssembler
 
 if TYPE_CHECKING:
     from ..drafters.ngram import NgramDrafter
+    from .penalties import Penalties
 
-__all__ = ["GammaSetting", "SeedSequence", "Sequence"]
+__all__ = ["GammaSetting", "SeedSequence", "Sequence", "choice_seed"]
 
 GammaSetting = Union[int, str]
 _ids = itertools.count(1)
+
+
+def _splitmix64(z: int) -> int:
+    z %= 2**64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    return z ^ (z >> 31)
+
+
+def choice_seed(seed: int, i: int) -> int:
+    """The seed of choice ``i`` of a request seeded with ``seed`` (OpenAI's
+    ``n``): SplitMix64 of both, so the choices' streams differ."""
+    return _splitmix64(seed + 0x9E3779B97F4A7C15 * (i + 1) + 0xD1B54A32D192ED03)
 
 
 class SeedSequence:
@@ -48,10 +62,8 @@ class SeedSequence:
     def next(self) -> int:
         with self._lock:
             self._n += 1
-            z = (self.seed + 0x9E3779B97F4A7C15 * self._n) % 2**64
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
-        return z ^ (z >> 31)
+            n = self._n
+        return _splitmix64(self.seed + 0x9E3779B97F4A7C15 * n)
 
 
 class Sequence:
@@ -63,8 +75,11 @@ class Sequence:
     it runs: ``slot`` (its sequence in the models' caches), ``seq`` (prompt
     and output so far), ``out``, ``stats``, ``ngram`` (its prompt-lookup
     drafter, if any), ``constraint`` (the grammar its output follows, at
-    the accepted output: ``ConstraintState``), ``plan`` (the draft policy's
-    estimates for it).
+    the accepted output: ``ConstraintState``), ``penalties`` (its
+    penalties and biases: ``core.penalties.Penalties``), ``logprobs`` (how
+    many alternatives to report per token, None for no log-probabilities,
+    of the ``logprob_mode`` distribution) and ``token_logprobs`` (one
+    entry per output token), ``plan`` (the draft policy's estimates for it).
     """
 
     def __init__(self, prompt: list[int], *, max_tokens: int, params: SamplingParams, text: TextAssembler,
@@ -92,7 +107,13 @@ class Sequence:
         self.ngram: Optional["NgramDrafter"] = None
         #: the grammar the output must follow (a ConstraintState: constraints/state.py), if any
         self.constraint: Any = None
+        self.penalties: Optional["Penalties"] = None
+        self.logprobs: Optional[int] = None
+        self.logprob_mode = "model"
+        self.token_logprobs: list = []  # TokenLogprob per output token, when logprobs is set
         self.plan: Any = None  # the draft policy's per-sequence state (planning/policy.py)
+        #: a sequence whose prompt this one waits for, to share its cached cells (n choices)
+        self.after: Optional["Sequence"] = None
         self.result: Optional[Generation] = None
         self.error: Optional[BaseException] = None
         self.pieces: list[str] = []  # text delivered and not yet taken (see take_pieces)
@@ -118,6 +139,18 @@ class Sequence:
         if self._masks is None or self._masks.shape[0] < rows:
             self._masks = np.zeros((max(rows, self._q_rows + 1), (self._n_vocab + 31) // 32), dtype=np.uint32)
         return self._masks
+
+    def changes(self, draft: "list[int] | np.ndarray", k: int, first: int = 0,
+                masks: Optional[np.ndarray] = None) -> sampling.Changes:
+        """The changes of rows ``first .. first + k - 1`` of a step whose
+        draft is ``draft`` (row j continues the output and ``draft[:j]``):
+        the grammar's mask rows (``masks``, filled by the core) and the
+        penalties' sparse rows."""
+        mask = None if masks is None else masks[first:first + k]
+        sparse = None if self.penalties is None else self.penalties.rows(draft, k, first)
+        if mask is None and sparse is None:
+            return sampling.NO_CHANGES
+        return sampling.Changes(mask, sparse)
 
     def room(self, n_ctx: int) -> int:
         """Draft tokens a step may still propose: one token is always emitted
@@ -157,7 +190,8 @@ class Sequence:
             self.deliver(self.text.finish())
         if self.admitted is not None:
             stats.total_seconds = time.perf_counter() - self.admitted
-        self.result = Generation(self.text.text, self.out, stats)
+        self.result = Generation(self.text.text, self.out, stats,
+                                 self.token_logprobs[:len(self.out)] if self.logprobs is not None else None)
         if isinstance(error, DecoderClosedError) and error.partial is None:
             error.partial = self.result  # before the caller wakes to raise it
         self.error = error

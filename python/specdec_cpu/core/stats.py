@@ -115,11 +115,13 @@ class GenerationStats:
 
 @dataclass
 class Generation:
-    """The result of one generation: its text, token ids and statistics."""
+    """The result of one generation: its text, token ids and statistics;
+    ``logprobs`` (one ``core.logprobs.TokenLogprob`` per token) when asked for."""
 
     text: str
     tokens: list[int]
     stats: GenerationStats = field(repr=False)
+    logprobs: Optional[list] = field(default=None, repr=False)
 
     @property
     def finish_reason(self) -> Optional[str]:

@@ -50,6 +50,7 @@ import numpy as np
 from .. import sampling
 from ..drafters.vocab_map import DraftVocab
 from ..errors import InvalidLogitsError, SpecDecError
+from .logprobs import row_logprobs
 from .protocols import LogitRowsView, Rows, SequenceLM, Tokenizer, eog_id_array
 from .sequence import Sequence
 
@@ -76,6 +77,7 @@ class Work:
     decision: Any = None
     forced: Seq[int] = ()  # tokens a grammar forces next, drafted for free (the first len(forced) rows)
     free: List[int] = field(default_factory=list)  # rows drafted without a draft pass: forced ones
+    consumed: int = 0  # draft tokens the grammar's state has consumed (to roll back after the verify)
     tokens: Optional[np.ndarray] = None  # the draft
     probs: Optional[np.ndarray] = None  # its q rows (model route)
     masks: Optional[np.ndarray] = None  # a constrained sequence's mask rows, one per verified row
@@ -125,6 +127,9 @@ class StepCore:
                             if draft is not None else None)
         self._names = tuple(f" ({n})" if n else "" for n in names)
         self._eog: Optional[np.ndarray] = None  # the target's end-of-generation ids, once a sequence bans them
+        #: Whether a constrained sequence's draft samples under the grammar's mask (always, but for
+        #: measuring what the mask buys: bench/structured.py turns it off; the output stays exact).
+        self.mask_draft = True
 
     # ------------------------------------------------------------ drafting
     def propose(self, works: List[Work], catch_up: List[Rows]) -> None:
@@ -147,6 +152,7 @@ class StepCore:
                 for i in range(f):  # the state follows the draft; verify rolls it back
                     c.fill_mask(w.masks[i])
                     c.consume((int(w.tokens[i]),))
+            w.consumed = f if c is not None else 0
             if w.route == NGRAM and w.gamma > f:
                 self._lookup(w, f)
             elif w.route != MODEL:
@@ -187,6 +193,8 @@ class StepCore:
             w.tokens[n] = t
             n += 1
         w.gamma = n
+        if c is not None:
+            w.consumed = n
 
     def _draft_passes(self, drafting: List[Work], catch_up: List[Rows]) -> None:
         """Draft-model passes until every work's draft is full: each pass
@@ -235,10 +243,10 @@ class StepCore:
         seq = w.seq
         c = seq.constraint
         try:
-            changes = sampling.NO_CHANGES
             if c is not None:
                 c.fill_mask(w.masks[i])
-                changes = sampling.Changes(mask=w.masks[i])
+            masked = c is not None and self.mask_draft
+            changes = seq.changes(w.tokens, 1, first=i, masks=w.masks if masked else None)
             t = self.draft_vocab.sample_into(rows.view()[0], seq.params, seq.rng_draft, w.probs[i], changes)
         except InvalidLogitsError as exc:
             self._fail(seq, InvalidLogitsError(
@@ -256,7 +264,13 @@ class StepCore:
         i += 1
         if c is None:
             return i
-        c.consume((t,))
+        if c.consume((t,)) != 1:
+            # An unmasked draft (mask_draft off) left the grammar: the token stays the last
+            # row, which the verify rejects (p = 0 there), drawing from the residual.  Dropping
+            # it would skew the law: its absence would depend on its own value.
+            w.gamma = i
+            return i
+        w.consumed = i
         for t in c.forced_tokens(w.gamma - i) if not c.ended else ():
             c.fill_mask(w.masks[i])
             c.consume((t,))
@@ -264,6 +278,7 @@ class StepCore:
             self._one_hot(w, i)
             w.free.append(i)
             i += 1
+            w.consumed = i
         if c.ended:  # nothing can follow what the grammar ends with
             w.gamma = i
         return i
@@ -309,14 +324,16 @@ class StepCore:
         t0 = time.perf_counter()
         self._ban_eog(seq, rows)
         try:
-            changes = sampling.NO_CHANGES
+            masks = None
             if seq.constraint is not None:
-                mask = seq.mask_rows(1)[0]
-                seq.constraint.fill_mask(mask)
-                changes = sampling.Changes(mask=mask)
-            token = sampling.sample(rows.view()[0], seq.params, seq.rng_verify, changes)
+                masks = seq.mask_rows(1)
+                seq.constraint.fill_mask(masks[0])
+            changes = seq.changes((), 1, masks=masks)
+            logits = rows.view()
+            token = sampling.sample(logits[0], seq.params, seq.rng_verify, changes.row(0))
             if seq.constraint is not None:
                 seq.constraint.consume((token,))
+            logprobs = self._logprobs(seq, logits, [token], changes)
         except InvalidLogitsError as exc:
             self._fail(seq, InvalidLogitsError(
                 f"the target model produced invalid logits{self._names[0]} for request {seq.id} at the end "
@@ -331,7 +348,7 @@ class StepCore:
         stats.gammas.append(0)
         stats.target_seconds += target_seconds
         stats.sampling_seconds += time.perf_counter() - t0
-        return self.emit(seq, [token])
+        return self.emit(seq, [token], logprobs)
 
     def _verify_one(self, w: Work, rows: LogitRowsView, target_seconds: float) -> int:
         seq = w.seq
@@ -342,7 +359,7 @@ class StepCore:
         c = seq.constraint
         try:
             logits = rows.view()
-            changes = sampling.NO_CHANGES if c is None else sampling.Changes(mask=w.masks[:w.gamma + 1])
+            changes = seq.changes(w.tokens[:w.gamma], w.gamma + 1, masks=w.masks if c is not None else None)
             if w.gamma == 0:
                 new = [sampling.sample(logits[0], seq.params, seq.rng_verify, changes.row(0))]
                 n_acc, alphas = 0, ()
@@ -352,8 +369,9 @@ class StepCore:
                 n_acc, alphas = res.n_accepted, tuple(float(a) for a in res.alphas)
                 new = w.tokens[:n_acc].tolist() + [res.token]
             if c is not None:  # the grammar follows the accepted tokens and the one after them
-                c.rollback(w.gamma - n_acc)
+                c.rollback(w.consumed - n_acc)  # a draft token outside the grammar was never consumed (nor accepted)
                 c.consume((new[-1],))
+            logprobs = self._logprobs(seq, logits, new, changes)
         except InvalidLogitsError as exc:
             self._fail(seq, InvalidLogitsError(
                 f"the target model produced invalid logits{self._names[0]} for request {seq.id} at positions "
@@ -390,7 +408,18 @@ class StepCore:
             stats.alpha_rows += len(w.drafted_alphas)
             stats.record_drafter(w.route, w.gamma - len(free), n_acc - n_free_accepted)
         self.observer.verified(w, t_sample)
-        return self.emit(seq, new)
+        return self.emit(seq, new, logprobs)
+
+    @staticmethod
+    def _logprobs(seq: Sequence, logits: np.ndarray, tokens: List[int], changes: sampling.Changes) -> Optional[list]:
+        """The log-probabilities of ``tokens`` (rows 0.. of ``logits``), if the sequence asked for them."""
+        if seq.logprobs is None:
+            return None
+        k = len(tokens)
+        if changes.mask is not None or changes.sparse is not None:
+            changes = sampling.Changes(None if changes.mask is None else changes.mask[:k],
+                                       None if changes.sparse is None else _first_rows(changes.sparse, k))
+        return row_logprobs(logits, tokens, seq.logprobs, seq.logprob_mode, seq.params, changes)
 
     def _ban_eog(self, seq: Sequence, rows: LogitRowsView) -> None:
         """A sequence with ``ignore_eos``: its target rows give the end-of-generation ids probability 0."""
@@ -400,21 +429,27 @@ class StepCore:
             rows.mask_columns(self._eog)
 
     # ------------------------------------------------------------ emitting
-    def emit(self, seq: Sequence, new: List[int]) -> int:
-        """Append ``new`` to ``seq`` up to its end (an end-of-generation token,
-        a stop string, ``max_tokens``, the context), delivering its text;
-        returns the tokens appended."""
+    def emit(self, seq: Sequence, new: List[int], logprobs: Optional[list] = None) -> int:
+        """Append ``new`` to ``seq`` up to its end (an end-of-generation or
+        stop token, a stop string, ``max_tokens``, the context), delivering
+        its text (and ``logprobs``, one per token of ``new``); returns the
+        tokens appended."""
         stats = seq.stats
+        stop_ids = seq.params.stop_token_ids
         n = 0
         # The grammar's state is at the end of ``new`` already: whether it is
         # complete (only an end may follow) is a question for its last token.
         complete = seq.constraint is not None and seq.constraint.finished
         for i, tok in enumerate(new):
-            if self.tokenizer.is_eog(tok):
+            if self.tokenizer.is_eog(tok) or (stop_ids and tok in stop_ids):
                 stats.finish_reason = "stop"
                 break
             seq.seq.append(tok)
             seq.out.append(tok)
+            if logprobs is not None:
+                seq.token_logprobs.append(logprobs[i])
+            if seq.penalties is not None:
+                seq.penalties.append((tok,))
             stats.tokens += 1
             n += 1
             if stats.tokens == 1:
@@ -437,3 +472,10 @@ class StepCore:
     # ------------------------------------------------------------ internals
     def _fail(self, seq: Sequence, error: BaseException) -> None:
         self.observer.end(seq, None, error)
+
+
+def _first_rows(sparse: tuple, k: int) -> tuple:
+    """The first ``k`` rows of ``sampling.Changes.sparse``."""
+    offsets, ids, pos, neg, add = sparse
+    end = int(offsets[k])
+    return offsets[:k + 1], ids[:end], pos[:end], neg[:end], add[:end]

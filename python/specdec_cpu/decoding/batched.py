@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import threading
 from typing import Any, Callable, Optional, Sequence as Seq, Union
 
 from ..core.protocols import Tokenizer
 from ..core.request_args import Prompt
-from ..core.sequence import GammaSetting, SeedSequence
+from ..core.sequence import GammaSetting, SeedSequence, choice_seed
 from ..core.stats import Generation
 from ..params import SamplingParams
 from ..planning.costmodel import CostModel
@@ -147,7 +148,7 @@ class BatchedDecoder(DecoderFront):
     def generate(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
                  stop: Seq[str] = (), gamma: Optional[GammaSetting] = None,
                  cancel: Optional[threading.Event] = None, timeout: Optional[float] = None,
-                 grammar: Any = None) -> Generation:
+                 grammar: Any = None, logprobs: Optional[int] = None, logprob_mode: str = "model") -> Generation:
         """Generate a continuation of ``prompt``; see ``SpeculativeDecoder.generate``.
 
         A fixed ``gamma`` above the decoder's ``gamma_max`` drafts
@@ -159,7 +160,11 @@ class BatchedDecoder(DecoderFront):
         ``GenerationCancelled`` (with ``partial``) on ``cancel``/``timeout``,
         ``DecoderClosedError`` when the decoder is closed meanwhile.
         """
-        req = self._submit(prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar)
+        req = self._submit(prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar=grammar,
+                           logprobs=logprobs, logprob_mode=logprob_mode)
+        return self._wait(req, timeout)
+
+    def _wait(self, req: Request, timeout: Optional[float]) -> Generation:
         try:
             req.done.wait()
         except BaseException:  # e.g. KeyboardInterrupt while waiting: the request must not run on
@@ -173,19 +178,21 @@ class BatchedDecoder(DecoderFront):
     def stream(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
                stop: Seq[str] = (), gamma: Optional[GammaSetting] = None,
                cancel: Optional[threading.Event] = None, timeout: Optional[float] = None,
-               grammar: Any = None) -> RequestStream:
+               grammar: Any = None, logprobs: Optional[int] = None, logprob_mode: str = "model") -> RequestStream:
         """Yield text pieces as they are accepted; see ``SpeculativeDecoder.stream``.
 
         The stream ends quietly on ``cancel``/``timeout`` (``result`` says
         why); closing or dropping it frees the request's sequence at the next
         step.  Argument errors and ``QueueFullError`` are raised here.
         """
-        return RequestStream(self._submit(prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar))
+        return RequestStream(self._submit(prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar=grammar,
+                                          logprobs=logprobs, logprob_mode=logprob_mode))
 
     def astream(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
                 stop: Seq[str] = (), gamma: Optional[GammaSetting] = None,
                 cancel: Optional[threading.Event] = None, timeout: Optional[float] = None,
-                grammar: Any = None) -> AsyncRequestStream:
+                grammar: Any = None, logprobs: Optional[int] = None,
+                logprob_mode: str = "model") -> AsyncRequestStream:
         """``stream`` for asyncio code: an async iterator of text pieces
         (call it in a running event loop; no thread blocks on the request).
 
@@ -193,8 +200,29 @@ class BatchedDecoder(DecoderFront):
         ``await s.aclose()`` stops the request without waiting.
         """
         loop = asyncio.get_running_loop()
-        return AsyncRequestStream(self._submit(prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar),
-                                  loop)
+        return AsyncRequestStream(self._submit(prompt, max_tokens, params, stop, gamma, cancel, timeout,
+                                               grammar=grammar, logprobs=logprobs, logprob_mode=logprob_mode), loop)
+
+    # ------------------------------------------------------------------ n choices
+    def generate_choices(self, prompt: Prompt, n: int, **kwargs: Any) -> list[Generation]:
+        """``n`` independent continuations of ``prompt`` (OpenAI's ``n``),
+        decoded together; keyword arguments as for :meth:`generate`.
+
+        The prompt is decoded once: the other choices start when it is in,
+        sharing its cached cells (no second prefill).  Choice i > 0 of a
+        request with a seed samples from a seed derived from it and i, so
+        the choices differ and a rerun repeats them."""
+        timeout = kwargs.get("timeout")
+        return [self._wait(req, timeout) for req in self._submit_choices(prompt, n, kwargs)]
+
+    def stream_choices(self, prompt: Prompt, n: int, **kwargs: Any) -> list[RequestStream]:
+        """:meth:`generate_choices` as ``n`` streams (keyword arguments as for :meth:`stream`)."""
+        return [RequestStream(req) for req in self._submit_choices(prompt, n, kwargs)]
+
+    def astream_choices(self, prompt: Prompt, n: int, **kwargs: Any) -> list[AsyncRequestStream]:
+        """:meth:`generate_choices` as ``n`` async streams (keyword arguments as for :meth:`astream`)."""
+        loop = asyncio.get_running_loop()
+        return [AsyncRequestStream(req, loop) for req in self._submit_choices(prompt, n, kwargs)]
 
     # ------------------------------------------------------------------ state
     @property
@@ -250,9 +278,37 @@ class BatchedDecoder(DecoderFront):
         return f"BatchedDecoder({self.target_path!r}, max_sequences={self.max_sequences}, {state})"
 
     # ------------------------------------------------------------------ internals
-    def _submit(self, prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar=None) -> Request:
+    def _submit(self, prompt, max_tokens, params, stop, gamma, cancel, timeout, *, after: Optional[Request] = None,
+                **options: Any) -> Request:
         req = self._sequence(Request, prompt, max_tokens, params, stop, gamma, cancel, timeout, self.gamma_max,
-                             grammar)
+                             **options)
+        req.after = after
         # The seed is drawn once the request is accepted: a refused one uses none.
         self._scheduler.submit(req, on_accept=self._seed_of)
         return req
+
+    def _submit_choices(self, prompt: Prompt, n: int, kwargs: dict) -> list[Request]:
+        """The ``n`` requests of one prompt: the first, then the others
+        waiting for its prompt to be in (``Request.after``); all or none."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_sequences * 4:
+            raise ValueError(f"n must be an int in [1, {self.max_sequences * 4}] (choices), got {n!r}")
+        unknown = set(kwargs) - {"max_tokens", "params", "stop", "gamma", "cancel", "timeout", "grammar",
+                                 "logprobs", "logprob_mode"}
+        if unknown:
+            raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+        params = kwargs.get("params", SamplingParams())
+        args = dict(max_tokens=kwargs.get("max_tokens", 256), stop=kwargs.get("stop", ()),
+                    gamma=kwargs.get("gamma"), cancel=kwargs.get("cancel"), timeout=kwargs.get("timeout"))
+        options = {k: kwargs[k] for k in ("grammar", "logprobs", "logprob_mode") if k in kwargs}
+        reqs: list[Request] = []
+        try:
+            for i in range(n):
+                p = params if i == 0 or params.seed is None else dataclasses.replace(
+                    params, seed=choice_seed(params.seed, i))
+                reqs.append(self._submit(prompt, args["max_tokens"], p, args["stop"], args["gamma"], args["cancel"],
+                                         args["timeout"], after=reqs[0] if reqs else None, **options))
+        except BaseException:
+            for req in reqs:  # no half-state: the choices already queued are withdrawn
+                req.closed = True
+            raise
+        return reqs

@@ -9,7 +9,9 @@ import difflib
 import threading
 from typing import Any, Optional, Sequence as Seq, Type, TypeVar
 
-from ..core.protocols import SequenceLM, Tokenizer
+from ..core.infill import infill_tokens
+from ..core.penalties import Penalties
+from ..core.protocols import SequenceLM, Tokenizer, eog_id_array
 from ..core.request_args import Prompt, chat_prompt, check_request, prompt_tokens
 from ..core.sequence import GammaSetting, SeedSequence, Sequence
 from ..core.stats import Generation
@@ -54,6 +56,13 @@ class DecoderFront:
     def chat_prompt(self, messages: Seq[dict]) -> str:
         """The target's chat template applied to ``messages``."""
         return chat_prompt(self.tokenizer, messages)
+
+    def infill_prompt(self, prefix: str, suffix: str, extra: Seq[dict] = ()) -> list[int]:
+        """The prompt (token ids) for fill-in-the-middle between ``prefix``
+        and ``suffix`` with the target's FIM tokens; ``extra``: other files
+        as ``{"filename", "text"}`` (core/infill.py).  ``InfillUnsupportedError``
+        for a model without FIM tokens."""
+        return infill_tokens(self.tokenizer, prefix, suffix, extra)
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """The token ids a request with this prompt would decode (checked as
@@ -101,7 +110,8 @@ class DecoderFront:
 
     def _sequence(self, cls: Type[S], prompt: Prompt, max_tokens: int, params: SamplingParams, stop: Seq[str],
                   gamma: Optional[GammaSetting], cancel: Optional[threading.Event], timeout: Optional[float],
-                  gamma_limit: int, grammar: Any = None) -> S:
+                  gamma_limit: int, *, grammar: Any = None, logprobs: Optional[int] = None,
+                  logprob_mode: str = "model") -> S:
         """A checked sequence for one call (its seed is drawn later, by the
         caller, once the request is accepted); a fixed γ above
         ``gamma_limit`` drafts ``gamma_limit`` tokens."""
@@ -109,16 +119,19 @@ class DecoderFront:
             raise DecoderClosedError(f"this {type(self).__name__} is closed")
         if gamma is None:
             gamma = self.gamma
+        n_vocab = self._target_lm.n_vocab
         check_request(max_tokens=max_tokens, params=params, gamma=gamma, has_drafter=self._has_drafter,
-                      cancel=cancel, timeout=timeout)
+                      cancel=cancel, timeout=timeout, n_vocab=n_vocab, logprobs=logprobs, logprob_mode=logprob_mode)
         if isinstance(gamma, int):
             gamma = min(gamma, gamma_limit)
         tokens = self.tokenize(prompt)
         state = None if grammar is None else self.grammar_state(grammar)
         seq = cls(tokens, max_tokens=max_tokens, params=params, text=TextAssembler(stop), gamma=gamma,
-                  n_vocab=self._target_lm.n_vocab, cancel=cancel, timeout=timeout,
-                  gamma_rows=min(self.gamma_max, 16))
+                  n_vocab=n_vocab, cancel=cancel, timeout=timeout, gamma_rows=min(self.gamma_max, 16))
         seq.constraint = state
+        seq.logprobs, seq.logprob_mode = logprobs, logprob_mode
+        if params.adjusts_logits:
+            seq.penalties = Penalties(params, tokens, eog_id_array(self.tokenizer, n_vocab).tolist())
         return seq
 
     def _seed_of(self, seq: Sequence) -> None:

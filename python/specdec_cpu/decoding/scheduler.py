@@ -125,9 +125,9 @@ class Scheduler:
         loop = self.loop
         while loop.n_free:
             with self._cond:
-                if not self._waiting:
+                req = self._next_ready()
+                if req is None:
                     break
-                req = self._waiting.popleft()
             try:
                 loop.admit(req)
             except Exception as exc:  # it alone fails; an uncaught error here would leave its caller waiting
@@ -135,6 +135,17 @@ class Scheduler:
                 req.finish(None, SpecDecError(f"request {req.id} could not start: {exc!r}"))
                 self.metrics.count_request("error")
         self._publish_gauges()
+
+    def _next_ready(self) -> Optional[Request]:
+        """The first waiting request that may start (FIFO), taken off the
+        queue: a choice of an ``n`` request waits until the first choice's
+        prompt is in (or it ended), so that it shares its cells."""
+        for i, req in enumerate(self._waiting):
+            lead = req.after
+            if lead is None or lead.prefilled or lead.finished:
+                del self._waiting[i]
+                return req
+        return None
 
     def _fail_all(self, failure: Optional[str]) -> None:
         """End every request in flight: with a SpecDecError carrying

@@ -7,6 +7,7 @@ driven here by the thread that calls ``generate`` or reads a ``stream``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -17,7 +18,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence as Seq, Union
 from ..core.one_sequence import OneSequenceLM
 from ..core.protocols import CausalLM, Tokenizer
 from ..core.request_args import GAMMA_LIMIT, Prompt
-from ..core.sequence import GammaSetting, SeedSequence, Sequence
+from ..core.sequence import GammaSetting, SeedSequence, Sequence, choice_seed
 from ..core.stats import Generation
 from ..errors import DecoderClosedError, UnsupportedModelError
 from ..params import SamplingParams
@@ -196,7 +197,7 @@ class SpeculativeDecoder(DecoderFront):
     def generate(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
                  stop: Seq[str] = (), gamma: Optional[GammaSetting] = None,
                  cancel: Optional[threading.Event] = None, timeout: Optional[float] = None,
-                 grammar: Any = None) -> Generation:
+                 grammar: Any = None, logprobs: Optional[int] = None, logprob_mode: str = "model") -> Generation:
         """Generate a continuation of ``prompt`` (text, UTF-8 bytes, or token ids).
 
         ``grammar`` constrains the output: a ``constraints.Grammar`` (JSON
@@ -205,6 +206,11 @@ class SpeculativeDecoder(DecoderFront):
         sampling distribution masked to the grammar, and tokens the grammar
         forces are drafted for free (docs/math.md §11).
 
+        ``logprobs`` (0-20) asks for each output token's log-probability and
+        that many alternatives (``Generation.logprobs``), of the target
+        model's own distribution (``logprob_mode="model"``) or of the one
+        the token was sampled from (``"sampling"``); core/logprobs.py.
+
         ``cancel`` (a ``threading.Event``) and ``timeout`` (seconds for the
         whole call, waiting for the decoder included) stop generation at the
         next step boundary; ``generate`` then raises ``GenerationCancelled``
@@ -212,7 +218,8 @@ class SpeculativeDecoder(DecoderFront):
         ``"cancelled"`` or ``"timeout"``) and ``reason`` says which.  The
         decoder is ready for the next call either way.
         """
-        run = self._run(prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar)
+        run = self._run(prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar=grammar,
+                        logprobs=logprobs, logprob_mode=logprob_mode)
         pieces = run.iterate()
         try:
             for _ in pieces:
@@ -224,7 +231,7 @@ class SpeculativeDecoder(DecoderFront):
     def stream(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
                stop: Seq[str] = (), gamma: Optional[GammaSetting] = None,
                cancel: Optional[threading.Event] = None, timeout: Optional[float] = None,
-               grammar: Any = None) -> "_Stream":
+               grammar: Any = None, logprobs: Optional[int] = None, logprob_mode: str = "model") -> "_Stream":
         """Yield text pieces as they are accepted.
 
         Unlike ``generate``, a stream simply ends when ``cancel`` is set or
@@ -235,8 +242,26 @@ class SpeculativeDecoder(DecoderFront):
         ``with`` block, or dropping the last reference) when stopping early;
         that stops generation at once and leaves the decoder ready for the
         next call.  Argument errors are raised here, not at the first piece.
+        ``grammar``, ``logprobs`` and ``logprob_mode`` are as for ``generate``.
         """
-        return _Stream(self._run(prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar))
+        return _Stream(self._run(prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar=grammar,
+                                 logprobs=logprobs, logprob_mode=logprob_mode))
+
+    def generate_choices(self, prompt: Prompt, n: int, **kwargs: Any) -> list[Generation]:
+        """``n`` independent continuations of ``prompt`` (OpenAI's ``n``), one
+        after the other; keyword arguments as for :meth:`generate`.  Each
+        reuses the prompt the cache holds from the one before (no second
+        prefill).  Choice i > 0 of a request with a seed samples from a seed
+        derived from it and i (``BatchedDecoder.generate_choices`` decodes
+        the choices together)."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 128:
+            raise ValueError(f"n must be an int in [1, 128] (choices), got {n!r}")
+        params = kwargs.pop("params", SamplingParams())
+        out = []
+        for i in range(n):
+            p = params if i == 0 or params.seed is None else dataclasses.replace(params, seed=choice_seed(params.seed, i))
+            out.append(self.generate(prompt, params=p, **kwargs))
+        return out
 
     def close(self) -> None:
         """Free the llama.cpp contexts, and the models if :meth:`from_gguf`
@@ -270,9 +295,9 @@ class SpeculativeDecoder(DecoderFront):
         return self._metrics.snapshot()
 
     # ------------------------------------------------------------------ internals
-    def _run(self, prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar=None) -> "_Run":
+    def _run(self, prompt, max_tokens, params, stop, gamma, cancel, timeout, **options: Any) -> "_Run":
         seq = self._sequence(Sequence, prompt, max_tokens, params, stop, gamma, cancel, timeout, self.gamma_cap,
-                             grammar)
+                             **options)
         self._seed_of(seq)
         return _Run(self, seq)
 

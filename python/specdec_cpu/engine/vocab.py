@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import warnings
 from itertools import repeat
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import Dict, TYPE_CHECKING, List, Optional, Sequence
 
 import numpy as np
 
@@ -84,6 +84,18 @@ class LlamaTokenizer:
     @property
     def add_eos(self) -> bool:
         return self._add_eos
+
+    @property
+    def fim_ids(self) -> Dict[str, int]:
+        """The fill-in-the-middle tokens the GGUF names (of ``pre``, ``suf``,
+        ``mid``, ``pad``, ``rep``, ``sep``), by name; empty for a model
+        without them."""
+        ids = {}
+        for name in ("pre", "suf", "mid", "pad", "rep", "sep"):
+            t = _special_id(getattr(lib, f"llama_vocab_fim_{name}")(self._vocab), self._n_vocab)
+            if t is not None:
+                ids[name] = t
+        return ids
 
     # -- Tokenizer -------------------------------------------------------
 

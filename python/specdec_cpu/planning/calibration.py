@@ -9,6 +9,7 @@ CPU) so that a second start is instant.
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 import time
 from typing import Any, Callable, Optional, Protocol, Sequence
@@ -255,10 +256,20 @@ def _identity(path: Optional[str]) -> Optional[ModelIdentity]:
 
 def _sampling_dict(params: SamplingParams) -> dict[str, Any]:
     # The seed changes which tokens are drawn, not the acceptance rate; so does
-    # ignore_eos but for the end tokens' few rows (and a cache written before it
-    # existed stays valid).
-    return {f.name: getattr(params, f.name) for f in dataclasses.fields(params)
-            if f.name not in ("seed", "ignore_eos")}
+    # ignore_eos but for the end tokens' few rows.  Penalties and biases appear
+    # only when set (a cache written before they existed stays valid), as JSON
+    # values (lists), which is what the store reads back.
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(params):
+        value = getattr(params, f.name)
+        if f.name in ("seed", "ignore_eos") or (f.name not in PIPELINE and value == f.default):
+            continue
+        out[f.name] = json.loads(json.dumps(value))
+    return out
+
+
+#: The sampling pipeline's own settings, always part of a stored calibration's key.
+PIPELINE = ("temperature", "top_k", "top_p", "min_p")
 
 
 # ---------------------------------------------------------------- first use
