@@ -32,7 +32,7 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 from . import peers
 from .ab import block_ratios, ratio_text
@@ -187,14 +187,13 @@ def render(results: Dict[str, Any]) -> str:
          "once per block, in an order rotated from block to block.",
          f"- Ratios: median of per-block ratios of decode tok/s [bootstrap 95% interval]; the faster "
          f"llama-server mode (by median) is {best}.", "",
-         "| engine | tok/s (median) | / " + str(best) + " | / server-plain | / ours-g0 | time to first token "
-         "(median, s) | mean γ |", "|---|---|---|---|---|---|---|"]
+         "| engine | tok/s (median) | / " + str(best) + " (the faster llama-server) | / ours-g0 | time to first "
+         "token (median, s) | mean γ |", "|---|---|---|---|---|---|"]
     for e in results["engines"]:
         rs = [r for r in runs if r["engine"] == e and r.get("tps")]
         if not rs:
             continue
         L.append(f"| {e} | {_median(r['tps'] for r in rs):.2f} | {ratio_text(block_ratios(runs, e, best, 't0'))} | "
-                 f"{ratio_text(block_ratios(runs, e, 'server-plain', 't0'))} | "
                  f"{ratio_text(block_ratios(runs, e, 'ours-g0', 't0'))} | {_median(r['ttft_s'] for r in rs):.3f} | "
                  f"{_median(r.get('mean_gamma') for r in rs) or 0:.2f} |")
     errors = [r for r in runs if r.get("error")]

@@ -242,3 +242,19 @@ def test_a_fixed_gamma_beyond_gamma_max_drafts_as_asked():
     assert (d.route, d.gamma) == (MODEL, 6)
     auto = pol.plan([Candidate(plan=pol.admit(), gamma="auto", room=64, remaining=100, draft_lag=1)])[0]
     assert auto.gamma <= 3
+
+
+def test_a_constrained_sequence_takes_a_few_forced_tokens_of_lag_in_its_drafting_step():
+    """A grammar's forced tokens leave the draft behind by a few tokens after
+    steps that did not run it: a constrained sequence takes up to
+    IN_STEP_LAG_CONSTRAINED of lag in its drafting step (charged to the
+    plan) instead of a plain step to catch up."""
+    from specdec_cpu.planning.policy import IN_STEP_LAG, IN_STEP_LAG_CONSTRAINED
+
+    lag = IN_STEP_LAG + 4
+    assert lag <= IN_STEP_LAG_CONSTRAINED
+    for constrained, drafts in ((False, False), (True, True)):
+        pol = policy(F32, 0.2, alpha=0.95)
+        d = pol.plan([Candidate(plan=pol.admit(), gamma="auto", room=64, remaining=100, draft_lag=lag,
+                                constrained=constrained)], catch_up_budget=128)[0]
+        assert (d.route == MODEL and d.gamma > 0) == drafts, (constrained, d)

@@ -215,7 +215,8 @@ class StepLoop:
         match = lookup.match(s.seq + forced if forced else s.seq) if lookup is not None and room > len(forced) else None
         lag = len(s.seq) - self.draft.n_past(s.slot) if self.draft is not None else None
         remaining = min(s.max_tokens - s.stats.tokens, self.target.n_ctx - len(s.seq))
-        return Candidate(plan=s.plan, gamma=s.gamma, room=room, remaining=remaining, match=match,
+        return Candidate(plan=s.plan, gamma=s.gamma, room=room, remaining=remaining,
+                         constrained=s.constraint is not None, match=match,
                          lookup_max=lookup.max_draft if lookup is not None else 0, draft_lag=lag, forced=forced)
 
     def _start_decoding(self, seq: Sequence) -> None:

@@ -46,6 +46,9 @@ MODEL, NGRAM, FORCED = "model", "ngram", "forced"
 
 #: A lag the first draft pass of a step takes in, charged to the plan (a drafting step's own lag).
 IN_STEP_LAG = 4
+#: The same for a constrained sequence, whose forced tokens leave its draft behind by a few more
+#: (a plain step to catch up cost the JSON workload a third of its steps: bench/structured.py).
+IN_STEP_LAG_CONSTRAINED = 16
 #: The longest lag a probe or a fixed-γ sequence takes in within a batch's drafting step.
 CATCH_UP_LIMIT = 64
 #: A catch-up must save this many times its cost (docs/planning.md §3).
@@ -91,12 +94,15 @@ class Candidate:
         draft_lag: tokens the draft model's cache lacks, the last one
             included (None without a draft model).
         forced: the tokens a grammar forces next (drafts that cost no pass).
+        constrained: whether a grammar constrains it (its draft falls behind
+            by the forced tokens of steps that did not run it).
     """
 
     plan: SequencePlan
     gamma: Union[int, str]
     room: int
     remaining: int
+    constrained: bool = False
     match: Any = None
     lookup_max: int = 0
     draft_lag: Optional[int] = None
@@ -246,7 +252,8 @@ class DraftPolicy:
                 c.plan.plain_run >= c.plan.probe_interval and self._probe_could_pay(batch, fixed_rows)))
             probe = due and lag <= self.catch_up_limit
             n = min(c.room, fixed if fixed is not None else f + self.gamma_max) - f
-            if n > 0 and (lag <= IN_STEP_LAG or (lag <= self.catch_up_limit and (fixed is not None or probe))):
+            in_step = IN_STEP_LAG_CONSTRAINED if c.constrained else IN_STEP_LAG
+            if n > 0 and (lag <= in_step or (lag <= self.catch_up_limit and (fixed is not None or probe))):
                 # The first pass that drafts takes in every token the draft lacks (and the
                 # forced ones): the plan is charged for them (a few after drafting steps;
                 # longer lags are judged in _catch_up).
