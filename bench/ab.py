@@ -48,8 +48,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from . import peers
 from .prompts import PROMPTS
 from .report import bootstrap_ci
-from .run import (CpuMeter, baseline_python, baseline_versions, load_average, machine_info, redact_baseline,
-                  versions)
+from .run import CpuMeter, baseline_python, baseline_versions, load_average, machine_info, redact_baseline, versions
 from .serving import _tokenizer, write_section
 from .suite import F32, Q4_0, Q4_K_M, SETTINGS
 

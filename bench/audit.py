@@ -1058,6 +1058,7 @@ def _versions() -> Dict[str, Any]:
     """Package versions, the checkout's commit and the peers' llama.cpp build (read-only git calls)."""
     import llama_cpp
     import numpy
+
     import specdec_cpu
 
     out: Dict[str, Any] = {
@@ -1247,7 +1248,8 @@ def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Optional[
     for eid in _engine_order(results):
         for r in _runs(results, eid):
             da = "–" if not r.get("drafted") else f"{r['drafted']:,} / {r['accepted']:,}"
-            chk = "–" if not r.get("text_checks") else f"{r['text_checks'] - r['text_mismatches']} of {r['text_checks']}"
+            chk = ("–" if not r.get("text_checks")
+                   else f"{r['text_checks'] - r['text_mismatches']} of {r['text_checks']}")
             tps = "–" if not r.get("tokens_per_second") else f"{r['tokens_per_second']:.1f}"
             L.append(f"| {r['label']} | {_setting_text(r)} | {r['ids_from']} | {r['sequences']} ({r['stopped']}) | "
                      f"{r['emitted']:,} | {da} | {tps} | {chk} |")

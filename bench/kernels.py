@@ -33,8 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec_cpu import SamplingParams
-from specdec_cpu import sampling
+from specdec_cpu import SamplingParams, sampling
 
 try:  # llama.cpp's sampler chain is a peer; the bench still runs without it
     import llama_cpp
@@ -351,7 +350,8 @@ def report(results, isas, command, notes) -> str:
         "- top-p: T = 0.8, top_p = 0.95; top-k: T = 0.8, top_k = 40. *dist* is `distribution()` (full "
         "float32 row out), *sample* is `sample()` (one token). *numpy* is an argsort-based float32 "
         "reference of the same pipeline. *llama.cpp* is `llama_sampler_chain` (temp -> top_p -> "
-        "dist, or top_k -> temp -> dist, its own faster order for the same result) applied to a `llama_token_data_array`: *apply* is the chain alone, *total* adds "
+        "dist, or top_k -> temp -> dist, its own faster order for the same result) applied to a "
+        "`llama_token_data_array`: *apply* is the chain alone, *total* adds "
         "writing ids and logits into the candidate array from the row (two strided numpy passes), "
         "which llama.cpp's own sampling loop also pays per token.",
         "- verify γ=8: `verify()` over 9 target rows with q = the target rows' own distributions "
@@ -369,12 +369,15 @@ def report(results, isas, command, notes) -> str:
             return [fmt(t[f"{isa} {key}"]) for isa in isas]
 
         has_llama = "llama topp apply" in t
-        lines.append("| " + " | ".join([f"{v:,}", kind, "softmax", "copy " + fmt(t["copy"]), "", ""] + ours("softmax")) + " |")
+        cells = [f"{v:,}", kind, "softmax", "copy " + fmt(t["copy"]), "", ""] + ours("softmax")
+        lines.append("| " + " | ".join(cells) + " |")
         for op, key in (("top-p", "topp"), ("top-k", "topk")):
             lp = [fmt(t[f"llama {key} apply"]), fmt(t[f"llama {key} total"])] if has_llama else ["n/a", "n/a"]
-            lines.append("| " + " | ".join([f"{v:,}", kind, f"{op} dist", fmt(t[f"numpy {key}"]), "", ""] + ours(f"{key} dist")) + " |")
+            cells = [f"{v:,}", kind, f"{op} dist", fmt(t[f"numpy {key}"]), "", ""] + ours(f"{key} dist")
+            lines.append("| " + " | ".join(cells) + " |")
             lines.append("| " + " | ".join([f"{v:,}", kind, f"{op} sample", "", *lp] + ours(f"{key} sample")) + " |")
-        lines.append("| " + " | ".join([f"{v:,}", kind, "verify γ=8, T=0.8 top-p", "", "", ""] + ours("verify8")) + " |")
+        cells = [f"{v:,}", kind, "verify γ=8, T=0.8 top-p", "", "", ""] + ours("verify8")
+        lines.append("| " + " | ".join(cells) + " |")
         lines.append("| " + " | ".join([f"{v:,}", kind, "verify γ=8, T=1", "", "", ""] + ours("verify8 plain")) + " |")
 
     # targets at the largest vocabulary

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import httpx
+
 from specdec_cpu.server.ray_deployment import LOW_LATENCY_ENV
 
 try:  # python -m bench.layer_latency
@@ -50,8 +51,7 @@ except ImportError:  # pragma: no cover - run as a plain script
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from bench.report import bootstrap_ci  # type: ignore[no-redef]
     from bench.run import machine_info, versions  # type: ignore[no-redef]
-    from bench.serving import (SETTINGS, OpenAIServer, OursBatched, Request, chat_prompts,  # type: ignore[no-redef]
-                               write_section)
+    from bench.serving import SETTINGS, OpenAIServer, OursBatched, Request, chat_prompts, write_section  # type: ignore[no-redef]
 
 HERE = Path(__file__).resolve().parent
 HEADING = "## Serving layers' added latency"

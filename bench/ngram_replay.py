@@ -43,11 +43,11 @@ from typing import Callable, List, Sequence
 import numpy as np
 
 from specdec_cpu import SamplingParams, SpeculativeDecoder
-from specdec_cpu.planning.calibration import time_passes
+from specdec_cpu.demo_models import ensure_model
 from specdec_cpu.drafters import NgramDrafter
 from specdec_cpu.drafters.unwrap import unwrapped_reference
-from specdec_cpu.demo_models import ensure_model
 from specdec_cpu.planning import CostModel, MatchLengthController
+from specdec_cpu.planning.calibration import time_passes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.prompts import PROMPTS  # noqa: E402

@@ -103,8 +103,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from specdec_cpu import BatchedDecoder
-    from specdec_cpu.engine import LlamaWeights
     from specdec_cpu.demo_models import ensure_model
+    from specdec_cpu.engine import LlamaWeights
 
     target, draft = str(ensure_model(F32)), str(ensure_model(Q4_0))
     params = dataclasses.replace(SETTINGS["t1"].params(7), ignore_eos=True)

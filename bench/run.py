@@ -38,11 +38,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from . import peers
+from . import peers, suite
 from .prompts import PROMPTS, by_name
-from . import suite
-from .suite import (BASELINE, CONTROL, DEFAULT_DRAFT_MAX, ENGINES, OPTIONAL_ENGINES, PAIRS, Q4_0, QUICK,
-                    SETTINGS, Engine, Pair, Setting)
+from .suite import (
+    BASELINE,
+    CONTROL,
+    DEFAULT_DRAFT_MAX,
+    ENGINES,
+    OPTIONAL_ENGINES,
+    PAIRS,
+    Q4_0,
+    QUICK,
+    SETTINGS,
+    Engine,
+    Pair,
+    Setting,
+)
 
 HERE = Path(__file__).resolve().parent
 
@@ -234,9 +245,10 @@ def machine_info(threads: int) -> Dict[str, Any]:
 
 
 def versions(peer_paths: Optional[Dict[str, Path]]) -> Dict[str, Any]:
-    import numpy
-    import specdec_cpu
     import llama_cpp
+    import numpy
+
+    import specdec_cpu
 
     out: Dict[str, Any] = {
         "specdec_cpu": getattr(specdec_cpu, "__version__", "?"),
@@ -266,8 +278,8 @@ def versions(peer_paths: Optional[Dict[str, Path]]) -> Dict[str, Any]:
         try:
             proc = subprocess.run([str(peer_paths["plain"]), "--version"], capture_output=True,
                                   text=True, timeout=30)
-            lines = [l.strip() for l in (proc.stdout + proc.stderr).splitlines() if l.strip()]
-            out["llama_cpp"] = next((l for l in lines if l.startswith("version")), lines[0] if lines else "?")
+            lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+            out["llama_cpp"] = next((ln for ln in lines if ln.startswith("version")), lines[0] if lines else "?")
         except (OSError, subprocess.SubprocessError):
             out["llama_cpp"] = "?"
         info = peer_paths["plain"].parent / "BUILD-INFO.json"
@@ -908,7 +920,8 @@ def run_suite(args: argparse.Namespace, command: str) -> Dict[str, Any]:
                             meter = CpuMeter([server.pid] if server is not None else [])
                             rec = run_engine(group, engine, setting, text, seed, args)
                             rec.update({"others_cores": meter.others(), "others_cores_before_block": quiet,
-                                        "load_1min": load[0] if load else None, "block": block, "target": group.target, "setting": setting.id,
+                                        "load_1min": load[0] if load else None, "block": block,
+                                        "target": group.target, "setting": setting.id,
                                         "prompt": prompt.name, "kind": prompt.kind, "repeat": rep,
                                         "position": pos, "seed": seed,
                                         "pairs": group.pair_ids_of(engine)})

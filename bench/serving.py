@@ -47,15 +47,29 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 try:  # python -m bench.serving, or bench/ on sys.path
     from . import peers
     from .report import bootstrap_ci
-    from .run import (BASELINE_PYTHON_ENV, CpuMeter, baseline_python, baseline_versions, machine_info,
-                      redact_baseline, versions)
+    from .run import (
+        BASELINE_PYTHON_ENV,
+        CpuMeter,
+        baseline_python,
+        baseline_versions,
+        machine_info,
+        redact_baseline,
+        versions,
+    )
     from .suite import F32, Q4_0, SETTINGS, Setting
 except ImportError:  # pragma: no cover - run as a plain script
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from bench import peers  # type: ignore[no-redef]
     from bench.report import bootstrap_ci  # type: ignore[no-redef]
-    from bench.run import (BASELINE_PYTHON_ENV, CpuMeter, baseline_python, baseline_versions,  # type: ignore[no-redef]
-                           machine_info, redact_baseline, versions)
+    from bench.run import (  # type: ignore[no-redef]
+        BASELINE_PYTHON_ENV,
+        CpuMeter,
+        baseline_python,
+        baseline_versions,
+        machine_info,
+        redact_baseline,
+        versions,
+    )
     from bench.suite import F32, Q4_0, SETTINGS, Setting  # type: ignore[no-redef]
 
 HERE = Path(__file__).resolve().parent
@@ -612,8 +626,8 @@ def chat_prompts(k: int, tag: str) -> List[str]:
 @functools.lru_cache(maxsize=1)
 def _tokenizer():
     """The pair's vocabulary (the draft file: smaller, the same vocabulary)."""
-    from specdec_cpu.engine import LlamaTokenizer, LlamaWeights
     from specdec_cpu.demo_models import ensure_model
+    from specdec_cpu.engine import LlamaTokenizer, LlamaWeights
 
     return LlamaTokenizer(LlamaWeights(str(ensure_model(Q4_0))))
 
@@ -641,7 +655,8 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
         # file: its runs at those K and arrivals are replaced, the others kept.
         earlier = json.loads(args.output.read_text())
         if bool(earlier.get("ignore_eos")) != results["ignore_eos"]:
-            raise SystemExit(f"--update: {args.output} was measured {'with' if earlier.get('ignore_eos') else 'without'}"
+            how = "with" if earlier.get("ignore_eos") else "without"
+            raise SystemExit(f"--update: {args.output} was measured {how}"
                              " ignore_eos; re-measure all of it (no --update) or match its --until-eos")
         replaced = [r for r in earlier["runs"] if r["k"] in args.ks and r["arrival"] in args.arrivals]
         earlier["runs"] = [r for r in earlier["runs"] if r not in replaced]

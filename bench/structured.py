@@ -36,7 +36,7 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from . import peers
 from .ab import block_ratios, ratio_text
@@ -256,7 +256,8 @@ def render(results: Dict[str, Any]) -> str:
         L.append(f"| {SETTINGS[sid][0]} | {best} | {ratio_text(block_ratios(runs, 'ours-auto', best, sid))} | "
                  f"{ratio_text(block_ratios(runs, 'ours-auto', 'server-plain', sid))} | "
                  f"{ratio_text(block_ratios(runs, 'ours-auto', 'ours-g0', sid))} | {forced:.0%} | "
-                 f"{_median(r['mean_alpha'] for r in auto) or 0:.3f} | {_median(r['mean_alpha'] for r in unm) or 0:.3f} | "
+                 f"{_median(r['mean_alpha'] for r in auto) or 0:.3f} | "
+                 f"{_median(r['mean_alpha'] for r in unm) or 0:.3f} | "
                  f"{share({'ours-auto'})}, {share({'ours-g0'})}, "
                  f"{share({e for e in results['engines'] if e.startswith('server-')})} |")
     L += ["", "| setting | engine | tok/s (median) | tokens (median) | mean γ | valid |", "|---|---|---|---|---|---|"]

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from real_models import default_pair
+
 from specdec_cpu.audit.report import DEFAULT_TIE_TOLERANCE
 from specdec_cpu.audit.target import TargetModel
 from specdec_cpu.core.protocols import Rows

@@ -9,8 +9,8 @@ Exact sampling must pass at the project's 1e-6 threshold.
 from __future__ import annotations
 
 import pytest
-
 from real_models import default_pair
+
 from specdec_cpu import DecoderSettings, SamplingParams, SpeculativeDecoder, engine
 from specdec_cpu.audit import GeneratedSequence, audit_sequences
 from specdec_cpu.audit.generate import generate_samples

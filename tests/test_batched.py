@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import pytest
+from batched_helpers import assert_greedy_equal, call_or_fail, endless_prompt, wait_idle
 
 from specdec_cpu import (
     BatchedDecoder,
@@ -26,9 +27,8 @@ from specdec_cpu import (
     SpecDecError,
     SpeculativeDecoder,
 )
-from specdec_cpu.planning.policy import CATCH_UP_LIMIT, EXPLORE_ROWS, INVESTMENT_GAIN, PROBE_GAMMA
 from specdec_cpu.decoding.step_trace import StepRecord
-from batched_helpers import assert_greedy_equal, call_or_fail, endless_prompt, wait_idle
+from specdec_cpu.planning.policy import CATCH_UP_LIMIT, EXPLORE_ROWS, INVESTMENT_GAIN, PROBE_GAMMA
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ["the quick brown fox", "hello world", "def return print", "and the", "it is of",

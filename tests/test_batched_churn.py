@@ -13,6 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from batched_helpers import assert_greedy_equal, wait_idle
 
 from specdec_cpu import (
     BatchedDecoder,
@@ -21,7 +22,6 @@ from specdec_cpu import (
     InvalidPromptError,
     SamplingParams,
 )
-from batched_helpers import assert_greedy_equal, wait_idle
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ["the quick brown fox", "hello world", "def return print", "and the", "it is of",

@@ -15,11 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-
 from constraint_helpers import masked_output_law
+from stats_helpers import assert_matches_distribution, expected_distribution
+
 from specdec_cpu import BatchedDecoder, SamplingParams, engine
 from specdec_cpu.constraints import Grammar, compile_grammar
-from stats_helpers import assert_matches_distribution, expected_distribution
 
 N = 2000  # requests per kind
 

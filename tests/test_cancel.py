@@ -8,11 +8,11 @@ import threading
 import time
 
 import pytest
+from synthetic import ByteTokenizer, MarkovLM
 
 from specdec_cpu import GenerationCancelled, SamplingParams, SpeculativeDecoder
-from specdec_cpu.engine import context as context_mod
 from specdec_cpu.engine import LlamaContext
-from synthetic import ByteTokenizer, MarkovLM
+from specdec_cpu.engine import context as context_mod
 
 V = 8
 T1 = SamplingParams(temperature=1.0, seed=11)

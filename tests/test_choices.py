@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from stats_helpers import assert_matches_distribution, expected_distribution
 
 from specdec_cpu import BatchedDecoder, SamplingParams, SpeculativeDecoder, engine
-from stats_helpers import assert_matches_distribution, expected_distribution
 
 PROMPT = "the world is and the cat is"
 

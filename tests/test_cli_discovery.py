@@ -12,8 +12,8 @@ import types
 from pathlib import Path
 
 import pytest
-
 from model_stores import add_file, add_ollama_model, isolated_stores, store_env
+
 from specdec_cpu.cli import main
 
 

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from model_stores import store_env
 
 

@@ -7,12 +7,12 @@ import threading
 import time
 
 import pytest
+from synthetic import ByteTokenizer, MarkovLM
 
 from specdec_cpu import (
     SamplingParams,
     SpeculativeDecoder,
 )
-from synthetic import ByteTokenizer, MarkovLM
 
 THREADS, PER_THREAD = 8, 5
 LOAD = {"gamma": 3, "n_ctx": 256, "n_threads": 1, "seed": 0}

@@ -11,16 +11,13 @@ grammar's state) and forced tokens drafted for free.
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
-
-from specdec_cpu import SamplingParams, SpeculativeDecoder
-from specdec_cpu.constraints import Grammar, compile_grammar
-from specdec_cpu.constraints import bitmask
 from stats_helpers import assert_matches_distribution, expected_distribution
 from synthetic import GrammarByteTokenizer, MarkovLM
+
+from specdec_cpu import SamplingParams, SpeculativeDecoder
+from specdec_cpu.constraints import Grammar, bitmask, compile_grammar
 
 V, EOS = 6, 5  # tokens a..e, and an end-of-generation token
 PROMPT = [0, 1]

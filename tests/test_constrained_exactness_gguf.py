@@ -21,11 +21,11 @@ from typing import List
 
 import numpy as np
 import pytest
+from constraint_helpers import masked_output_law
+from stats_helpers import assert_matches_distribution
 
 from specdec_cpu import SamplingParams, SpeculativeDecoder, engine
-from constraint_helpers import masked_output_law
 from specdec_cpu.constraints import Grammar, compile_grammar
-from stats_helpers import assert_matches_distribution
 
 FLOOR = 0.005
 #: Choices between words (several tokenizations each) with forced text

@@ -13,17 +13,6 @@ import pytest
 pytest.importorskip("llguidance")
 pytest.importorskip("llama_cpp")
 
-from specdec_cpu.constraints import (  # noqa: E402
-    ConstraintState,
-    Grammar,
-    bitmask,
-    compile_grammar,
-    from_response_format,
-)
-from specdec_cpu.engine import LlamaTokenizer, LlamaWeights  # noqa: E402
-from specdec_cpu.engine import llg_tokenizer  # noqa: E402
-from specdec_cpu.errors import InvalidGrammarError, SpecDecError  # noqa: E402
-
 from constraint_helpers import (  # noqa: E402
     allowed,
     consume_reference,
@@ -32,6 +21,20 @@ from constraint_helpers import (  # noqa: E402
     forced_text,
     random_walk,
 )
+
+from specdec_cpu.constraints import (  # noqa: E402
+    ConstraintState,
+    Grammar,
+    bitmask,
+    compile_grammar,
+    from_response_format,
+)
+from specdec_cpu.engine import (  # noqa: E402
+    LlamaTokenizer,
+    LlamaWeights,
+    llg_tokenizer,  # noqa: E402
+)
+from specdec_cpu.errors import InvalidGrammarError, SpecDecError  # noqa: E402
 
 WORDS = ["hello", "help", "world", "the world", "return 42", "print(hello)", "hell"]
 

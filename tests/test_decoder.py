@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 
 import pytest
+from synthetic import ByteTokenizer, MarkovLM
 
 from specdec_cpu import ContextOverflowError, SamplingParams, SpeculativeDecoder
-from synthetic import ByteTokenizer, MarkovLM
 
 V = 8
 T1 = SamplingParams(temperature=1.0, seed=99)

@@ -11,10 +11,10 @@ import itertools
 
 import numpy as np
 import pytest
-
-from specdec_cpu import SamplingParams, SpeculativeDecoder
 from stats_helpers import assert_matches_distribution, expected_distribution
 from synthetic import ByteTokenizer, MarkovLM
+
+from specdec_cpu import SamplingParams, SpeculativeDecoder
 
 V = 5
 PROMPT = [1, 2]

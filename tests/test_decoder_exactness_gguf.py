@@ -20,10 +20,10 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import pytest
+from stats_helpers import assert_matches_distribution, expected_distribution
 
 from specdec_cpu import SamplingParams, SpeculativeDecoder, engine
 from specdec_cpu.drafters.vocab_map import DraftVocab
-from stats_helpers import assert_matches_distribution, expected_distribution
 
 EOG = "eog"
 FLOOR = 0.01  # branches below this probability are left to the "other" cell

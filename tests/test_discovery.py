@@ -11,9 +11,8 @@ import sys
 import time
 
 import pytest
+from model_stores import add_file, add_hub_file, add_ollama_model, isolated_stores, ollama_manifest
 
-from model_stores import (add_file, add_hub_file, add_ollama_model, isolated_stores,
-                          ollama_manifest)
 from specdec_cpu import discovery
 from specdec_cpu.discovery import store
 from specdec_cpu.errors import AmbiguousModelError, ModelLoadError, ModelNotFoundError
@@ -171,7 +170,8 @@ def test_split_files_are_one_model(stores, tmp_path, tiny_target, tiny_spm):
     assert "1 missing (broken-00003-of-00003.gguf)" in by_name["broken-00001-of-00003.gguf"].problem
     assert discovery.resolve_model("big", [folder]) == first
     info = discovery.describe(first, big.extra_parts)  # parameters of both parts
-    assert info.meta.n_params == discovery.describe(tiny_target).meta.n_params + discovery.describe(tiny_spm).meta.n_params
+    parts = discovery.describe(tiny_target).meta.n_params + discovery.describe(tiny_spm).meta.n_params
+    assert info.meta.n_params == parts
 
 
 def test_a_file_found_twice_is_listed_once(stores, tiny_target):
@@ -221,7 +221,8 @@ def test_metadata_of_a_tiny_model(stores, tiny_target, tiny_spm):
     m = info.meta
     per_layer = 2 * 64 + 4 * 64 * 64 + 3 * 128 * 64  # norms, attention, feed-forward
     assert m.n_params == 2 * 384 * 64 + 64 + 2 * per_layer
-    assert (m.architecture, m.file_type, m.n_vocab, m.vocab_type, m.tokenizer_model) == ("llama", "F32", 384, "bpe", "gpt2")
+    got = (m.architecture, m.file_type, m.n_vocab, m.vocab_type, m.tokenizer_model)
+    assert got == ("llama", "F32", 384, "bpe", "gpt2")
     assert m.chat_template is True and m.context_length == 512 and not m.cut
     assert m.kv_bytes_per_token == 2 * 4 * (16 + 16) * 2  # layers x KV heads x (K + V dims) x F16
     assert info.size == os.path.getsize(tiny_target) and info.vocab_digest

@@ -5,8 +5,8 @@ the vocabulary fingerprints that rule is checked on."""
 from __future__ import annotations
 
 import pytest
-
 from model_stores import add_file, add_ollama_model, isolated_stores
+
 from specdec_cpu import discovery
 from specdec_cpu.discovery.fingerprint import make_print, mismatch
 from specdec_cpu.discovery.units import format_bytes, format_params

@@ -11,13 +11,8 @@ import pytest
 pytest.importorskip("llama_cpp")
 pytest.importorskip("gguf")
 
-from specdec_cpu.errors import (  # noqa: E402
-    ContextOverflowError,
-    ModelLoadError,
-    SpecDecError,
-    UnsupportedModelError,
-    VocabMismatchError,
-)
+import tiny_gguf  # noqa: E402
+
 from specdec_cpu.core.protocols import CausalLM, Tokenizer  # noqa: E402
 from specdec_cpu.engine import (  # noqa: E402
     DecodeError,
@@ -29,8 +24,13 @@ from specdec_cpu.engine import (  # noqa: E402
 )
 from specdec_cpu.engine import context as context_mod  # noqa: E402
 from specdec_cpu.engine import vocab as vocab_mod  # noqa: E402
-
-import tiny_gguf  # noqa: E402
+from specdec_cpu.errors import (  # noqa: E402
+    ContextOverflowError,
+    ModelLoadError,
+    SpecDecError,
+    UnsupportedModelError,
+    VocabMismatchError,
+)
 
 TEXT = "hello world, the end of it and the world is in print for that"
 

@@ -8,11 +8,12 @@ import pickle
 
 import numpy as np
 import pytest
+from synthetic import ByteTokenizer, MarkovLM
 
 from specdec_cpu import (
+    BatchedDecoder,
     ContextOverflowError,
     DecoderClosedError,
-    BatchedDecoder,
     GenerationCancelled,
     InvalidLogitsError,
     InvalidPromptError,
@@ -22,7 +23,6 @@ from specdec_cpu import (
     SpeculativeDecoder,
     VocabMismatchError,
 )
-from synthetic import ByteTokenizer, MarkovLM
 
 V = 8
 T1 = SamplingParams(temperature=1.0, seed=5)

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from specdec_cpu import SamplingParams
-from specdec_cpu import sampling
-from specdec_cpu.sampling import DRAFT_STREAM, VERIFY_STREAM, Rng
-
 from stats_helpers import assert_binomial, assert_matches_distribution, expected_distribution
+
+from specdec_cpu import SamplingParams, sampling
+from specdec_cpu.sampling import DRAFT_STREAM, VERIFY_STREAM, Rng
 
 N = 40_000  # draws per check: ~0.3 s of verify calls at these vocabulary sizes
 

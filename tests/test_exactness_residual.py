@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from stats_helpers import assert_binomial, assert_matches_distribution, expected_distribution
 
 from specdec_cpu import SamplingParams, sampling
 from specdec_cpu.sampling import VERIFY_STREAM, Rng
-from stats_helpers import assert_binomial, assert_matches_distribution, expected_distribution
 
 GAMMA = 48
 TV_TARGET = 1e-3

@@ -28,7 +28,6 @@ from hypothesis import strategies as st
 
 from specdec_cpu import _core
 
-
 FUZZ = settings(
     max_examples=int(os.environ.get("SPECDEC_FUZZ_EXAMPLES", "100")),
     deadline=None,
@@ -459,7 +458,8 @@ def test_fuzz_verify_ptr_shapes(isa, data) -> None:
     toks = np.zeros(gamma, dtype=np.int32)
     if choice == "fits" and n_vocab > 1:
         toks[:] = data.draw(st.lists(st.integers(0, n_vocab - 1), min_size=gamma, max_size=gamma))
-    kn = data.draw(st.sampled_from([(1.0, 0, 1.0, 0.0), (0.0, 0, 1.0, 0.0), (0.7, 3, 0.9, 0.05), (1e-8, 10**9, 1.0, 0.0)]))
+    kn = data.draw(st.sampled_from([(1.0, 0, 1.0, 0.0), (0.0, 0, 1.0, 0.0), (0.7, 3, 0.9, 0.05),
+                                    (1e-8, 10**9, 1.0, 0.0)]))
     res, err = call(_core.verify_ptr, addr, n_rows, n_vocab, toks, None, *kn, _core.Rng(3))
     if choice != "fits" or gamma != n_rows - 1:
         assert err is not None

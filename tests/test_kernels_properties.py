@@ -24,13 +24,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-
-from specdec_cpu import SamplingParams
-from specdec_cpu import sampling
-from specdec_cpu.sampling import DRAFT_STREAM, VERIFY_STREAM, Rng
-
 from stats_helpers import expected_distribution, ranked_ids
 
+from specdec_cpu import SamplingParams, sampling
+from specdec_cpu.sampling import DRAFT_STREAM, VERIFY_STREAM, Rng
 
 # SPECDEC_PROPERTY_EXAMPLES=5000 for a long bug hunt; the default keeps the file fast.
 PROPS = settings(

@@ -10,8 +10,8 @@ import sys
 
 import numpy as np
 import pytest
-
 import reference as ref
+
 from specdec_cpu import _core
 
 ISAS = list(_core.supported_isas())

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from stats_helpers import expected_distribution
 
 from specdec_cpu import BatchedDecoder, SamplingParams, SpeculativeDecoder, engine
 from specdec_cpu.core.logprobs import row_logprobs
-from stats_helpers import expected_distribution
 
 TOL = 0.05  # batched and one-row passes round differently (F16 KV cache): ~1e-2 in a logit
 

@@ -18,11 +18,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from stats_helpers import assert_matches_distribution, expected_distribution
+from synthetic import ByteTokenizer, MarkovLM
 
 from specdec_cpu import SamplingParams, SpeculativeDecoder
 from specdec_cpu.drafters import Draft, NgramDrafter, NgramIndex
-from stats_helpers import assert_matches_distribution, expected_distribution
-from synthetic import ByteTokenizer, MarkovLM
 
 GREEDY = SamplingParams(temperature=0.0)
 

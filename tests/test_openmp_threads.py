@@ -15,11 +15,10 @@ import time
 from typing import Callable
 
 import pytest
+from batched_helpers import wait_idle
 
 from specdec_cpu import BatchedDecoder, SamplingParams, SpeculativeDecoder
-from specdec_cpu.engine import LlamaWeights, openmp
-from specdec_cpu.engine import LlamaContext
-from batched_helpers import wait_idle
+from specdec_cpu.engine import LlamaContext, LlamaWeights, openmp
 
 pytestmark = [
     pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc"),

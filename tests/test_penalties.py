@@ -18,11 +18,11 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from stats_helpers import assert_matches_distribution, expected_distribution
+from synthetic import ByteTokenizer, MarkovLM
 
 from specdec_cpu import SamplingParams, SpeculativeDecoder
 from specdec_cpu.core.penalties import Penalties
-from stats_helpers import assert_matches_distribution, expected_distribution
-from synthetic import ByteTokenizer, MarkovLM
 
 V, EOS = 6, 5
 PROMPT = [0, 1, 1]

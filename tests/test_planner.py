@@ -10,7 +10,6 @@ from typing import Optional, Sequence
 import numpy as np
 import pytest
 
-from specdec_cpu.planning import theory
 from specdec_cpu.params import SamplingParams
 from specdec_cpu.planning import (
     CostModel,
@@ -20,6 +19,7 @@ from specdec_cpu.planning import (
     calibration_key,
     calibration_path,
     cpu_model,
+    theory,
     time_passes,
 )
 from specdec_cpu.planning.calibration import DRAFT_LOGIT_ROWS

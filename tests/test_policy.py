@@ -15,8 +15,15 @@ import numpy as np
 import pytest
 
 from specdec_cpu.planning import CostModel, theory
-from specdec_cpu.planning.policy import (ALPHA_GUESS, CATCH_UP_PAYBACK, EXPECTED_TOKENS, MODEL, PROBE_GAMMA,
-                                         Candidate, DraftPolicy)
+from specdec_cpu.planning.policy import (
+    ALPHA_GUESS,
+    CATCH_UP_PAYBACK,
+    EXPECTED_TOKENS,
+    MODEL,
+    PROBE_GAMMA,
+    Candidate,
+    DraftPolicy,
+)
 
 # docs/math.md §8 curves (ms per pass over k rows, all rows' logits), k = 1..17.
 KS = [1, 2, 4, 6, 8, 16]

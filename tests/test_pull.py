@@ -7,8 +7,8 @@ import sys
 import types
 
 import pytest
-
 from model_stores import add_hub_file, isolated_stores
+
 from specdec_cpu import discovery
 from specdec_cpu.cli import main
 from specdec_cpu.discovery.pull import choose_file, parse_spec

@@ -12,9 +12,10 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("ray.serve")
 openai = pytest.importorskip("openai")
 
-from specdec_cpu import SamplingParams, SpeculativeDecoder  # noqa: E402
 from server_helpers import ServerProcess  # noqa: E402
 from test_server import PROMPTS, assert_same_greedy_text  # noqa: E402
+
+from specdec_cpu import SamplingParams, SpeculativeDecoder  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 HEADER = "x-specdec-replica"

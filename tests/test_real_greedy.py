@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from real_models import default_pair
+
 from specdec_cpu import SamplingParams, SpeculativeDecoder
 
 pytestmark = pytest.mark.real_model

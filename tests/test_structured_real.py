@@ -13,8 +13,8 @@ import json
 
 import jsonschema
 import pytest
-
 from real_models import default_pair
+
 from specdec_cpu import BatchedDecoder, SamplingParams, SpeculativeDecoder
 
 pytestmark = pytest.mark.real_model
@@ -25,7 +25,8 @@ SCHEMAS = {
         "type": "object",
         "properties": {
             "name": NAME,
-            "address": {"type": "object", "properties": {"city": NAME, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+            "address": {"type": "object",
+                        "properties": {"city": NAME, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
                         "required": ["city", "zip"], "additionalProperties": False},
         },
         "required": ["name", "address"], "additionalProperties": False,

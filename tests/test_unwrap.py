@@ -13,18 +13,19 @@ import itertools
 
 import numpy as np
 import pytest
+from stats_helpers import assert_matches_distribution, expected_distribution
+from synthetic import MarkovLM
 
 from specdec_cpu import SamplingParams, SpeculativeDecoder
 from specdec_cpu.drafters import NgramDrafter
 from specdec_cpu.drafters.unwrap import unwrapped_lines, unwrapped_reference
-from stats_helpers import assert_matches_distribution, expected_distribution
-from synthetic import MarkovLM
 
 GREEDY = SamplingParams(temperature=0.0)
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("Unplug the grinder before\ncleaning. Empty the hopper\nand run it.", ["Unplug the grinder before cleaning. Empty the hopper and run it."]),
+    ("Unplug the grinder before\ncleaning. Empty the hopper\nand run it.",
+     ["Unplug the grinder before cleaning. Empty the hopper and run it."]),
     ("one line only", []),
     ("first paragraph\nwraps here\n\nsecond stands alone\n\nthird\nwraps too",
      ["first paragraph wraps here", "third wraps too"]),

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from specdec_cpu import (BatchedDecoder, ModelLoadError, SamplingParams, SpeculativeDecoder, engine,
-                         sampling)
-from specdec_cpu.drafters.vocab_map import DraftVocab
 from stats_helpers import assert_matches_distribution, expected_distribution
 from test_batched_exactness import _first_counts, _merge_eog
+
+from specdec_cpu import BatchedDecoder, ModelLoadError, SamplingParams, SpeculativeDecoder, engine, sampling
+from specdec_cpu.drafters.vocab_map import DraftVocab
 
 CUT = 300  # of tiny_draft's 384 ids; its control tokens (310-313) come after a gap
 CONTROLS = [310, 311, 312, 313]

@@ -30,9 +30,8 @@ import os
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
-
 import gguf
+import numpy as np
 
 PathLike = Union[str, "os.PathLike[str]"]
 

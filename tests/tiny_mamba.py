@@ -15,9 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
-
 import gguf
+import numpy as np
 from tiny_gguf import CHATML_TEMPLATE, PathLike, _tensor, _vocab
 
 

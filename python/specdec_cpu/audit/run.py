@@ -153,7 +153,8 @@ class AuditSession:
             rows[i] = bitmask.to_bool(state.mask(), n_vocab)
             if not rows[i, t] or state.consume([t]) != 1:
                 where = f"{seq.source}: " if seq.source else ""
-                raise AuditInputError(f"{where}token {t} at position {i} is not allowed by the {self._grammar.grammar.what}")
+                raise AuditInputError(f"{where}token {t} at position {i} is not allowed by the "
+                                      f"{self._grammar.grammar.what}")
         if stopped:
             rows[-1] = bitmask.to_bool(state.mask(), n_vocab)
         return rows

@@ -9,9 +9,9 @@ import math
 import sys
 from typing import Any, Optional, Sequence, TextIO, Union
 
+from ..core.stats import GenerationStats
 from ..errors import SpecDecError
 from ..params import SamplingParams
-from ..core.stats import GenerationStats
 from ._common import UsageError, emit, int_in, nonneg_float
 from ._discovery import add_discovery_args, finish_models, label
 from ._interrupts import interruptible  # noqa: F401  (generate and chat use it from here)

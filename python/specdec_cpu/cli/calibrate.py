@@ -8,14 +8,14 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from ..params import SamplingParams
 from ..planning import theory
 from ..planning.costmodel import CostModel, ModelIdentity, calibration_path
-from ..params import SamplingParams
 from ..settings import DecoderSettings, add_flags, from_flags
 from ._common import UsageError, emit, int_in
-from ._session import add_sampling_flags
 from ._discovery import add_discovery_args, finish_models
 from ._format import draft_lines, plan_lines, verify_lines
+from ._session import add_sampling_flags
 
 
 def register(sub: "argparse._SubParsersAction") -> None:

@@ -21,9 +21,9 @@ import os
 import sys
 from typing import Any, Optional
 
+from ..core.stats import GenerationStats
 from ..errors import SpecDecError
 from ..params import SamplingParams
-from ..core.stats import GenerationStats
 from ._common import UsageError, emit
 from ._constraint import add_constraint_args, constraint_from_args, schema_file
 from ._conversation import load_conversation, save_conversation

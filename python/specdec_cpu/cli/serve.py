@@ -24,7 +24,8 @@ def register(sub: "argparse._SubParsersAction") -> None:
                     "[server] extra (pip install 'specdec-cpu[server]').",
     )
     p.add_argument("target", nargs="?", metavar="TARGET",
-                   help="target model: a GGUF file or a model's name (see `specdec-cpu models`); default: the demo pair")
+                   help="target model: a GGUF file or a model's name (see `specdec-cpu models`); "
+                        "default: the demo pair")
     p.add_argument("draft", nargs="?", metavar="DRAFT",
                    help="draft model sharing the target's vocabulary; default: the smallest such model "
                         "found on this machine, else n-gram drafting")
@@ -80,9 +81,9 @@ def run(args: argparse.Namespace) -> int:
     name = args.model_name or served_name(target)
     if args.ray:
         return _run_ray(args, settings, target, draft, name)
-    from ..server.openai_app import ServerOptions
     from ..decoding.batched import BatchedDecoder
     from ..server.http_server import run_server
+    from ..server.openai_app import ServerOptions
 
     def load() -> BatchedDecoder:
         return BatchedDecoder.from_gguf(target, draft, settings=settings, progress=lambda line: emit(line))

@@ -21,8 +21,8 @@ import numpy as np
 
 from .. import sampling
 from ..errors import DecoderClosedError
-from ..sampling import Rng
 from ..params import SamplingParams
+from ..sampling import Rng
 from .stats import Generation, GenerationStats
 from .text import TextAssembler
 

@@ -6,7 +6,8 @@ import asyncio
 import dataclasses
 import os
 import threading
-from typing import Any, Callable, Optional, Sequence as Seq, Union
+from typing import Any, Callable, Optional, Union
+from typing import Sequence as Seq
 
 from ..core.protocols import Tokenizer
 from ..core.request_args import Prompt

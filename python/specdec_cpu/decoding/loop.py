@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Optional, Sequence as Seq
+from typing import Callable, Optional
+from typing import Sequence as Seq
 
 from ..core.protocols import Rows, SequenceLM, Tokenizer
 from ..core.sequence import Sequence

@@ -13,7 +13,8 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Iterator, Optional, Sequence as Seq, Union
+from typing import Any, Callable, Iterator, Optional, Union
+from typing import Sequence as Seq
 
 from ..core.one_sequence import OneSequenceLM
 from ..core.protocols import CausalLM, Tokenizer
@@ -259,7 +260,8 @@ class SpeculativeDecoder(DecoderFront):
         params = kwargs.pop("params", SamplingParams())
         out = []
         for i in range(n):
-            p = params if i == 0 or params.seed is None else dataclasses.replace(params, seed=choice_seed(params.seed, i))
+            p = (params if i == 0 or params.seed is None
+                 else dataclasses.replace(params, seed=choice_seed(params.seed, i)))
             out.append(self.generate(prompt, params=p, **kwargs))
         return out
 

@@ -98,7 +98,8 @@ def choose_draft(target: Path, catalog: Catalog,
     compatible.sort(key=lambda c: (c[0], c[1].name))
     _, entry, info = compatible[0]
     if (info.meta.n_params or 0) < (t_info.meta.n_params or 0):
-        why = f"same vocabulary, {format_params(info.meta.n_params)} vs {format_params(t_info.meta.n_params)} parameters"
+        why = (f"same vocabulary, {format_params(info.meta.n_params)} vs "
+               f"{format_params(t_info.meta.n_params)} parameters")
     else:
         why = (f"same vocabulary and parameters, {info.meta.file_type or '?'} {format_bytes(info.size)} "
                f"vs {t_info.meta.file_type or '?'} {format_bytes(t_info.size)}")

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 import numpy as np
 
 from ..errors import ContextOverflowError, ModelLoadError, SpecDecError, UnsupportedModelError
-from .lifetime import Closable
 from .backend import clear_log_errors, describe_failure, lib
+from .lifetime import Closable
 
 if TYPE_CHECKING:
     from .weights import LlamaWeights

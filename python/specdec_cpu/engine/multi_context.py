@@ -26,8 +26,8 @@ import numpy as np
 
 from ..errors import ContextOverflowError, ModelLoadError, UnsupportedModelError
 from .backend import clear_log_errors, describe_failure, lib
-from .lifetime import Closable
 from .context import _DECODE_ERRORS, _KV_TYPES, DecodeError, _check_int, _get_logits_ith_addr
+from .lifetime import Closable
 
 if TYPE_CHECKING:
     from .weights import LlamaWeights

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import warnings
 from itertools import repeat
-from typing import Dict, TYPE_CHECKING, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 import numpy as np
 

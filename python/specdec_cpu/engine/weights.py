@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Optional, Union
 import numpy as np
 
 from ..errors import ModelLoadError
-from .lifetime import Closable
 from .backend import clear_log_errors, describe_failure, ensure_backend, lib, use_extra_buffers
 from .gguf_meta import SOURCE_IDS_KEY, SOURCE_N_VOCAB_KEY, STAND_IN_KEY, check_gguf_file, parse_runs
+from .lifetime import Closable
 
 if TYPE_CHECKING:
     from .lifetime import Closable as _Context

@@ -16,9 +16,9 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
-from .costmodel import CostModel, ModelIdentity, calibration_key, calibration_path, cpu_model
 from ..core.protocols import CausalLM
 from ..params import SamplingParams
+from .costmodel import CostModel, ModelIdentity, calibration_key, calibration_path, cpu_model
 
 __all__ = ["SAMPLE_PROMPTS", "cached_calibration", "calibrate", "ensure_timings", "initial_costs", "measure_alpha",
            "starting_costs", "time_passes"]

@@ -19,8 +19,8 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from . import theory
 from ..paths import atomic_path, cache_dir
+from . import theory
 
 __all__ = [
     "CostModel",

@@ -28,7 +28,6 @@ from bisect import bisect_left
 
 import numpy as np
 
-
 __all__ = ["MatchAlphas"]
 
 # Upper bounds of the match-length buckets (the last bucket is everything

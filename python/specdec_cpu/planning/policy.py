@@ -39,7 +39,8 @@ from .batch_planner import AlphaTracker, BatchPlanner, DraftOption, PlanRequest
 from .costmodel import CostModel
 from .match_alphas import MatchAlphas
 
-__all__ = ["ALPHA_GUESS", "EXPLORE_ROWS", "FORCED", "MODEL", "NGRAM", "Candidate", "Decision", "DraftPolicy", "SequencePlan"]
+__all__ = ["ALPHA_GUESS", "EXPLORE_ROWS", "FORCED", "MODEL", "NGRAM", "Candidate", "Decision", "DraftPolicy",
+           "SequencePlan"]
 
 #: The routes: the draft model, prompt lookup, and a grammar's forced tokens alone.
 MODEL, NGRAM, FORCED = "model", "ngram", "forced"
