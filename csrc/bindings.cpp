@@ -10,8 +10,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 #include <exception>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -52,9 +52,9 @@ void require_float32(const py::array& a, const char* name) {
                              " (convert it once with .astype(np.float32))");
     }
     if (!(a.flags() & py::array::c_style)) {
-        throw py::type_error(std::string(name) + " must be C-contiguous (use np.ascontiguousarray), got strides " +
-                             py::str(py::cast(std::vector<py::ssize_t>(a.strides(), a.strides() + a.ndim())))
-                                 .cast<std::string>());
+        throw py::type_error(
+            std::string(name) + " must be C-contiguous (use np.ascontiguousarray), got strides " +
+            py::str(py::cast(std::vector<py::ssize_t>(a.strides(), a.strides() + a.ndim()))).cast<std::string>());
     }
     if (!is_aligned(a)) throw py::type_error(std::string(name) + " must be an aligned array");
 }
@@ -163,7 +163,8 @@ Adjustments read_adjustments(const py::object& mask, const py::object& sparse, s
         py::array m = py::reinterpret_borrow<py::array>(mask);
         const uint32_t* data = typed_data<uint32_t>(m, "mask", "uint32");
         const bool one = m.ndim() == 1 && k == 1 && static_cast<size_t>(m.shape(0)) == words;
-        const bool many = m.ndim() == 2 && static_cast<size_t>(m.shape(0)) == k && static_cast<size_t>(m.shape(1)) == words;
+        const bool many =
+            m.ndim() == 2 && static_cast<size_t>(m.shape(0)) == k && static_cast<size_t>(m.shape(1)) == words;
         if (!one && !many) {
             throw py::value_error("mask must have shape (" + std::to_string(k) + ", " + std::to_string(words) +
                                   ") (rows, ceil(V/32) words), got " + shape_of(m));
@@ -260,8 +261,9 @@ PYBIND11_MODULE(_core, m) {
     }
     py::register_exception_translator(&translate_invalid_logits);
 
-    m.def("active_isa", []() { return std::string(specdec::active_isa_name()); },
-          "The instruction set the kernels run on: 'scalar', 'avx2', 'avx512' or 'neon'.");
+    m.def(
+        "active_isa", []() { return std::string(specdec::active_isa_name()); },
+        "The instruction set the kernels run on: 'scalar', 'avx2', 'avx512' or 'neon'.");
     m.def("supported_isas", &specdec::supported_isas, "Instruction sets this CPU can run, slowest first.");
     m.def(
         "set_isa",
@@ -279,7 +281,8 @@ PYBIND11_MODULE(_core, m) {
         .def("uniform", &Rng::uniform, "Next uniform double in [0, 1) (53 random bits).")
         .def_property_readonly("seed", [](const Rng& r) { return r.seed; })
         .def_property_readonly("stream", [](const Rng& r) { return r.stream; })
-        .def_property_readonly("counter", [](const Rng& r) { return r.counter; }, "Draws made so far.")
+        .def_property_readonly(
+            "counter", [](const Rng& r) { return r.counter; }, "Draws made so far.")
         .def("__repr__", [](const Rng& r) {
             return "Rng(seed=" + std::to_string(r.seed) + ", stream=" + std::to_string(r.stream) +
                    ", counter=" + std::to_string(r.counter) + ")";
@@ -308,9 +311,9 @@ PYBIND11_MODULE(_core, m) {
                 specdec::Workspace& ws = specdec::thread_workspace();
                 for (size_t r = 0; r < rows; ++r) {
                     const int64_t at = single ? -1 : static_cast<int64_t>(r);
-                    const float* row = specdec::adjusted_row(src + r * n_vocab, n_vocab,
-                                                             adj.get() != nullptr ? adj.get() + r : nullptr, ws.adj,
-                                                             "logits", at);
+                    const float* row =
+                        specdec::adjusted_row(src + r * n_vocab, n_vocab,
+                                              adj.get() != nullptr ? adj.get() + r : nullptr, ws.adj, "logits", at);
                     specdec::compute_distribution(row, n_vocab, params, dst + r * n_vocab, ws, "logits", at);
                 }
             }
@@ -323,8 +326,8 @@ PYBIND11_MODULE(_core, m) {
 
     m.def(
         "sample",
-        [](py::array logits, double temperature, int64_t top_k, double top_p, double min_p, Rng& rng,
-           py::object mask, py::object sparse) {
+        [](py::array logits, double temperature, int64_t top_k, double top_p, double min_p, Rng& rng, py::object mask,
+           py::object sparse) {
             require_float32(logits, "logits");
             const DistParams params = make_params(temperature, top_k, top_p, min_p);
             if (logits.ndim() != 1 || logits.shape(0) == 0) {
@@ -345,8 +348,8 @@ PYBIND11_MODULE(_core, m) {
             }
             return token;
         },
-        py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"),
-        py::arg("rng"), py::arg("mask") = py::none(), py::arg("sparse") = py::none(),
+        py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("rng"),
+        py::arg("mask") = py::none(), py::arg("sparse") = py::none(),
         "Draw one token id from the distribution of a logits row (V,) (adjusted by mask and sparse first).");
 
     m.def(
@@ -380,8 +383,8 @@ PYBIND11_MODULE(_core, m) {
             }
             return token;
         },
-        py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"),
-        py::arg("rng"), py::arg("out"), py::arg("mask") = py::none(), py::arg("sparse") = py::none(),
+        py::arg("logits"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"), py::arg("rng"),
+        py::arg("out"), py::arg("mask") = py::none(), py::arg("sparse") = py::none(),
         "Write the distribution of logits (V_in,) (adjusted by mask and sparse first) into out[:V_in] (zeros "
         "after) and draw a token from it.");
 
@@ -506,8 +509,8 @@ PYBIND11_MODULE(_core, m) {
                         specdec::compute_distribution(row, n, params, dist.data(), ws, "logits", at);
                         row = dist.data();
                     }
-                    specdec::row_logprobs(row, n, sampling, ids[r], t, out_lp + r, out_ids + r * t, out_top + r * t,
-                                          ws, "logits", at);
+                    specdec::row_logprobs(row, n, sampling, ids[r], t, out_lp + r, out_ids + r * t, out_top + r * t, ws,
+                                          "logits", at);
                 }
             }
             return py::make_tuple(token_lp, top_ids, top_lp);

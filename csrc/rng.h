@@ -55,8 +55,8 @@ struct Rng {
 
     // The 64 random bits of draw `n` (does not advance the counter).
     uint64_t bits_at(uint64_t n) const {
-        uint32_t block[4] = {static_cast<uint32_t>(n), static_cast<uint32_t>(n >> 32),
-                             static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)};
+        uint32_t block[4] = {static_cast<uint32_t>(n), static_cast<uint32_t>(n >> 32), static_cast<uint32_t>(stream),
+                             static_cast<uint32_t>(stream >> 32)};
         const uint32_t key[2] = {static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32)};
         philox4x32_10(block, key);
         return (static_cast<uint64_t>(block[1]) << 32) | block[0];

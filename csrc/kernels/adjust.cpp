@@ -44,8 +44,8 @@ void adjust_row(const float* x, size_t n, const RowAdjust& adj, float* out, cons
     }
 }
 
-const float* adjusted_row(const float* x, size_t n, const RowAdjust* adj, std::vector<float>& scratch,
-                          const char* what, int64_t row) {
+const float* adjusted_row(const float* x, size_t n, const RowAdjust* adj, std::vector<float>& scratch, const char* what,
+                          int64_t row) {
     if (adj == nullptr || adj->none()) return x;
     if (scratch.size() < n) scratch.resize(n);
     adjust_row(x, n, *adj, scratch.data(), what, row);

@@ -35,7 +35,7 @@ void adjust_row(const float* x, size_t n, const RowAdjust& adj, float* out, cons
 
 // The row to sample from: x itself when `adj` changes nothing, else x
 // adjusted into `scratch` (grown to n) by adjust_row.
-const float* adjusted_row(const float* x, size_t n, const RowAdjust* adj, std::vector<float>& scratch,
-                          const char* what, int64_t row);
+const float* adjusted_row(const float* x, size_t n, const RowAdjust* adj, std::vector<float>& scratch, const char* what,
+                          int64_t row);
 
 }  // namespace specdec

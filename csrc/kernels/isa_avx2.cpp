@@ -55,17 +55,17 @@ struct Avx2Traits {
     }
     static size_t compress_indices(uint32_t* dst, vm m, uint32_t base) {
         const uint32_t bits = static_cast<uint32_t>(_mm256_movemask_ps(m));
-        const __m256i lanes = _mm256_and_si256(
-            _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(kCompressLut.lanes[bits])),
-                              _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-            _mm256_set1_epi32(7));
+        const __m256i lanes =
+            _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(kCompressLut.lanes[bits])),
+                                               _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                             _mm256_set1_epi32(7));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst),
                             _mm256_add_epi32(lanes, _mm256_set1_epi32(static_cast<int>(base))));
         return static_cast<size_t>(__builtin_popcount(bits));
     }
     static double hsum_d(vf v) {
-        const __m256d d = _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)),
-                                        _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+        const __m256d d =
+            _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
         const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(d), _mm256_extractf128_pd(d, 1));
         return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
     }

@@ -43,8 +43,9 @@ struct Avx512Traits {
         return static_cast<size_t>(__builtin_popcount(static_cast<uint32_t>(m)));
     }
     static double hsum_d(vf v) {
-        const __m512d d = _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)),
-                                        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+        const __m512d d =
+            _mm512_add_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)),
+                          _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
         return _mm512_reduce_add_pd(d);
     }
     static float hmax(vf v) { return _mm512_reduce_max_ps(v); }

@@ -15,8 +15,7 @@ namespace {
 // id).  Candidates come from a SIMD compress over a threshold that widens
 // until it holds at least top_n entries: a few dozen to sort at a
 // 152k vocabulary, not the whole row.
-void top_entries(const float* x, size_t n, float max, size_t top_n, bool probabilities, Workspace& ws,
-                 int32_t* out) {
+void top_entries(const float* x, size_t n, float max, size_t top_n, bool probabilities, Workspace& ws, int32_t* out) {
     if (top_n == 0) return;
     const KernelTable& k = kernels();
     if (ws.cand.size() < n + kCompressSlack) ws.cand.resize(n + kCompressSlack);

@@ -90,8 +90,8 @@ struct Ops {
             m1 = T::max(m1, a1);
             m2 = T::max(m2, a2);
             m3 = T::max(m3, a3);
-            b = T::mask_or(b, T::mask_or(T::mask_or(T::cmp_bad(a0), T::cmp_bad(a1)),
-                                         T::mask_or(T::cmp_bad(a2), T::cmp_bad(a3))));
+            b = T::mask_or(
+                b, T::mask_or(T::mask_or(T::cmp_bad(a0), T::cmp_bad(a1)), T::mask_or(T::cmp_bad(a2), T::cmp_bad(a3))));
         }
         for (; i + W <= n; i += W) {
             const vf a = T::load(x + i);
@@ -319,8 +319,8 @@ struct Ops {
 
     static const KernelTable* table(const char* name) {
         static const KernelTable t = {
-            name,       &max_checked, &first_equal, &exp_shift,   &exp_array,  &scale,
-            &sum,       &sum_min,     &residual,    &compress_ge, &keep_above, &block_sums,
+            name, &max_checked, &first_equal, &exp_shift,   &exp_array,  &scale,
+            &sum, &sum_min,     &residual,    &compress_ge, &keep_above, &block_sums,
         };
         return &t;
     }

@@ -91,8 +91,7 @@ Workspace& thread_workspace() {
     return ws;
 }
 
-size_t select_prefix(const float* e, uint32_t* cand, size_t m, size_t count_target, double mass_target,
-                     Workspace& ws) {
+size_t select_prefix(const float* e, uint32_t* cand, size_t m, size_t count_target, double mass_target, Workspace& ws) {
     if (m == 0) return 0;
     if (count_target >= m && !(mass_target < kInf)) return m;
     const Before before{e};
@@ -157,7 +156,7 @@ size_t select_prefix(const float* e, uint32_t* cand, size_t m, size_t count_targ
             cum_count += count[b];
             cum_mass += mass[b];
         }
-        if (crossing < 0) return hi;  // rounding: the whole range is needed
+        if (crossing < 0) return hi;               // rounding: the whole range is needed
         if (count[crossing] == hi - lo) continue;  // one bucket holds everything
         // Stable, branch-free split: ids above the crossing bucket stay in
         // place (writes never overtake reads), its own ids go through tmp.
@@ -168,9 +167,9 @@ size_t select_prefix(const float* e, uint32_t* cand, size_t m, size_t count_targ
             const uint32_t id = cand[i];
             const uint32_t key = (float_bits(e[id]) >> shift) & 1023u;
             cand[lo + n_above] = id;
-            n_above += (cb - key) >> 31;             // key > cb (both < 1024)
+            n_above += (cb - key) >> 31;  // key > cb (both < 1024)
             tmp[n_cross] = id;
-            n_cross += ((key ^ cb) - 1u) >> 31;      // key == cb
+            n_cross += ((key ^ cb) - 1u) >> 31;  // key == cb
         }
         std::memcpy(cand + lo + n_above, tmp, n_cross * sizeof(uint32_t));
         lo += n_above;

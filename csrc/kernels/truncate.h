@@ -29,13 +29,13 @@ std::string validate_params(const DistParams& params);
 
 // Per-thread scratch memory, grown on demand and reused across calls.
 struct Workspace {
-    std::vector<float> p;         // a distribution row
-    std::vector<float> r;         // a residual row
-    std::vector<float> adj;       // an adjusted logits row (kernels/adjust.h)
-    std::vector<float> vals;      // compact values
-    std::vector<uint32_t> cand;   // candidate token ids
-    std::vector<uint32_t> tmp;    // radix-select scratch
-    std::vector<double> blocks;   // block sums for sampling
+    std::vector<float> p;          // a distribution row
+    std::vector<float> r;          // a residual row
+    std::vector<float> adj;        // an adjusted logits row (kernels/adjust.h)
+    std::vector<float> vals;       // compact values
+    std::vector<uint32_t> cand;    // candidate token ids
+    std::vector<uint32_t> tmp;     // radix-select scratch
+    std::vector<double> blocks;    // block sums for sampling
     uint32_t hist_count[4][1024];  // radix-select histograms (4 interleaved)
     double hist_mass[4][1024];
 
@@ -63,7 +63,6 @@ DistResult compute_distribution(const float* x, size_t n, const DistParams& para
 // that cand[0..L) is the shortest prefix, in the order (e desc, id asc), that
 // holds at least `count_target` ids or at least `mass_target` summed mass;
 // returns L (m when neither target is reached).
-size_t select_prefix(const float* e, uint32_t* cand, size_t m, size_t count_target, double mass_target,
-                     Workspace& ws);
+size_t select_prefix(const float* e, uint32_t* cand, size_t m, size_t count_target, double mass_target, Workspace& ws);
 
 }  // namespace specdec

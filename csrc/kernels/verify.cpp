@@ -99,8 +99,8 @@ void verify_step(const float* logits, size_t k, size_t n_vocab, const int64_t* t
     const bool greedy = params.greedy();
 
     for (size_t i = 0; i < gamma; ++i) {
-        const float* row = adjusted_row(logits + i * n_vocab, n_vocab, adjust != nullptr ? adjust + i : nullptr,
-                                        ws.adj, "target_logits", static_cast<int64_t>(i));
+        const float* row = adjusted_row(logits + i * n_vocab, n_vocab, adjust != nullptr ? adjust + i : nullptr, ws.adj,
+                                        "target_logits", static_cast<int64_t>(i));
         const float* q_row = draft_probs != nullptr ? draft_probs + i * n_vocab : nullptr;
         const int64_t x = tokens[i];
         const double qx = q_row != nullptr ? static_cast<double>(q_row[x]) : 1.0;

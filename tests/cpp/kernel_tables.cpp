@@ -162,9 +162,7 @@ struct Buf {
     size_t n = 0;
 
     Buf(size_t n_, size_t offset) : mem(n_ + offset + kGuard, kCanary), x(mem.data() + offset), n(n_) {}
-    Buf(const std::vector<float>& v, size_t offset) : Buf(v.size(), offset) {
-        std::copy(v.begin(), v.end(), x);
-    }
+    Buf(const std::vector<float>& v, size_t offset) : Buf(v.size(), offset) { std::copy(v.begin(), v.end(), x); }
     bool guard_intact() const {
         for (size_t j = 0; j < kGuard; ++j) {
             if (!same(x[n + j], kCanary)) return false;
@@ -176,12 +174,18 @@ struct Buf {
 enum class Kind { Normal, Ties, Masked, Special, Probs, Wide };
 const char* kind_name(Kind k) {
     switch (k) {
-        case Kind::Normal: return "normal";
-        case Kind::Ties: return "ties";
-        case Kind::Masked: return "masked";
-        case Kind::Special: return "special";
-        case Kind::Probs: return "probs";
-        case Kind::Wide: return "wide";
+        case Kind::Normal:
+            return "normal";
+        case Kind::Ties:
+            return "ties";
+        case Kind::Masked:
+            return "masked";
+        case Kind::Special:
+            return "special";
+        case Kind::Probs:
+            return "probs";
+        case Kind::Wide:
+            return "wide";
     }
     return "?";
 }
@@ -196,9 +200,15 @@ std::vector<float> make_values(Gen& g, size_t n, Kind kind) {
             case Kind::Special:
                 v[i] = static_cast<float>(std::max(-12.0, std::min(12.0, g.normal() * 2.5)));
                 break;
-            case Kind::Ties: v[i] = static_cast<float>(static_cast<int>(g.below(13)) - 6) * 0.5f; break;
-            case Kind::Probs: v[i] = static_cast<float>(g.uniform() * g.uniform()); break;
-            case Kind::Wide: v[i] = static_cast<float>((g.uniform() - 0.3) * std::pow(10.0, g.below(61) - 30.0)); break;
+            case Kind::Ties:
+                v[i] = static_cast<float>(static_cast<int>(g.below(13)) - 6) * 0.5f;
+                break;
+            case Kind::Probs:
+                v[i] = static_cast<float>(g.uniform() * g.uniform());
+                break;
+            case Kind::Wide:
+                v[i] = static_cast<float>((g.uniform() - 0.3) * std::pow(10.0, g.below(61) - 30.0));
+                break;
         }
     }
     if (kind == Kind::Masked) {
@@ -207,8 +217,9 @@ std::vector<float> make_values(Gen& g, size_t n, Kind kind) {
         }
     }
     if (kind == Kind::Special) {
-        static const float kSpecial[] = {kNaN, kInf, -kInf, -kInf, 0.0f, -0.0f, 1e-45f, -1e-45f, 1e-40f,
-                                         std::numeric_limits<float>::min(), 1.0f, -1.0f, 88.0f, -87.5f, -104.0f};
+        static const float kSpecial[] = {kNaN,  kInf,   -kInf,   -kInf,  0.0f,
+                                         -0.0f, 1e-45f, -1e-45f, 1e-40f, std::numeric_limits<float>::min(),
+                                         1.0f,  -1.0f,  88.0f,   -87.5f, -104.0f};
         const size_t count = 1 + n / 8;
         for (size_t j = 0; j < count; ++j) v[g.below(n)] = kSpecial[g.below(sizeof kSpecial / sizeof kSpecial[0])];
         if (n > 1 && g.uniform() < 0.5) v[n - 1] = g.uniform() < 0.5 ? kNaN : kInf;  // in the tail
@@ -239,9 +250,9 @@ void check_max_and_first(const KernelTable& S, const KernelTable& T, const Buf& 
         }
         if (in.x[i] > max_ref) max_ref = in.x[i];
     }
-    check(bad_s == bad_ref && bad_t == bad_ref,
-          format("max_checked bad index %s: scalar %lld, %s %lld, expected %lld", label.c_str(),
-                 static_cast<long long>(bad_s), T.name, static_cast<long long>(bad_t), static_cast<long long>(bad_ref)));
+    check(bad_s == bad_ref && bad_t == bad_ref, format("max_checked bad index %s: scalar %lld, %s %lld, expected %lld",
+                                                       label.c_str(), static_cast<long long>(bad_s), T.name,
+                                                       static_cast<long long>(bad_t), static_cast<long long>(bad_ref)));
     if (bad_ref < 0) {
         check(ms == max_ref && mt == max_ref,
               format("max_checked %s: scalar %.9g, %s %.9g, expected %.9g", label.c_str(), ms, T.name, mt, max_ref));
@@ -257,9 +268,9 @@ void check_max_and_first(const KernelTable& S, const KernelTable& T, const Buf& 
             }
         }
         const int64_t a = S.first_equal(in.x, in.n, v), b = T.first_equal(in.x, in.n, v);
-        check(a == want && b == want, format("first_equal(%.9g) %s: scalar %lld, %s %lld, expected %lld", v,
-                                             label.c_str(), static_cast<long long>(a), T.name,
-                                             static_cast<long long>(b), static_cast<long long>(want)));
+        check(a == want && b == want,
+              format("first_equal(%.9g) %s: scalar %lld, %s %lld, expected %lld", v, label.c_str(),
+                     static_cast<long long>(a), T.name, static_cast<long long>(b), static_cast<long long>(want)));
     }
 }
 
@@ -270,8 +281,10 @@ void check_exp_shift(const KernelTable& S, const KernelTable& T, const Buf& in, 
     float finite_max = -kInf;
     bool bad = false;
     for (size_t i = 0; i < in.n; ++i) {
-        if (!(in.x[i] < kInf)) bad = true;
-        else if (in.x[i] > finite_max) finite_max = in.x[i];
+        if (!(in.x[i] < kInf))
+            bad = true;
+        else if (in.x[i] > finite_max)
+            finite_max = in.x[i];
     }
     std::vector<float> shifts{0.0f};
     if (finite_max > -kInf) shifts = {finite_max, finite_max + 0.5f};
@@ -306,9 +319,9 @@ void check_exp_shift(const KernelTable& S, const KernelTable& T, const Buf& in, 
             }
             check(pattern, where + format(": zero/NaN pattern wrong at %zu (x %.9g: scalar %.9g, %s %.9g)", pattern_i,
                                           in.x[pattern_i], os.x[pattern_i], T.name, ot.x[pattern_i]));
-            check(worst <= 3, where + format(": %lld ulp at %zu (x %.9g: scalar %.9g, %s %.9g)",
-                                             static_cast<long long>(worst), worst_i, in.x[worst_i], os.x[worst_i],
-                                             T.name, ot.x[worst_i]));
+            check(worst <= 3,
+                  where + format(": %lld ulp at %zu (x %.9g: scalar %.9g, %s %.9g)", static_cast<long long>(worst),
+                                 worst_i, in.x[worst_i], os.x[worst_i], T.name, ot.x[worst_i]));
             if (!bad && shift == finite_max) {
                 const int64_t a = S.first_equal(in.x, in.n, finite_max);
                 check(os.x[a] == 1.0f && ot.x[a] == 1.0f, where + ": the argmax is not exactly 1");
@@ -332,8 +345,9 @@ void check_exp_array(const KernelTable& S, const KernelTable& T, const Buf& in, 
                         ulp_distance(os.x[i], ot.x[i]) <= 3;
         if (!ok) break;
     }
-    check(i == in.n, i == in.n ? std::string() : format("exp_array %s at %zu: exp(%.9g) scalar %.9g, %s %.9g",
-                                                        label.c_str(), i, in.x[i], os.x[i], T.name, ot.x[i]));
+    check(i == in.n, i == in.n ? std::string()
+                               : format("exp_array %s at %zu: exp(%.9g) scalar %.9g, %s %.9g", label.c_str(), i,
+                                        in.x[i], os.x[i], T.name, ot.x[i]));
 }
 
 // The accuracy grid of tests/test_kernels_reference.py::test_exp_accuracy.
@@ -360,7 +374,8 @@ void check_exp_accuracy(const KernelTable& T) {
     const float want[] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 1.0f};
     float got[6];
     T.exp_array(special, 6, got);
-    for (int i = 0; i < 6; ++i) check(got[i] == want[i], format("exp(%g) = %.9g, expected %g", special[i], got[i], want[i]));
+    for (int i = 0; i < 6; ++i)
+        check(got[i] == want[i], format("exp(%g) = %.9g, expected %g", special[i], got[i], want[i]));
     std::printf("    %s exp: worst %.3f ulp over %zu points in [-87.3, 0]\n", T.name, worst, x.size());
 }
 
@@ -404,8 +419,8 @@ void check_pairwise(const KernelTable& S, const KernelTable& T, const Buf& p, co
 void check_compress_keep(const KernelTable& S, const KernelTable& T, const Buf& in, size_t offset,
                          const std::string& label) {
     Gen g(in.n * 13 + offset);
-    const float thresholds[] = {in.x[g.below(in.n)], in.x[g.below(in.n)], 0.0f, -kInf, kInf, kNaN,
-                                1e-45f, 0.25f, -1.5f};
+    const float thresholds[] = {
+        in.x[g.below(in.n)], in.x[g.below(in.n)], 0.0f, -kInf, kInf, kNaN, 1e-45f, 0.25f, -1.5f};
     for (float t : thresholds) {
         std::vector<uint32_t> is(in.n + specdec::kCompressSlack + kGuard, 0xDEADBEEFu), it = is;
         const size_t cs = S.compress_ge(in.x, in.n, t, is.data());
@@ -429,8 +444,8 @@ void check_compress_keep(const KernelTable& S, const KernelTable& T, const Buf& 
                 magnitude += std::fabs(a.x[i]);
             }
             check(same_rows, format("keep_above(%.9g, strict %d) %s: rows differ", t, strict, label.c_str()));
-            check(close_sum(sb, sa, magnitude), format("keep_above(%.9g, strict %d) %s: sum scalar %.17g, %s %.17g",
-                                                       t, strict, label.c_str(), sa, T.name, sb));
+            check(close_sum(sb, sa, magnitude), format("keep_above(%.9g, strict %d) %s: sum scalar %.17g, %s %.17g", t,
+                                                       strict, label.c_str(), sa, T.name, sb));
         }
     }
 }
@@ -571,8 +586,8 @@ void check_dispatch(const std::vector<std::string>& isas) {
         const bool listed = std::find(isas.begin(), isas.end(), name) != isas.end();
         error.clear();
         const bool ok = specdec::set_isa(name, &error);
-        check(ok == listed, format("set_isa(%s) returned %d but supported_isas %s it", name, ok,
-                                   listed ? "lists" : "does not list"));
+        check(ok == listed,
+              format("set_isa(%s) returned %d but supported_isas %s it", name, ok, listed ? "lists" : "does not list"));
         if (!ok) check(error.find("not supported by this CPU") != std::string::npos, "set_isa error: " + error);
     }
     ::unsetenv("SPECDEC_ISA");
@@ -609,7 +624,9 @@ bool top_p_ambiguous(const std::vector<float>& x, const specdec::DistParams& prm
     for (float v : x) mx = std::max(mx, static_cast<double>(v));
     std::vector<std::pair<double, size_t>> e;
     for (size_t i = 0; i < x.size(); ++i) e.emplace_back(std::exp((x[i] - mx) / prm.temperature), i);
-    std::sort(e.begin(), e.end(), [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+    std::sort(e.begin(), e.end(), [](const auto& a, const auto& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+    });
     if (prm.top_k > 0 && static_cast<size_t>(prm.top_k) < e.size()) e.resize(static_cast<size_t>(prm.top_k));
     double total = 0.0;
     for (const auto& v : e) total += v.first;
@@ -693,11 +710,12 @@ void check_pipeline(const std::string& isa) {
     for (size_t n : {152064}) {
         for (bool ties : {false, true}) {
             const std::vector<float> x = make_logits(g, n, ties);
-            const specdec::DistParams cases[] = {{1.0, 0, 1.0, 0.0},  {0.0, 0, 1.0, 0.0},  {0.3, 5, 1.0, 0.0},
-                                                  {0.8, 0, 0.95, 0.0}, {1.0, 0, 0.5, 0.0},  {2.0, 0, 0.01, 0.0},
-                                                  {1.0, 40, 0.95, 0.05}, {2.0, 0, 1.0, 0.3}, {1.0, 1000, 0.5, 0.0},
-                                                  {2.0, 50000, 1.0, 0.0}, {0.7, 0, 0.97, 0.0}};
-            for (const auto& prm : cases) ambiguous += compare_distribution(isa, x, prm, format("[n=%zu ties=%d]", n, ties));
+            const specdec::DistParams cases[] = {{1.0, 0, 1.0, 0.0},     {0.0, 0, 1.0, 0.0}, {0.3, 5, 1.0, 0.0},
+                                                 {0.8, 0, 0.95, 0.0},    {1.0, 0, 0.5, 0.0}, {2.0, 0, 0.01, 0.0},
+                                                 {1.0, 40, 0.95, 0.05},  {2.0, 0, 1.0, 0.3}, {1.0, 1000, 0.5, 0.0},
+                                                 {2.0, 50000, 1.0, 0.0}, {0.7, 0, 0.97, 0.0}};
+            for (const auto& prm : cases)
+                ambiguous += compare_distribution(isa, x, prm, format("[n=%zu ties=%d]", n, ties));
         }
     }
     // Rows that are refused: the same message on both paths.
@@ -729,8 +747,9 @@ void check_pipeline(const std::string& isa) {
         for (size_t k : {size_t{0}, size_t{1}, size_t{2}, size_t{10}, size_t{100}, n / 2}) {
             if (cum[k] >= 1.0) continue;
             const double base = cum[k];
-            const double ps[] = {base, std::nextafter(base, 0.0), std::nextafter(base, 2.0), base - 1e-7, base + 1e-7,
-                                 base - 1e-5, base + 1e-5};
+            const double ps[] = {
+                base,       std::nextafter(base, 0.0), std::nextafter(base, 2.0), base - 1e-7, base + 1e-7, base - 1e-5,
+                base + 1e-5};
             for (size_t which = 0; which < 7; ++which) {
                 const double p = ps[which];
                 if (!(p > 0.0 && p <= 1.0)) continue;
@@ -759,16 +778,19 @@ void check_pipeline(const std::string& isa) {
     g_tally.begin(isa + " vs scalar: sampling, verify");
     for (size_t n : {1, 7, 33, 300, 5000, 152064}) {
         const std::vector<float> x = make_logits(g, n, false);
-        for (const specdec::DistParams& prm : {specdec::DistParams{1.0, 0, 1.0, 0.0}, specdec::DistParams{0.7, 50, 0.9, 0.0},
-                                               specdec::DistParams{1.5, 0, 0.8, 0.02}, specdec::DistParams{0.0, 0, 1.0, 0.0}}) {
+        for (const specdec::DistParams& prm :
+             {specdec::DistParams{1.0, 0, 1.0, 0.0}, specdec::DistParams{0.7, 50, 0.9, 0.0},
+              specdec::DistParams{1.5, 0, 0.8, 0.02}, specdec::DistParams{0.0, 0, 1.0, 0.0}}) {
             const DistRun a = run_distribution("scalar", x, prm);
             specdec::Rng ra(99, 3), rb(99, 3);
             for (int draw = 0; draw < 20; ++draw) {
                 // Each run reuses the workspace its support points into.
                 const DistRun a2 = run_distribution("scalar", x, prm);
-                const int64_t ta = specdec::sample_distribution(a2.out.data(), n, a2.res, ra, specdec::thread_workspace());
+                const int64_t ta =
+                    specdec::sample_distribution(a2.out.data(), n, a2.res, ra, specdec::thread_workspace());
                 const DistRun b2 = run_distribution(isa, x, prm);
-                const int64_t tb = specdec::sample_distribution(b2.out.data(), n, b2.res, rb, specdec::thread_workspace());
+                const int64_t tb =
+                    specdec::sample_distribution(b2.out.data(), n, b2.res, rb, specdec::thread_workspace());
                 check(ta == tb && ta >= 0 && a.out[static_cast<size_t>(ta)] > 0.0f,
                       format("sample n=%zu T=%g draw %d: scalar %lld, %s %lld", n, prm.temperature, draw,
                              static_cast<long long>(ta), isa.c_str(), static_cast<long long>(tb)));
@@ -777,15 +799,16 @@ void check_pipeline(const std::string& isa) {
     }
     for (size_t n_vocab : {1, 7, 33, 1000, 152064}) {
         const int trials = n_vocab > 10000 ? 3 : 25;
-        const specdec::DistParams settings[] = {{0.0, 0, 1.0, 0.0}, {1.0, 0, 1.0, 0.0}, {0.7, 5, 0.9, 0.0},
-                                                {1.5, 0, 0.5, 0.05}};
+        const specdec::DistParams settings[] = {
+            {0.0, 0, 1.0, 0.0}, {1.0, 0, 1.0, 0.0}, {0.7, 5, 0.9, 0.0}, {1.5, 0, 0.5, 0.05}};
         for (int trial = 0; trial < trials; ++trial) {
             for (const auto& prm : settings) {
                 const size_t gamma = g.below(5);
                 const std::vector<float> base = make_logits(g, n_vocab, false);
                 std::vector<float> target((gamma + 1) * n_vocab), q(gamma * n_vocab);
                 for (size_t r = 0; r <= gamma; ++r) {
-                    for (size_t i = 0; i < n_vocab; ++i) target[r * n_vocab + i] = base[i] + static_cast<float>(g.normal() * 0.5);
+                    for (size_t i = 0; i < n_vocab; ++i)
+                        target[r * n_vocab + i] = base[i] + static_cast<float>(g.normal() * 0.5);
                 }
                 std::vector<int64_t> tokens(gamma);
                 for (size_t r = 0; r < gamma; ++r) {
@@ -816,10 +839,11 @@ void check_pipeline(const std::string& isa) {
                     for (size_t j = 0; ok && j < oa.alphas.size(); ++j) {
                         ok = std::fabs(oa.alphas[j] - ob.alphas[j]) <= 1e-7 + 1e-5 * std::fabs(oa.alphas[j]);
                     }
-                    check(ok, format("verify V=%zu trial %d T=%g gamma=%zu q=%d: scalar (%lld, %lld), %s (%lld, %lld)",
-                                     n_vocab, trial, prm.temperature, gamma, with_q, static_cast<long long>(oa.n_accepted),
-                                     static_cast<long long>(oa.token), isa.c_str(),
-                                     static_cast<long long>(ob.n_accepted), static_cast<long long>(ob.token)));
+                    check(ok,
+                          format("verify V=%zu trial %d T=%g gamma=%zu q=%d: scalar (%lld, %lld), %s (%lld, %lld)",
+                                 n_vocab, trial, prm.temperature, gamma, with_q, static_cast<long long>(oa.n_accepted),
+                                 static_cast<long long>(oa.token), isa.c_str(), static_cast<long long>(ob.n_accepted),
+                                 static_cast<long long>(ob.token)));
                 }
             }
         }
@@ -1018,8 +1042,10 @@ void print_timings(const std::vector<std::string>& isas) {
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / 10;
         line += format("%s %.2f ms  ", name.c_str(), ms);
     }
-    std::printf("timing, max_checked + exp_shift at V=152064 (sanity only; under an emulator this is no speed "
-                "measurement): %s\n", line.c_str());
+    std::printf(
+        "timing, max_checked + exp_shift at V=152064 (sanity only; under an emulator this is no speed "
+        "measurement): %s\n",
+        line.c_str());
 }
 
 }  // namespace
