@@ -109,7 +109,7 @@ class DecoderFront:
         the model's own template).  Read and compiled now: ``ChatTemplateError``."""
         from ..chat import ChatTemplate
 
-        compiled = ChatTemplate.for_model(self.tokenizer, spec) if spec is not None else None
+        compiled = ChatTemplate.for_model(self.tokenizer, spec)
         self.chat_template = spec
         self._compiled_template = (spec, compiled)
 
