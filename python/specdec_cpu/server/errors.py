@@ -121,8 +121,9 @@ def validation_request_error(errors: list) -> RequestError:
                                  "than ignore them (docs/serving.md lists the fields it takes)",
                             param=param, code="unknown_parameter")
     text = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    msg = f"{param}: {text}" if param else text
-    code = kind if kind in OWN_CODES else None
+    own = kind in OWN_CODES  # messages that name the field themselves
+    msg = f"{param}: {text}" if param and not own else text
+    code = kind if own else None
     return RequestError(400, msg, param=param, code=code)
 
 
