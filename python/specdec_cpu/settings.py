@@ -93,6 +93,21 @@ def _check_calibration(value: Any) -> None:
         raise ValueError(f"must be 'auto', 'cached', 'measure', a CostModel or None, got {value!r}")
 
 
+def _check_chat_template(value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise TypeError(f"must be a file path, template text or None, got {value!r}")
+    from .chat.template import ChatTemplate, load_template_source
+    from .errors import ChatTemplateError
+
+    try:  # read and compiled now: a bad file is refused before any model loads
+        source, name = load_template_source(value)
+        ChatTemplate(source, name=name)
+    except ChatTemplateError as exc:
+        raise ValueError(str(exc)) from None
+
+
 def _check_ngram_kwargs(value: Any) -> None:
     if value is None:
         return
@@ -156,6 +171,10 @@ class DecoderSettings:
     n_ctx: int = _opt(4096, "the most tokens one sequence may hold (prompt and output)", _int_in(16, 1 << 20),
                       flag="--ctx", aliases=("--n-ctx",))
     n_batch: int = _opt(512, "the most rows of one llama.cpp pass (a verify pass holds γ + 1)", _int_in(1, 1 << 16))
+    chat_template: Optional[str] = _opt(
+        None, "a Jinja chat template FILE (or the template's text) used instead of the model's own "
+        "tokenizer.chat_template, for chat prompts with tools and tool calls", _check_chat_template,
+        parse=str, metavar="FILE")
     seed: Optional[int] = _opt(None, "seed of the random streams (requests without a seed of their own "
                                "draw from streams derived from it)", _int_in(0, 2**64 - 1, none=True))
 

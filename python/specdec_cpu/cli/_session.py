@@ -24,7 +24,8 @@ DEFAULT_TEMPERATURE = 0.7
 #: Keys of the sampling/generation settings, as ``/params`` and ``--json`` name them.
 PARAM_KEYS = ("temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "gamma")
 #: The decoder settings generate and chat take as flags (settings.py declares each).
-MODEL_SETTINGS = ("ngram", "draft_vocab", "gamma", "gamma_max", "calibration", "n_threads", "n_ctx", "n_batch")
+MODEL_SETTINGS = ("ngram", "draft_vocab", "gamma", "gamma_max", "calibration", "n_threads", "n_ctx", "n_batch",
+                  "chat_template")
 
 
 # ---------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from ._common import UsageError, emit, int_in, positive_float
 from ._discovery import add_discovery_args, finish_models, label, served_name
 
 API_KEY_ENV = "SPECDEC_API_KEY"
+CORS_ENV = "SPECDEC_CORS_ORIGIN"
 
 
 def register(sub: "argparse._SubParsersAction") -> None:
@@ -42,6 +43,9 @@ def register(sub: "argparse._SubParsersAction") -> None:
                    help="largest request body accepted; larger gets 413 (default 1 MiB)")
     p.add_argument("--grace", type=positive_float, default=30.0, metavar="S",
                    help="on SIGTERM/SIGINT, time requests in flight get to finish (default 30 s)")
+    p.add_argument("--cors-origin", action="append", default=None, metavar="ORIGIN", dest="cors_origin",
+                   help="let web pages from ORIGIN call the API (CORS; repeat for more, '*' for any); "
+                        f"default: ${CORS_ENV} (comma-separated), else CORS off")
     p.add_argument("--log-prompts", action="store_true",
                    help="include prompts and outputs in the per-request log lines (off by default)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -89,11 +93,25 @@ def run(args: argparse.Namespace) -> int:
         return BatchedDecoder.from_gguf(target, draft, settings=settings, progress=lambda line: emit(line))
 
     options = ServerOptions(model_name=name, api_key=args.api_key or None, max_body_bytes=args.max_body,
-                            request_timeout=args.timeout, log_prompts=args.log_prompts)
+                            request_timeout=args.timeout, log_prompts=args.log_prompts,
+                            cors_origins=cors_origins(args))
     emit(f"serving {name} on http://{args.host}:{args.port} (OpenAI API under /v1; /health, /metrics); "
          f"loading {label(target)}" + (f" + {label(draft)}" if draft else "") + " ...")
     return run_server(load, options, host=args.host, port=args.port, grace=args.grace,
                       log_level=args.log_level)
+
+
+def cors_origins(args: argparse.Namespace) -> "tuple[str, ...]":
+    """The CORS origins of ``--cors-origin`` (or the environment's list)."""
+    given = args.cors_origin
+    if given is None:
+        given = [o for o in os.environ.get(CORS_ENV, "").split(",")]
+    origins = tuple(o.strip().rstrip("/") for o in given if o.strip())
+    for origin in origins:
+        if origin != "*" and not origin.startswith(("http://", "https://")):
+            raise UsageError(f"--cors-origin {origin!r}: an origin is '*' or scheme://host[:port], "
+                             "e.g. http://localhost:3000")
+    return origins
 
 
 def _model_paths(args: argparse.Namespace) -> "tuple[str, Optional[str]]":
@@ -123,7 +141,17 @@ def _run_ray(args: argparse.Namespace, settings: BatchedSettings, target: str, d
             target_ongoing_requests=args.target_ongoing, threads=threads, max_sequences=settings.max_sequences,
             max_queue=settings.max_queue, n_ctx=settings.n_ctx, gamma=settings.gamma,
             prefill_chunk=settings.prefill_chunk, api_key=args.api_key or None, max_body_bytes=args.max_body,
-            request_timeout=args.timeout, log_prompts=args.log_prompts)
+            request_timeout=args.timeout, log_prompts=args.log_prompts, cors_origins=cors_origins(args),
+            chat_template=_template_text(settings.chat_template))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return run_ray(config, host=args.host, port=args.port, address=args.ray_address, say=emit)
+
+
+def _template_text(spec: Optional[str]) -> Optional[str]:
+    """A ``--chat-template`` as its text: replicas may run on nodes without the file."""
+    if spec is None:
+        return None
+    from ..chat import load_template_source
+
+    return load_template_source(spec)[0]

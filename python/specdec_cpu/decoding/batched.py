@@ -126,6 +126,7 @@ class BatchedDecoder(DecoderFront):
                       gamma_max=s.gamma_max, ngram=s.ngram, ngram_kwargs=s.ngram_kwargs, seed=s.seed,
                       max_queue=s.max_queue, prefill_chunk=s.prefill_chunk, step_trace=step_trace)
             dec._owned = pair
+            dec.set_chat_template(s.chat_template)
             if dec.has_drafter:
                 # (at most half a sequence's context: the timing runs after a warm prefix)
                 view = engine.SequenceView

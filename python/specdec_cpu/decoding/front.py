@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import threading
+import warnings
 from typing import Any, Optional, Sequence as Seq, Type, TypeVar
 
 from ..core.infill import infill_tokens
@@ -16,7 +17,8 @@ from ..core.request_args import Prompt, chat_prompt, check_request, prompt_token
 from ..core.sequence import GammaSetting, SeedSequence, Sequence
 from ..core.stats import Generation
 from ..core.text import TextAssembler
-from ..errors import DecoderClosedError, GenerationCancelled
+from ..chat.messages import template_messages
+from ..errors import ChatTemplateError, ChatTemplateRefusal, DecoderClosedError, GenerationCancelled
 from ..params import SamplingParams
 from ..planning.costmodel import CostModel
 from ..planning.policy import DraftPolicy
@@ -53,9 +55,76 @@ class DecoderFront:
         """``stream`` on the target's chat template applied to ``messages``."""
         return self.stream(self.chat_prompt(messages), **kwargs)  # type: ignore[attr-defined]
 
-    def chat_prompt(self, messages: Seq[dict]) -> str:
-        """The target's chat template applied to ``messages``."""
-        return chat_prompt(self.tokenizer, messages)
+    def chat_prompt(self, messages: Seq[dict], *, tools: Optional[Seq[dict]] = None,
+                    add_generation_prompt: bool = True, chat_template_kwargs: Optional[dict] = None) -> str:
+        """The chat prompt of ``messages`` (OpenAI's shape: tool calls of
+        assistant turns and ``tool`` results included) offering ``tools``.
+
+        Rendered by the ``chat_template`` setting (a file or template text)
+        if set, else by the target's own ``tokenizer.chat_template``, in a
+        sandboxed Jinja environment (``chat.ChatTemplate``).  llama.cpp's
+        built-in matcher is the fallback for a model without a template, or
+        whose own template fails to render plain messages.
+
+        Raises ``InvalidPromptError`` (malformed messages),
+        ``ChatTemplateRefusal`` (the template refused them), ``ChatTemplateError``
+        (the template failed), ``ValueError`` (no template at all, or tools
+        or tool calls that only a Jinja template can render).
+        """
+        template = self._chat_template()
+        if template is not None:
+            try:
+                return template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                       chat_template_kwargs=chat_template_kwargs)
+            except ChatTemplateRefusal:
+                raise
+            except ChatTemplateError as exc:
+                # An override is the user's explicit choice; the model's own
+                # template may fall back, where the matcher can say the same.
+                if self.chat_template is not None or tools or chat_template_kwargs:
+                    raise
+                failure: Optional[Exception] = exc
+        else:
+            failure = None
+        plain = template_messages(messages)
+        if tools or chat_template_kwargs or any(m.get("tool_calls") or m["role"] == "tool" for m in plain):
+            what = "tools" if tools else "chat_template_kwargs" if chat_template_kwargs else "tool calls and results"
+            why = f" ({failure})" if failure is not None else ": the model has no Jinja chat template"
+            raise ValueError(f"{what} need a Jinja chat template{why}; give one with --chat-template")
+        if failure is not None:
+            warnings.warn(f"{failure}; using llama.cpp's built-in template matcher instead", RuntimeWarning,
+                          stacklevel=2)
+        if not add_generation_prompt:
+            text = self.tokenizer.chat_prompt([{"role": m["role"], "content": m["content"]} for m in plain],
+                                              add_generation_prompt=False)
+            if text is None:
+                raise ValueError("the target model has no chat template; use generate() with a raw prompt")
+            return text
+        return chat_prompt(self.tokenizer, [{"role": m["role"], "content": m["content"]} for m in plain])
+
+    #: The ``chat_template`` setting: a Jinja file or template text used
+    #: instead of the model's own template (None: the model's).
+    chat_template: Optional[str] = None
+
+    def set_chat_template(self, spec: Optional[str]) -> None:
+        """Render chat prompts with ``spec`` (a file or template text; None:
+        the model's own template).  Read and compiled now: ``ChatTemplateError``."""
+        from ..chat import ChatTemplate
+
+        compiled = ChatTemplate.for_model(self.tokenizer, spec)
+        self.chat_template = spec
+        self._compiled_template = (spec, compiled)
+
+    def _chat_template(self) -> Any:
+        """The compiled template chat prompts are rendered with, or None."""
+        cached = getattr(self, "_compiled_template", None)
+        if cached is not None and cached[0] == self.chat_template:
+            return cached[1]
+        from ..chat import ChatTemplate
+
+        compiled = ChatTemplate.for_model(self.tokenizer, self.chat_template)
+        self._compiled_template = (self.chat_template, compiled)
+        return compiled
 
     def infill_prompt(self, prefix: str, suffix: str, extra: Seq[dict] = ()) -> list[int]:
         """The prompt (token ids) for fill-in-the-middle between ``prefix``

@@ -185,6 +185,7 @@ class SpeculativeDecoder(DecoderFront):
         dec.target_path = pair.target.path
         dec.draft_path = pair.draft.path if pair.draft is not None else None
         dec.n_threads = target_ctx.n_threads
+        dec.set_chat_template(s.chat_template)
         if dec.has_drafter:
             # Without a stored calibration the planner learns the pass times from the
             # first passes (docs/planning.md §4): no measurement before the first request.

@@ -2,10 +2,13 @@
 
 Endpoints: ``GET /health`` (200 ready, 503 loading; open without the key),
 ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``
-(JSON or server-sent events with ``stream: true``), ``GET /metrics``
-(Prometheus).  Every error has OpenAI's shape
-``{"error": {"message", "type", "param", "code"}}`` and the status that
-says whose fault it is: 4xx for the client's, 5xx only for the server's.
+(JSON or server-sent events with ``stream: true``), ``POST /tokenize`` and
+``POST /detokenize`` (llama-server's), ``GET /metrics`` (Prometheus).
+Every error has OpenAI's shape ``{"error": {"message", "type", "param",
+"code"}}`` and the status that says whose fault it is: 4xx for the
+client's, 5xx only for the server's.  Everything a request asks is checked
+(its fields, its grammar compiled, its chat prompt rendered, its prompt
+tokenized) before it is queued.
 
 A streaming client that disconnects ends its request at the decoder's next
 step (the response's task is cancelled; the stream's ``aclose`` returns at
@@ -17,34 +20,45 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Optional, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence, Union
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from fastapi.sse import EventSourceResponse, format_sse_event
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..decoding.batched import BatchedDecoder
+from ..decoding.request import AsyncRequestStream
 from ..errors import (
+    ChatTemplateError,
+    ChatTemplateRefusal,
     ContextOverflowError,
     DecoderClosedError,
+    InvalidGrammarError,
     InvalidLogitsError,
     InvalidPromptError,
     QueueFullError,
     SpecDecError,
 )
-from ..decoding.batched import BatchedDecoder
-from .openai_schema import ChatCompletionRequest, CompletionRequest, RequestError, chat_text
-from .prometheus import metrics_response
-from ..decoding.request import AsyncRequestStream
+from . import openapi as docs
+from .errors import BodyLimit, RequestError, error_responses, install_error_handlers
+from .openai_schema import ChatCompletionRequest, CompletionRequest, chat_messages
+from .prometheus import CONTENT_TYPE, metrics_response
+from .responses import Reply, StreamShaper, finish_reason, message_of, new_request_id, system_fingerprint, usage
+from .structured import OutputSpec, compile_constraint, output_spec
+from .tokens_api import add_token_routes, detokenize
 
 __all__ = ["ServerOptions", "ServerState", "create_app"]
 
 log = logging.getLogger("specdec_cpu.server")
+
+#: What the generation routes may answer besides 200.
+GENERATION_ERRORS = error_responses(400, 401, 404, 413, 429, 500, 503, 504)
 
 
 @dataclass(frozen=True)
@@ -57,6 +71,7 @@ class ServerOptions:
     request_timeout: Optional[float] = 600.0
     log_prompts: bool = False
     retry_after: int = 1  # seconds a 429 tells the client to wait
+    cors_origins: Sequence[str] = ()  # browser origins allowed (CORS); none: CORS off
 
 
 class ServerState:
@@ -68,6 +83,7 @@ class ServerState:
         self.decoder: Optional[BatchedDecoder] = None
         self.error: Optional[str] = None
         self.started = time.time()
+        self.fingerprint = ""
         self._thread: Optional[threading.Thread] = None
 
     def start_loading(self) -> None:
@@ -76,7 +92,9 @@ class ServerState:
 
     def _run_load(self) -> None:
         try:
-            self.decoder = self._load()
+            dec = self._load()
+            self.fingerprint = system_fingerprint(dec)
+            self.decoder = dec
             log.info("model loaded: ready")
         except BaseException as exc:  # reported by /health and the process's exit
             self.error = f"{type(exc).__name__}: {exc}"
@@ -106,10 +124,13 @@ class ServerState:
 
 def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], options: ServerOptions,
                on_load_error: Optional[Callable[[str], None]] = None,
-               metrics_labels: Optional[dict] = None) -> FastAPI:
+               metrics_labels: Optional[dict] = None,
+               readiness: Optional[Callable[[], Awaitable[Optional[str]]]] = None) -> FastAPI:
     """The FastAPI application serving ``load`` (a decoder, or a function
     loading one in the background).  ``metrics_labels`` are added to every
-    ``/metrics`` sample (a Ray replica's id)."""
+    ``/metrics`` sample (a Ray replica's id); ``readiness`` is a further
+    test of ``/health`` (Ray: every replica running), returning what is
+    not ready or None."""
     loader = (lambda: load) if isinstance(load, BatchedDecoder) else load
     state = ServerState(loader, on_load_error)
 
@@ -121,10 +142,19 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         state.close()
 
     app = FastAPI(title="specdec-cpu", summary="Exact speculative decoding on CPUs: OpenAI-compatible API",
-                  lifespan=lifespan)
-    app.add_middleware(_BodyLimit, max_bytes=options.max_body_bytes)
+                  version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(BodyLimit, max_bytes=options.max_body_bytes)
+    if options.cors_origins:
+        from starlette.middleware.cors import CORSMiddleware
+
+        # Outermost: a preflight is answered before the key is asked for.
+        app.add_middleware(CORSMiddleware, allow_origins=list(options.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"],
+                           expose_headers=["Retry-After", "x-specdec-replica"], max_age=600)
     app.state.specdec = state
-    _install_error_handlers(app)
+    install_error_handlers(app)
+    docs.install_openapi(app, lambda: state.decoder.tokenizer.n_vocab if state.decoder is not None else None,
+                         api_key=options.api_key is not None)
 
     def authorized(request: Request) -> None:
         if options.api_key is None:
@@ -145,43 +175,67 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         raise RequestError(503, f"{what}; retry later", type="server_error", code="model_not_ready",
                            headers={"Retry-After": "5"})
 
-    @app.get("/health")
-    def health() -> JSONResponse:
+    @app.get("/health", response_model=docs.Health, summary="Ready to serve (open without the key)",
+             responses={503: {"model": docs.Health, "description": "Loading, failed, or not every replica ready"}})
+    async def health() -> JSONResponse:
         problem = state.problem()
+        if problem is None and readiness is not None:
+            others = await readiness()
+            if others is not None:
+                return JSONResponse({"status": "loading", "replicas": others}, status_code=503)
         if problem is None:
             return JSONResponse({"status": "ok"})
         if problem == "loading":
             return JSONResponse({"status": "loading"}, status_code=503)
         return JSONResponse({"status": "error", "error": problem}, status_code=503)
 
-    @app.get("/v1/models", dependencies=[Depends(authorized)])
+    @app.get("/v1/models", dependencies=[Depends(authorized)], response_model=docs.ModelList,
+             responses=error_responses(401), summary="The served model, its context size and draft")
     def models() -> dict:
-        return {"object": "list", "data": [{"id": options.model_name, "object": "model",
-                                            "created": int(state.started), "owned_by": "specdec-cpu"}]}
+        card: dict = {"id": options.model_name, "object": "model", "created": int(state.started),
+                      "owned_by": "specdec-cpu"}
+        dec = state.decoder
+        if dec is not None:
+            card["max_model_len"] = dec.n_ctx
+            card["meta"] = {"n_ctx": dec.n_ctx, "n_vocab": dec.tokenizer.n_vocab,
+                            "target": os.path.basename(dec.target_path or ""),
+                            "draft": os.path.basename(dec.draft_path) if dec.draft_path else None,
+                            "ngram": bool(dec.ngram), "max_sequences": dec.max_sequences,
+                            "chat_template": _template_name(dec.chat_template)}
+        return {"object": "list", "data": [card]}
 
-    @app.get("/metrics", dependencies=[Depends(authorized)])
+    @app.get("/metrics", dependencies=[Depends(authorized)], response_class=Response,
+             summary="Prometheus metrics (text format)",
+             responses={200: {"content": {CONTENT_TYPE.split(";")[0]: {"schema": {"type": "string"}}},
+                              "description": "Prometheus' text exposition format"}, **error_responses(401)})
     def metrics() -> Response:
         return metrics_response(state.decoder, metrics_labels)
 
-    @app.post("/v1/completions", dependencies=[Depends(authorized)])
+    @app.post("/v1/completions", dependencies=[Depends(authorized)], summary="A completion of a prompt",
+              responses={**docs.JSON_OR_STREAM(docs.Completion), **GENERATION_ERRORS})
     async def completions(body: CompletionRequest, request: Request) -> Response:
         dec = ready_decoder()
         _check_model(body.model, options)
-        prompt = body.prompt
-        stream, limit = _submit(dec, prompt, body, body.max_tokens, "prompt", options)
-        return await _respond(stream, body, "text_completion", limit, request, options, prompt)
+        spec = output_spec(body, chat=False)
+        echo = None
+        if body.echo:
+            prompt = body.prompt
+            echo = prompt if isinstance(prompt, str) else detokenize(dec.tokenizer, prompt, dec.tokenizer.n_vocab,
+                                                                     "prompt")
+        return await _generate(dec, body, body.prompt, body.token_limit(16), "prompt", spec, request, options,
+                               state, chat=False, echo=echo)
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)], summary="The next turn of a chat",
+              responses={**docs.JSON_OR_STREAM(docs.ChatCompletion), **GENERATION_ERRORS})
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         dec = ready_decoder()
         _check_model(body.model, options)
-        try:
-            text = dec.chat_prompt(chat_text(body.messages))
-        except ValueError as exc:
-            raise RequestError(400, str(exc), param="messages") from None
-        stream, limit = _submit(dec, text, body, body.token_limit, "messages", options)
-        return await _respond(stream, body, "chat.completion", limit, request, options, text)
+        spec = output_spec(body, chat=True)
+        text = _chat_prompt(dec, body, spec)
+        return await _generate(dec, body, text, body.token_limit(None), "messages", spec, request, options,
+                               state, chat=True)
 
+    add_token_routes(app, ready_decoder, authorized)
     return app
 
 
@@ -196,8 +250,52 @@ def _check_model(name: Optional[str], options: ServerOptions) -> None:
                            param="model", code="model_not_found")
 
 
-def _submit(dec: BatchedDecoder, prompt, body, max_tokens: Optional[int], param: str,
-            options: ServerOptions) -> tuple[AsyncRequestStream, int]:
+def _chat_prompt(dec: BatchedDecoder, body: ChatCompletionRequest, spec: OutputSpec) -> str:
+    """The rendered chat prompt (400 for messages the template cannot take)."""
+    try:
+        return dec.chat_prompt(chat_messages(body.messages), tools=spec.tools,
+                               chat_template_kwargs=body.chat_template_kwargs)
+    except ChatTemplateRefusal as exc:
+        raise RequestError(400, str(exc), param="messages", code="chat_template_refused") from None
+    except ChatTemplateError as exc:  # the template's own fault
+        raise RequestError(500, str(exc), type="server_error", code="chat_template_failed") from None
+    except (InvalidPromptError, ValueError) as exc:
+        param = "tools" if spec.tools and "tools" in str(exc) else "messages"
+        raise RequestError(400, str(exc), param=param) from None
+
+
+async def _generate(dec: BatchedDecoder, body: Any, prompt: Any, max_tokens: Optional[int], param: str,
+                    spec: OutputSpec, request: Request, options: ServerOptions, state: ServerState, *,
+                    chat: bool, echo: Optional[str] = None) -> Response:
+    if spec.grammar is not None:  # compiled once per grammar (cached), off the event loop
+        await run_in_threadpool(compile_constraint, dec, spec)
+    reply = Reply(new_request_id(chat), int(time.time()), options.model_name, state.fingerprint, chat)
+    stream, limit = _submit(dec, prompt, body, max_tokens, param, options, spec)
+    if body.streamed:
+        events = _events(stream, body, reply, spec, options, prompt, echo)
+        return EventSourceResponse(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:
+        await _wait_or_disconnect(stream, request)
+    finally:
+        await stream.aclose()
+    if stream.error is not None:
+        raise _server_error(stream.error)
+    gen = stream.result
+    if gen.finish_reason == "timeout":
+        raise _timeout(options)
+    _log(reply.id, stream, 200, options, prompt)
+    if chat:
+        message = message_of(gen.text, spec)
+        choice = {"index": 0, "message": message, "logprobs": None,
+                  "finish_reason": finish_reason(gen.finish_reason, "tool_calls" in message)}
+    else:
+        choice = {"index": 0, "text": (echo or "") + gen.text, "logprobs": None,
+                  "finish_reason": finish_reason(gen.finish_reason)}
+    return JSONResponse(reply.whole(choice, usage(stream.prompt_tokens, gen)))
+
+
+def _submit(dec: BatchedDecoder, prompt: Any, body: Any, max_tokens: Optional[int], param: str,
+            options: ServerOptions, spec: OutputSpec) -> "tuple[AsyncRequestStream, int]":
     """Tokenize, cap ``max_tokens`` at the context, queue the request."""
     try:
         ids = dec.tokenize(prompt)
@@ -212,44 +310,17 @@ def _submit(dec: BatchedDecoder, prompt, body, max_tokens: Optional[int], param:
     limit = room if max_tokens is None else min(max_tokens, room)  # capped at the context
     try:
         stream = dec.astream(ids, max_tokens=limit, params=body.params(), stop=body.stop or (),
-                             gamma=body.gamma, timeout=options.request_timeout)
+                             gamma=body.gamma, timeout=options.request_timeout, grammar=spec.grammar)
     except QueueFullError as exc:
         raise RequestError(429, f"the server is busy: {exc}", type="rate_limit_error",
                            code="rate_limit_exceeded", headers={"Retry-After": str(options.retry_after)}) from None
     except DecoderClosedError as exc:
         raise RequestError(503, f"the server is shutting down: {exc}", type="server_error") from None
+    except InvalidGrammarError as exc:  # compiled above: only if the cache lost it meanwhile
+        raise RequestError(400, str(exc), param=spec.param, code="invalid_grammar") from None
     except ValueError as exc:  # a sampling parameter the decoder refuses
         raise RequestError(400, str(exc)) from None
     return stream, limit
-
-
-async def _respond(stream: AsyncRequestStream, body, kind: str, limit: int, request: Request,
-                   options: ServerOptions, prompt_text) -> Response:
-    created = int(time.time())
-    rid = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + str(stream.id)
-    if body.stream:
-        events = _events(stream, body, kind, rid, created, options, prompt_text)
-        return EventSourceResponse(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    try:
-        await _wait_or_disconnect(stream, request)
-    finally:
-        await stream.aclose()
-    if stream.error is not None:
-        raise _server_error(stream.error)
-    gen = stream.result
-    if gen.finish_reason == "timeout":
-        raise RequestError(504, f"the request took longer than the server's limit of {options.request_timeout} s",
-                           type="timeout_error", code="timeout")
-    _log(stream, kind, 200, options, prompt_text)
-    reason = _finish_reason(gen.finish_reason)
-    usage = _usage(stream)
-    if kind == "chat.completion":
-        choice = {"index": 0, "message": {"role": "assistant", "content": gen.text}, "finish_reason": reason,
-                  "logprobs": None}
-    else:
-        choice = {"index": 0, "text": gen.text, "finish_reason": reason, "logprobs": None}
-    return JSONResponse({"id": rid, "object": kind, "created": created, "model": options.model_name,
-                         "choices": [choice], "usage": usage})
 
 
 async def _wait_or_disconnect(stream: AsyncRequestStream, request: Request) -> None:
@@ -269,60 +340,58 @@ async def _wait_or_disconnect(stream: AsyncRequestStream, request: Request) -> N
         tg.cancel_scope.cancel()
 
 
-async def _events(stream: AsyncRequestStream, body, kind: str, rid: str, created: int,
-                  options: ServerOptions, prompt_text) -> AsyncIterator[bytes]:
+async def _events(stream: AsyncRequestStream, body: Any, reply: Reply, spec: OutputSpec, options: ServerOptions,
+                  prompt_text: Any, echo: Optional[str]) -> AsyncIterator[bytes]:
     """The server-sent events of a streamed answer, ending in ``data: [DONE]``.
 
     If the client disconnects, the response task is cancelled here and the
     ``finally`` ends the request at the decoder's next step."""
-    chat = kind == "chat.completion"
-    obj = "chat.completion.chunk" if chat else "text_completion"
+    with_usage = body.include_usage
+    shaper = StreamShaper(spec) if reply.chat else None
 
-    def chunk(delta_or_text, reason=None) -> bytes:
-        choice = ({"index": 0, "delta": delta_or_text, "finish_reason": reason, "logprobs": None} if chat
-                  else {"index": 0, "text": delta_or_text, "finish_reason": reason, "logprobs": None})
-        data = {"id": rid, "object": obj, "created": created, "model": options.model_name, "choices": [choice]}
-        if body.include_usage:
-            data["usage"] = None
-        return format_sse_event(data_str=json.dumps(data))
+    def event(data: Any) -> bytes:
+        return format_sse_event(data_str=json.dumps(data, ensure_ascii=False))
+
+    def chunk(delta_or_text: Any, reason: Optional[str] = None) -> bytes:
+        return event(reply.chunk(delta_or_text, reason, with_usage=with_usage))
 
     try:
-        if chat:
+        if shaper is not None:
             yield chunk({"role": "assistant", "content": ""})
+        elif echo:
+            yield chunk(echo)
         async for piece in stream:
             piece += stream.read_ready()  # one event for all of a step's tokens
-            yield chunk({"content": piece} if chat else piece)
+            if shaper is None:
+                yield chunk(piece)
+                continue
+            for delta in shaper.feed(piece):
+                yield chunk(delta)
         gen = stream.result
         if gen.finish_reason == "timeout":
-            err = RequestError(504, "the request took longer than the server's limit of "
-                                    f"{options.request_timeout} s", type="timeout_error", code="timeout")
-            yield format_sse_event(data_str=json.dumps(err.body()))
+            yield event(_timeout(options).body())
             return
-        yield chunk({} if chat else "", _finish_reason(gen.finish_reason))
-        if body.include_usage:
-            data = {"id": rid, "object": obj, "created": created, "model": options.model_name, "choices": [],
-                    "usage": _usage(stream)}
-            yield format_sse_event(data_str=json.dumps(data))
+        calls = False
+        if shaper is not None:
+            for delta in shaper.finish():
+                yield chunk(delta)
+            calls = shaper.tool_calls
+        yield chunk({} if reply.chat else "", finish_reason(gen.finish_reason, calls))
+        if with_usage:
+            yield event(reply.usage_chunk(usage(stream.prompt_tokens, gen)))
         yield format_sse_event(data_str="[DONE]")
-        _log(stream, kind, 200, options, prompt_text)
+        _log(reply.id, stream, 200, options, prompt_text)
     except SpecDecError as exc:  # this request failed after its answer started
-        err = _server_error(exc)
-        yield format_sse_event(data_str=json.dumps(err.body()))
+        yield event(_server_error(exc).body())
     finally:
         await stream.aclose()
         if stream.result is not None and stream.result.finish_reason == "cancelled":
-            _log(stream, kind, 499, options, prompt_text)
+            _log(reply.id, stream, 499, options, prompt_text)
 
 
-def _finish_reason(reason: Optional[str]) -> str:
-    # "stop": an end-of-generation token or a stop string; "length": max_tokens or the context.
-    return "stop" if reason == "stop" else "length"
-
-
-def _usage(stream: AsyncRequestStream) -> dict:
-    n = len(stream.result.tokens) if stream.result is not None else 0
-    return {"prompt_tokens": stream.prompt_tokens, "completion_tokens": n,
-            "total_tokens": stream.prompt_tokens + n}
+def _timeout(options: ServerOptions) -> RequestError:
+    return RequestError(504, f"the request took longer than the server's limit of {options.request_timeout} s",
+                        type="timeout_error", code="timeout")
 
 
 def _server_error(exc: BaseException) -> RequestError:
@@ -333,12 +402,12 @@ def _server_error(exc: BaseException) -> RequestError:
     return RequestError(500, f"generation failed: {exc}", type="server_error")
 
 
-def _log(stream: AsyncRequestStream, kind: str, status: int, options: ServerOptions, prompt_text) -> None:
+def _log(rid: str, stream: AsyncRequestStream, status: int, options: ServerOptions, prompt_text: Any) -> None:
     gen = stream.result
     if gen is None:
         return
     s = gen.stats
-    line = (f"request {stream.id} {kind} status={status} outcome={gen.finish_reason} "
+    line = (f"request {rid} status={status} outcome={gen.finish_reason} "
             f"prompt={s.prompt_tokens} (cached {s.prompt_cached}) tokens={s.tokens} "
             f"{s.tokens_per_second:.1f} tok/s acceptance={s.acceptance:.2f} queue={s.queue_seconds:.2f}s "
             f"total={s.total_seconds:.2f}s")
@@ -347,91 +416,13 @@ def _log(stream: AsyncRequestStream, kind: str, status: int, options: ServerOpti
     log.info(line)
 
 
-# ---------------------------------------------------------------------------
-# errors in OpenAI's shape
-# ---------------------------------------------------------------------------
+def _template_name(spec: Optional[str]) -> Optional[str]:
+    if spec is None:
+        return None
+    return "inline chat template" if "{{" in spec or "{%" in spec else os.path.basename(spec)
 
 
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(RequestError)
-    async def request_error(request: Request, exc: RequestError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+def _version() -> str:
+    from .. import __version__
 
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        first = errors[0] if errors else {}
-        loc = [str(x) for x in first.get("loc", ()) if x != "body"]
-        if first.get("type") == "json_invalid":
-            msg, param = f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}", None
-        elif not loc and first.get("type") in ("missing", "model_attributes_type", "dict_type"):
-            msg, param = "the request body must be a JSON object", None
-        else:
-            param = ".".join(loc) or None
-            text = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-            msg = f"{param}: {text}" if param else text
-        err = RequestError(400, msg.rstrip(": "), param=loc[0] if loc else param)
-        return JSONResponse(err.body(), status_code=400)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-        return JSONResponse(RequestError(exc.status_code, message, type=kind, code=code).body(),
-                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error serving %s", request.url.path)
-        return JSONResponse(RequestError(500, f"internal error: {type(exc).__name__}: {exc}",
-                                         type="server_error").body(), status_code=500)
-
-
-class _TooLarge(Exception):
-    pass
-
-
-class _BodyLimit:
-    """413 in OpenAI's shape for a body over ``max_bytes``: refused from its
-    Content-Length before it is read, or as soon as a chunked body crosses
-    the limit (Starlette's own limiter answers in plain text)."""
-
-    def __init__(self, app, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        length = dict(scope.get("headers") or ()).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.max_bytes:
-            return await self._refuse(scope, receive, send)
-        seen = 0
-        started = False
-
-        async def limited_receive():
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise _TooLarge
-            return message
-
-        async def tracking_send(message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
-            if started:
-                raise
-            await self._refuse(scope, receive, send)
-
-    async def _refuse(self, scope, receive, send) -> None:
-        err = RequestError(413, f"the request body is larger than the server's limit of {self.max_bytes} bytes",
-                           code="request_too_large")
-        await JSONResponse(err.body(), status_code=413)(scope, receive, send)
+    return __version__

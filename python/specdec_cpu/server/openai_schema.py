@@ -1,178 +1,338 @@
 """The OpenAI request bodies the server accepts, and what they become.
 
-Pydantic models validate every field the server uses (a bad value is a 400
-that names the field); fields it does not know are ignored, as OpenAI
-clients expect.  Fields OpenAI defines whose request the server cannot
-honour (``n`` > 1, log-probabilities, penalties) are refused rather than
-silently ignored: the output would not be what was asked for.
+Pydantic models validate every field (a bad value is a 400 that names the
+field) and are what ``/openapi.json`` documents, constraints included.
+Fields are strict JSON types (``"0.5"`` is not a number).  Every sampling
+field takes ``null`` for its default, as llama-server and vLLM do; the
+fields the server knows but does not honour, and the harmless ones it
+ignores, come from :mod:`.unsupported`; any other field is refused.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Literal, Optional, Union
+from typing import Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, create_model, field_validator
+from pydantic.functional_validators import BeforeValidator
+from typing_extensions import Annotated
 
-from ..params import SamplingParams
 from ..core.request_args import GAMMA_LIMIT
+from ..params import SamplingParams
+from . import unsupported
+from .errors import RequestError
 
-__all__ = ["ChatCompletionRequest", "CompletionRequest", "RequestError", "chat_text"]
+__all__ = ["ChatCompletionRequest", "CompletionRequest", "RequestError", "MAX_STOP", "chat_messages"]
 
-MAX_STOP = 4  # as OpenAI
+MAX_STOP = 16  # Continue and other code assistants send long stop lists (OpenAI: 4)
+MAX_TOKEN_ID = 2**31 - 1  # the live schema narrows it to the model's vocabulary (openapi.py)
+
+_STRICT = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
 
-class RequestError(Exception):
-    """A request the server refuses: ``status`` with OpenAI's error fields."""
+# ---------------------------------------------------------------------------
+# values validated by hand (clear messages), documented by their own schema
+# ---------------------------------------------------------------------------
 
-    def __init__(self, status: int, message: str, *, param: Optional[str] = None,
-                 code: Optional[str] = None, type: str = "invalid_request_error",
-                 headers: Optional[dict] = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
-        self.headers = headers or {}
 
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+def _stop(value: Any) -> Optional[List[str]]:
+    if value is None:
+        return None
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise ValueError("must be a string or a list of strings")
+    if len(stops) > MAX_STOP:
+        raise ValueError(f"at most {MAX_STOP} stop sequences, got {len(stops)}")
+    if any(not s for s in stops):
+        raise ValueError("stop sequences must not be empty")
+    return stops
+
+
+Stop = Annotated[Any, BeforeValidator(_stop), WithJsonSchema({
+    "anyOf": [{"type": "string", "minLength": 1},
+              {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": MAX_STOP},
+              {"type": "null"}],
+    "description": f"Up to {MAX_STOP} strings; the output ends before the first one it produces"})]
+
+
+def _gamma(value: Any) -> Union[str, int, None]:
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= GAMMA_LIMIT:
+        raise ValueError(f"must be 'auto' or an int in [0, {GAMMA_LIMIT}], got {value!r}")
+    return value
+
+
+Gamma = Annotated[Any, BeforeValidator(_gamma), WithJsonSchema({
+    "anyOf": [{"const": "auto"}, {"type": "integer", "minimum": 0, "maximum": GAMMA_LIMIT}, {"type": "null"}],
+    "description": "Draft tokens per step: 'auto' (the planner chooses), or a fixed number (0: plain decoding)"})]
+
+
+def _prompt(value: Any) -> Union[str, List[int]]:
+    if isinstance(value, list) and value and all(isinstance(x, str) for x in value):
+        if len(value) != 1:
+            raise ValueError(f"one prompt per request is supported, got {len(value)}")
+        value = value[0]
+    if isinstance(value, str):
+        if not value:
+            raise ValueError("must not be empty")
+        return value
+    if isinstance(value, list):
+        if not value:
+            raise ValueError("must not be empty")
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+            raise ValueError("must be a string, a list of one string, or a list of token ids (integers)")
+        if any(x < 0 for x in value):
+            raise ValueError("token ids must not be negative")
+        return value
+    raise ValueError("must be a string, a list of one string, or a list of token ids")
+
+
+Prompt = Annotated[Any, BeforeValidator(_prompt), WithJsonSchema({
+    "anyOf": [{"type": "string", "minLength": 1},
+              {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
+              {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}, "minItems": 1}],
+    "description": "Text, a list of one text, or token ids"})]
+
+
+def _n_predict(value: Any) -> Optional[int]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not (value == -1 or value >= 1):
+        raise ValueError(f"must be -1 (no limit but the context) or an int >= 1, got {value!r}")
+    return value
+
+
+NPredict = Annotated[Any, BeforeValidator(_n_predict), WithJsonSchema({
+    "anyOf": [{"const": -1}, {"type": "integer", "minimum": 1}, {"type": "null"}],
+    "description": "llama-server's name for max_tokens; -1: up to the context"})]
+
+
+def _content(value: Any) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise ValueError("must be a string, a list of text parts or null")
+    for j, part in enumerate(value):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise ValueError(f"part {j}: only text content parts are supported, got type {kind!r}")
+    return value
+
+
+Content = Annotated[Any, BeforeValidator(_content), WithJsonSchema({
+    "anyOf": [{"type": "string"},
+              {"type": "array", "items": {"type": "object", "required": ["type", "text"], "properties": {
+                  "type": {"const": "text"}, "text": {"type": "string"}}}},
+              {"type": "null"}]})]
+
+
+# ---------------------------------------------------------------------------
+# structured output and tools (checked in depth by constraints/ and chat/)
+# ---------------------------------------------------------------------------
+
+
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: the schema the output must match."""
+
+    model_config = _STRICT
+
+    name: Optional[str] = Field(default=None, max_length=64)
+    description: Optional[str] = None
+    schema_: Optional[Dict[str, Any]] = Field(default=None, alias="schema",
+                                              description="A JSON schema (default: any object)")
+    strict: Optional[bool] = Field(default=None, description="Either way the output matches the schema exactly")
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format`` (and llama-server's ``schema`` beside ``json_object``)."""
+
+    model_config = _STRICT
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+    schema_: Optional[Dict[str, Any]] = Field(default=None, alias="schema",
+                                              description="llama-server: a JSON schema for type json_object")
+
+    def as_dict(self) -> Dict[str, Any]:
+        """As ``constraints.from_response_format`` reads it."""
+        out: Dict[str, Any] = {"type": self.type}
+        if self.json_schema is not None:
+            out["json_schema"] = self.json_schema.model_dump(by_alias=True, exclude_none=True)
+        if self.type == "json_object" and self.schema_ is not None:
+            out = {"type": "json_schema", "json_schema": {"schema": self.schema_}}
+        return out
+
+
+ToolParameters = Dict[str, Any]
+
+
+class FunctionDefinition(BaseModel):
+    model_config = _STRICT
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: Optional[str] = None
+    parameters: Optional[ToolParameters] = Field(default=None, description="A JSON schema of an object")
+    strict: Optional[bool] = None
+
+
+class Tool(BaseModel):
+    model_config = _STRICT
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = _STRICT
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = _STRICT
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class FunctionCallIn(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    name: str
+    arguments: Union[str, Dict[str, Any]] = "{}"
+
+
+class ToolCallIn(BaseModel):
+    """A tool call of an earlier assistant turn."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
+class ChatMessage(BaseModel):
+    """One message.  Fields beyond these are passed to the chat template as
+    they are (some templates read e.g. ``reasoning_content``)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Content = None
+    name: Optional[str] = None
+    tool_calls: Optional[List[ToolCallIn]] = None
+    tool_call_id: Optional[str] = None
+
+    def for_template(self) -> Dict[str, Any]:
+        """The message as ``chat.template_messages`` takes it."""
+        return self.model_dump(exclude_none=True)
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    include_usage: bool = False
+    model_config = _STRICT
+
+    include_usage: Optional[bool] = None
+    include_obfuscation: Optional[bool] = Field(default=None, description="ignored: no obfuscation is added")
 
 
-class _Sampling(BaseModel):
-    """Fields both endpoints share."""
+# ---------------------------------------------------------------------------
+# the requests
+# ---------------------------------------------------------------------------
 
-    model_config = ConfigDict(extra="ignore")
 
-    model: Optional[str] = None
-    max_tokens: Optional[int] = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
-    min_p: float = Field(default=0.0, ge=0.0, lt=1.0)
-    seed: Optional[int] = Field(default=None, ge=0, lt=2**63)
-    stop: Optional[Union[str, List[str]]] = None
-    stream: bool = False
+class _Common(BaseModel):
+    """Fields both endpoints take (every one may be null: its default)."""
+
+    model_config = _STRICT
+
+    model: Optional[str] = Field(default=None, description="The served model's id (GET /v1/models)")
+    max_tokens: Optional[int] = Field(default=None, ge=1, description="Capped at what the context leaves")
+    n_predict: NPredict = None
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0, description="Default 1; 0 is greedy")
+    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0, description="Default 1 (off)")
+    top_k: Optional[int] = Field(default=None, ge=-1, description="0 or -1: off (default)")
+    min_p: Optional[float] = Field(default=None, ge=0.0, lt=1.0, description="Default 0 (off)")
+    seed: Optional[int] = Field(default=None, ge=-1, lt=2**63, description="-1 or null: a random seed")
+    stop: Stop = None
+    stream: Optional[bool] = None
     stream_options: Optional[StreamOptions] = None
-    n: int = 1
-    gamma: Union[Literal["auto"], int] = "auto"
-    ignore_eos: bool = False  # as llama-server's and vLLM's: generate max_tokens, never end at EOS
-    # Defined by OpenAI, not served: refused unless left at their neutral value.
-    logprobs: Optional[Union[bool, int]] = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: Optional[dict] = None
-    best_of: Optional[int] = None
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, v: int) -> int:
-        if v != 1:
-            raise ValueError(f"only n=1 is supported (one choice per request), got {v}")
-        return v
-
-    @field_validator("gamma")
-    @classmethod
-    def _gamma(cls, v: Union[str, int]) -> Union[str, int]:
-        if isinstance(v, int) and not 0 <= v <= GAMMA_LIMIT:
-            raise ValueError(f"must be 'auto' or an int in [0, {GAMMA_LIMIT}], got {v}")
-        return v
-
-    @field_validator("stop")
-    @classmethod
-    def _stop(cls, v: Optional[Union[str, List[str]]]) -> Optional[List[str]]:
-        if v is None:
-            return None
-        stops = [v] if isinstance(v, str) else v
-        if len(stops) > MAX_STOP:
-            raise ValueError(f"at most {MAX_STOP} stop sequences, got {len(stops)}")
-        if any(not s for s in stops):
-            raise ValueError("stop sequences must not be empty")
-        return stops
-
-    @model_validator(mode="after")
-    def _unsupported(self) -> "_Sampling":
-        for name, neutral in (("logprobs", (None, False, 0)), ("presence_penalty", (0.0,)),
-                              ("frequency_penalty", (0.0,)), ("logit_bias", (None,)), ("best_of", (None, 1))):
-            if getattr(self, name) not in neutral and not (name == "logit_bias" and not self.logit_bias):
-                raise ValueError(f"{name} is not supported by this server")
-        return self
+    gamma: Gamma = None
+    ignore_eos: Optional[bool] = Field(default=None, description="Never end at end-of-generation tokens")
+    response_format: Optional[ResponseFormat] = None
+    grammar: Optional[str] = Field(default=None, min_length=1, description="A llama.cpp GBNF grammar")
+    json_schema: Optional[Dict[str, Any]] = Field(default=None, description="llama-server: a JSON schema")
 
     def params(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                              min_p=self.min_p, seed=self.seed, ignore_eos=self.ignore_eos)
+        """The sampling parameters, nulls and the lenient spellings resolved."""
+        return SamplingParams(temperature=1.0 if self.temperature is None else self.temperature,
+                              top_k=0 if self.top_k in (None, -1) else self.top_k,
+                              top_p=1.0 if self.top_p is None else self.top_p,
+                              min_p=0.0 if self.min_p is None else self.min_p,
+                              seed=None if self.seed in (None, -1) else self.seed,
+                              ignore_eos=bool(self.ignore_eos))
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def streamed(self) -> bool:
+        return bool(self.stream)
 
-class CompletionRequest(_Sampling):
+    def token_limit(self, default: Optional[int]) -> Optional[int]:
+        """``max_tokens`` (or its other names); None: up to the context."""
+        names = [(n, getattr(self, n)) for n in ("max_completion_tokens", "max_tokens", "n_predict")
+                 if getattr(self, n, None) is not None]
+        if not names:
+            return default
+        if len({v for _, v in names}) > 1:
+            given = ", ".join(f"{n}={v}" for n, v in names)
+            raise RequestError(400, f"conflicting output limits ({given}): give one", param=names[-1][0])
+        value = names[0][1]
+        return None if value == -1 else value
+
+
+class _CompletionBase(_Common):
     """``POST /v1/completions``: ``prompt`` is text, a list of one text, or token ids."""
 
-    prompt: Union[str, List[str], List[int]]
-    max_tokens: Optional[int] = Field(default=16, ge=1)  # OpenAI's default for completions
-    echo: bool = False
-    suffix: Optional[str] = None
-
-    @field_validator("prompt")
-    @classmethod
-    def _prompt(cls, v: Any) -> Union[str, List[int]]:
-        if isinstance(v, list) and v and all(isinstance(x, str) for x in v):
-            if len(v) != 1:
-                raise ValueError(f"one prompt per request is supported, got {len(v)}")
-            v = v[0]
-        if isinstance(v, str) and not v:
-            raise ValueError("prompt must not be empty")
-        if isinstance(v, list) and not v:
-            raise ValueError("prompt must not be empty")
-        return v
-
-    @model_validator(mode="after")
-    def _unsupported_completion(self) -> "CompletionRequest":
-        if self.echo:
-            raise ValueError("echo is not supported by this server")
-        if self.suffix:
-            raise ValueError("suffix is not supported by this server")
-        return self
+    prompt: Prompt
+    echo: Optional[bool] = Field(default=None, description="Prepend the prompt's text to the output")
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Optional[Union[str, List[dict]]] = None
-
-    @field_validator("content")
-    @classmethod
-    def _text_parts(cls, v: Optional[Union[str, List[dict]]]) -> Optional[Union[str, List[dict]]]:
-        for part in v if isinstance(v, list) else ():
-            if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise ValueError(f"only text content parts are supported, got type {part.get('type')!r}")
-        return v
-
-    def text(self) -> str:
-        """The message's text (content parts joined)."""
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part["text"] for part in self.content)
-
-
-class ChatCompletionRequest(_Sampling):
+class _ChatBase(_Common):
     """``POST /v1/chat/completions``."""
 
     messages: List[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    tools: Optional[List[Tool]] = None
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
+    parallel_tool_calls: Optional[bool] = Field(default=None, description="Default true")
+    chat_template_kwargs: Optional[Dict[str, Any]] = Field(
+        default=None, description="Extra variables of the chat template (e.g. enable_thinking)")
 
-    @property
-    def token_limit(self) -> Optional[int]:
-        """``max_completion_tokens`` (the newer name) or ``max_tokens``."""
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _reserved(cls, v: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+        clash = sorted(set(v or ()) & {"messages", "tools", "add_generation_prompt"})
+        if clash:
+            raise ValueError(f"may not set {', '.join(clash)} (the request's own fields do)")
+        return v
 
 
-def chat_text(messages: List[ChatMessage]) -> list[dict]:
-    """Messages as the chat template wants them (``developer`` is a system role)."""
-    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in messages]
+def _request_model(name: str, base: type, endpoint: str, doc: str) -> type:
+    model = create_model(name, __base__=base, __doc__=doc, __validators__=unsupported.model_validators(endpoint),
+                         **unsupported.model_fields(endpoint))
+    model.__module__ = __name__
+    return model
+
+
+CompletionRequest = _request_model("CompletionRequest", _CompletionBase, unsupported.COMPLETIONS,
+                                   _CompletionBase.__doc__ or "")
+ChatCompletionRequest = _request_model("ChatCompletionRequest", _ChatBase, unsupported.CHAT,
+                                       _ChatBase.__doc__ or "")
+
+
+def chat_messages(messages: List[ChatMessage]) -> List[Dict[str, Any]]:
+    """The messages as the chat template takes them."""
+    return [m.for_template() for m in messages]

@@ -102,6 +102,8 @@ class RayServeConfig:
     request_timeout: Optional[float] = 600.0
     log_prompts: bool = False
     health_check_period_s: float = 10.0
+    cors_origins: tuple = ()
+    chat_template: Optional[str] = None  # a file on every node, or the template's text
 
     def __post_init__(self) -> None:
         for name in ("replicas", "threads"):
@@ -120,7 +122,8 @@ class RayServeConfig:
         """What each replica's BatchedDecoder runs with (``threads`` per replica)."""
         return BatchedSettings(gamma=self.gamma, ngram=self.ngram, draft_vocab=self.draft_vocab,
                                n_threads=self.threads, n_ctx=self.n_ctx, max_sequences=self.max_sequences,
-                               max_queue=self.max_queue, prefill_chunk=self.prefill_chunk)
+                               max_queue=self.max_queue, prefill_chunk=self.prefill_chunk,
+                               chat_template=self.chat_template)
 
     @property
     def name(self) -> str:
@@ -128,7 +131,8 @@ class RayServeConfig:
 
     def options(self) -> ServerOptions:
         return ServerOptions(model_name=self.name, api_key=self.api_key, max_body_bytes=self.max_body_bytes,
-                             request_timeout=self.request_timeout, log_prompts=self.log_prompts)
+                             request_timeout=self.request_timeout, log_prompts=self.log_prompts,
+                             cors_origins=tuple(self.cors_origins))
 
 
 @serve.deployment(name="specdec")
@@ -147,7 +151,8 @@ class SpecDecReplica:
         self.decoder = BatchedDecoder.from_gguf(cfg.target, cfg.draft, settings=cfg.decoder_settings())
 
     def __serve_build_asgi_app__(self):
-        app = create_app(self.decoder, self.config.options(), metrics_labels={"replica": self.replica})
+        app = create_app(self.decoder, self.config.options(), metrics_labels={"replica": self.replica},
+                         readiness=ReplicasReady())
         app.add_middleware(_ReplicaHeader, replica=self.replica)
         self.state = app.state.specdec
         return app
@@ -157,6 +162,55 @@ class SpecDecReplica:
         problem = self.state.problem() if hasattr(self, "state") else None
         if problem is not None:
             raise RuntimeError(f"replica {self.replica} is unhealthy: {problem}")
+
+
+class ReplicasReady:
+    """``/health``'s further test on a replica: every replica of this
+    deployment running (Ray routes ``/health`` to one replica, and a load
+    balancer asks whether the service is whole).  Ray's own health check
+    does not use it: a replica must not be restarted for another's state.
+    Serve's status is read at most once a second (a thread asks the
+    controller; the event loop does not wait on it)."""
+
+    def __init__(self, max_age: float = 1.0) -> None:
+        self.max_age = max_age
+        self._checked = -1e9
+        self._problem: Optional[str] = None
+
+    async def __call__(self) -> Optional[str]:
+        import time
+
+        import anyio
+
+        if time.monotonic() - self._checked > self.max_age:
+            try:
+                ctx = serve.get_replica_context()
+                status = await anyio.to_thread.run_sync(serve.status)
+                self._problem = replicas_problem(status, ctx.app_name, ctx.deployment)
+            except Exception as exc:  # the controller unreachable: not known to be whole
+                self._problem = f"cannot read Ray Serve's status: {type(exc).__name__}: {exc}"
+            self._checked = time.monotonic()
+        return self._problem
+
+
+#: Replica states that do not make a deployment unready (a replica leaving).
+_LEAVING = ("RUNNING", "STOPPING")
+
+
+def replicas_problem(status: Any, app_name: str, deployment: str) -> Optional[str]:
+    """None when ``deployment`` of ``app_name`` in a ``serve.status()`` is
+    healthy with every replica running, else what is not."""
+    app = status.applications.get(app_name)
+    dep = app.deployments.get(deployment) if app is not None else None
+    if dep is None:
+        return f"deployment {app_name}/{deployment} not found in Ray Serve's status"
+    states = {str(getattr(k, "value", k)): n for k, n in dict(dep.replica_states).items() if n}
+    waiting = {k: n for k, n in states.items() if k not in _LEAVING}
+    dep_status = str(getattr(dep.status, "value", dep.status))
+    if dep_status != "HEALTHY" or waiting or not states.get("RUNNING"):
+        shown = ", ".join(f"{n} {k.lower()}" for k, n in sorted(states.items())) or "no replicas"
+        return f"deployment {dep_status.lower()}: {shown}"
+    return None
 
 
 class _ReplicaHeader:
@@ -227,6 +281,8 @@ def _convert(key: str, value: Any, annotation: Any) -> Any:
             if value.lower() not in ("true", "false", "1", "0", "yes", "no"):
                 raise ValueError(value)
             return value.lower() in ("true", "1", "yes")
+        if text == "tuple":  # a comma-separated list
+            return tuple(v.strip() for v in value.split(",") if v.strip())
         if key == "gamma":
             return value if value == "auto" else int(value)
         if "int" in text and "float" not in text:

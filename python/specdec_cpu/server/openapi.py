@@ -1,0 +1,198 @@
+"""``/openapi.json``: the contract as the server keeps it.
+
+The response models below document the bodies the routes answer with (the
+routes return them as plain JSON; the tests check the two agree).  The
+document is the one FastAPI derives from the routes, then:
+
+* FastAPI's 422 entries are dropped (a bad body is a 400 here, in OpenAI's
+  error shape, which every route documents with its other statuses);
+* once the model is loaded, token ids are bounded by its vocabulary;
+* with an API key, the bearer scheme is declared on the routes that need it.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, Dict, List, Literal, Optional
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel, Field
+
+__all__ = ["install_openapi", "EVENT_STREAM", "JSON_OR_STREAM"]
+
+#: the routes anyone may call without the key
+OPEN_PATHS = ("/health",)
+
+
+class Health(BaseModel):
+    status: Literal["ok", "loading", "error"]
+    error: Optional[str] = None
+    replicas: Optional[str] = Field(default=None, description="Ray Serve: why not every replica is ready")
+
+
+class ModelMeta(BaseModel):
+    n_ctx: int = Field(description="The most tokens one request may hold (prompt and output)")
+    n_vocab: int
+    target: str
+    draft: Optional[str] = Field(description="The draft model's file name (null: none)")
+    ngram: bool = Field(description="Whether prompt lookup drafts too")
+    max_sequences: int
+    chat_template: Optional[str] = Field(description="The --chat-template override (null: the model's own)")
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    max_model_len: Optional[int] = Field(default=None, description="vLLM's name of meta.n_ctx")
+    meta: Optional[ModelMeta] = Field(default=None, description="Absent while the model loads")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: List[ModelCard]
+
+
+class Speculation(BaseModel):
+    """Speculation statistics of the request (llama-server reports them as ``timings``)."""
+
+    drafted: int
+    accepted: int
+    acceptance: float = Field(description="accepted / drafted")
+    mean_alpha: float = Field(description="Mean exact acceptance probability Σ min(p, q) of the verified rows")
+    forced: int = Field(description="Tokens a grammar forced (drafted for free)")
+    steps: int
+    tokens_per_step: float
+    prompt_ms: float
+    predicted_ms: float
+    predicted_per_second: float
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: Optional[PromptTokensDetails] = None
+    speculation: Optional[Speculation] = None
+
+
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str = Field(description="A JSON object's text")
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCallOut
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: Optional[str]
+    tool_calls: Optional[List[ToolCallOut]] = None
+
+
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: FinishReason
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: List[ChatChoice]
+    usage: Usage
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: FinishReason
+    logprobs: None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: List[CompletionChoice]
+    usage: Usage
+
+
+EVENT_STREAM = {"text/event-stream": {"schema": {
+    "type": "string", "description": "Server-sent events: one JSON chunk per decoder step, then `data: [DONE]`"}}}
+
+
+def JSON_OR_STREAM(model: type) -> Dict[int | str, Dict[str, Any]]:
+    """A 200 that is ``model`` as JSON, or server-sent events with ``stream: true``."""
+    return {200: {"model": model, "description": "The completion (JSON), or its stream with `stream: true`",
+                  "content": EVENT_STREAM}}
+
+
+def install_openapi(app: FastAPI, n_vocab: Callable[[], Optional[int]], api_key: bool) -> None:
+    """Serve the document described above from ``app.openapi``."""
+    base: Dict[str, Any] = {}
+    live: Dict[str, Any] = {}
+
+    def openapi() -> Dict[str, Any]:
+        if not base:
+            base.update(_cleaned(get_openapi(title=app.title, version=app.version, summary=app.summary,
+                                             description=app.description, routes=app.routes), api_key))
+        vocab = n_vocab()
+        if vocab is None:
+            return base
+        if not live:  # the model's bounds, once it is loaded
+            live.update(_with_vocab(copy.deepcopy(base), vocab))
+        return live
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _cleaned(doc: Dict[str, Any], api_key: bool) -> Dict[str, Any]:
+    for path, methods in doc.get("paths", {}).items():
+        for op in methods.values():
+            op.get("responses", {}).pop("422", None)
+            if api_key and path not in OPEN_PATHS:
+                op["security"] = [{"bearer": []}]
+    schemas = doc.get("components", {}).get("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(name, None)
+    if api_key:
+        doc.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
+            "type": "http", "scheme": "bearer", "description": "--api-key"}
+    return doc
+
+
+def _with_vocab(doc: Dict[str, Any], n_vocab: int) -> Dict[str, Any]:
+    """Every token id's ``maximum`` (MAX_TOKEN_ID in the models) becomes ``n_vocab - 1``."""
+    from .openai_schema import MAX_TOKEN_ID
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("type") == "integer" and node.get("maximum") == MAX_TOKEN_ID:
+                node["maximum"] = n_vocab - 1
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(doc)
+    return doc

@@ -1,0 +1,159 @@
+"""The bodies the server answers with: a whole completion, or its stream of
+server-sent events, with tool calls parsed out of chat output.
+
+Ids are random (``chatcmpl-`` / ``cmpl-`` and 24 hex digits: unique across
+restarts and Ray replicas); ``system_fingerprint`` names the served
+configuration (the package's version, the model files and the decoder's
+settings).  ``usage`` carries OpenAI's counts, ``prompt_tokens_details``
+with the prompt tokens reused from the cache, and a ``speculation``
+extension object: what llama-server reports in its ``timings``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from ..chat import ToolCallStreamParser, parse_tool_calls
+from ..core.stats import Generation
+from .structured import OutputSpec
+
+__all__ = ["Reply", "new_request_id", "system_fingerprint", "usage", "finish_reason", "message_of",
+           "StreamShaper"]
+
+
+def new_request_id(chat: bool) -> str:
+    """A random id, OpenAI's prefix."""
+    return ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+
+
+def system_fingerprint(dec: Any) -> str:
+    """``fp_`` and 12 hex digits of what decides the outputs' distribution
+    and speed: the version, the model files (name and size), the settings."""
+    from .. import __version__
+
+    parts = [f"specdec-cpu {__version__}"]
+    for path in (getattr(dec, "target_path", None), getattr(dec, "draft_path", None)):
+        if path:
+            try:
+                size = os.path.getsize(path)
+            except OSError:
+                size = -1
+            parts.append(f"{os.path.basename(path)}:{size}")
+    parts.append(f"gamma={getattr(dec, 'gamma', None)} ngram={getattr(dec, 'ngram', None)} "
+                 f"n_ctx={getattr(dec, 'n_ctx', None)} template={getattr(dec, 'chat_template', None)}")
+    return "fp_" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+
+
+def usage(prompt_tokens: int, gen: Optional[Generation]) -> Dict[str, Any]:
+    """OpenAI's usage, the cached prompt tokens, and the speculation statistics."""
+    n = len(gen.tokens) if gen is not None else 0
+    s = gen.stats if gen is not None else None
+    out: Dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+                           "total_tokens": prompt_tokens + n,
+                           "prompt_tokens_details": {"cached_tokens": s.prompt_cached if s else 0}}
+    if s is not None:
+        out["speculation"] = {
+            "drafted": s.drafted, "accepted": s.accepted, "acceptance": round(s.acceptance, 6),
+            "mean_alpha": round(s.mean_alpha, 6), "forced": s.forced, "steps": s.steps,
+            "tokens_per_step": round(s.tokens_per_step, 6),
+            "prompt_ms": round(s.prompt_seconds * 1e3, 3),
+            "predicted_ms": round(s.decode_seconds * 1e3, 3),
+            "predicted_per_second": round(s.tokens_per_second, 3),
+        }
+    return out
+
+
+def finish_reason(reason: Optional[str], tool_calls: bool = False) -> str:
+    """OpenAI's finish reason: "stop" (end of generation, a stop string, a
+    grammar's end), "tool_calls", or "length" (max_tokens or the context)."""
+    if reason == "stop":
+        return "tool_calls" if tool_calls else "stop"
+    return "length"
+
+
+def message_of(text: str, spec: OutputSpec) -> Dict[str, Any]:
+    """The assistant message of a whole chat output (tool calls parsed)."""
+    if not spec.parses_calls:
+        return {"role": "assistant", "content": text}
+    parsed = parse_tool_calls(text, tool_names=spec.tool_names)
+    calls = parsed.tool_calls if spec.parallel else parsed.tool_calls[:1]
+    message: Dict[str, Any] = {"role": "assistant", "content": parsed.content if calls else text}
+    if calls:
+        message["tool_calls"] = [c.to_openai() for c in calls]
+    return message
+
+
+@dataclass
+class Reply:
+    """What the stream of one request says: its id, time and fingerprint."""
+
+    id: str
+    created: int
+    model: str
+    fingerprint: str
+    chat: bool
+
+    @property
+    def object(self) -> str:
+        return "chat.completion" if self.chat else "text_completion"
+
+    def whole(self, choice: Dict[str, Any], usage_: Dict[str, Any]) -> Dict[str, Any]:
+        """A whole (non-streamed) response body."""
+        return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint, "choices": [choice], "usage": usage_}
+
+    def chunk(self, delta_or_text: Any, reason: Optional[str] = None, usage_: Any = None,
+              with_usage: bool = False) -> Dict[str, Any]:
+        """One streamed chunk (``with_usage``: the ``usage: null`` OpenAI
+        puts in every chunk when usage was asked for)."""
+        if self.chat:
+            choice = {"index": 0, "delta": delta_or_text, "finish_reason": reason, "logprobs": None}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": delta_or_text, "finish_reason": reason, "logprobs": None}
+            obj = "text_completion"
+        data = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint, "choices": [choice]}
+        if with_usage:
+            data["usage"] = usage_
+        return data
+
+    def usage_chunk(self, usage_: Dict[str, Any]) -> Dict[str, Any]:
+        """The last chunk of a stream that asked for usage (no choices)."""
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint, "choices": [], "usage": usage_}
+
+
+class StreamShaper:
+    """Text pieces of a chat stream as OpenAI deltas: content, or tool-call
+    deltas when the request offered tools (``chat.ToolCallStreamParser``)."""
+
+    def __init__(self, spec: OutputSpec) -> None:
+        self._parser = ToolCallStreamParser(tool_names=spec.tool_names) if spec.parses_calls else None
+        self._parallel = spec.parallel
+
+    @property
+    def tool_calls(self) -> bool:
+        """Whether any tool call was streamed."""
+        return self._parser is not None and self._parser.n_calls > 0
+
+    def feed(self, piece: str) -> List[Dict[str, Any]]:
+        if self._parser is None:
+            return [{"content": piece}] if piece else []
+        return self._keep(self._parser.feed(piece))
+
+    def finish(self) -> List[Dict[str, Any]]:
+        if self._parser is None:
+            return []
+        return self._keep(self._parser.finish())
+
+    def _keep(self, deltas: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        if self._parallel:
+            return deltas
+        # parallel_tool_calls false: the first call only
+        return [d for d in deltas if "tool_calls" not in d or d["tool_calls"][0]["index"] == 0]

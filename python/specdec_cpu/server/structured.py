@@ -1,0 +1,96 @@
+"""What a request asks of its output's shape: a grammar, tools, a tool choice.
+
+:func:`output_spec` reads ``response_format``, llama.cpp's ``grammar`` and
+``json_schema`` and, on chat, ``tools``, ``tool_choice`` and
+``parallel_tool_calls``; every error is a 400 naming the field.
+:func:`compile_constraint` compiles the grammar (cached per grammar) before
+the request is queued, so an invalid schema or grammar is refused without
+reaching the decoder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, List, Optional, Tuple
+
+from ..chat import FunctionSpec, ToolChoice, resolve_tool_choice, tool_call_grammar, validate_tools
+from ..constraints import Grammar, from_response_format
+from ..errors import InvalidGrammarError, InvalidToolsError
+from .errors import RequestError
+
+__all__ = ["OutputSpec", "output_spec", "compile_constraint"]
+
+
+@dataclass
+class OutputSpec:
+    """The grammar a request's output must match (None: free text), the
+    field it came from, and the tools whose calls are parsed out of it."""
+
+    grammar: Optional[Grammar] = None
+    param: Optional[str] = None
+    functions: List[FunctionSpec] = field(default_factory=list)
+    choice: ToolChoice = field(default_factory=lambda: ToolChoice("none"))
+    parallel: bool = True
+    tools: Optional[List[dict]] = None  # as the chat template gets them (None: no tools offered)
+
+    @property
+    def parses_calls(self) -> bool:
+        """Whether the output is read for tool calls."""
+        return self.choice.mode != "none" and bool(self.functions)
+
+    @property
+    def tool_names(self) -> List[str]:
+        return [f.name for f in self.functions]
+
+
+def output_spec(body: Any, *, chat: bool) -> OutputSpec:
+    """The output specification of a request body (400 for a bad one)."""
+    grammars: List[Tuple[str, Grammar]] = []
+    try:
+        if body.response_format is not None:
+            g = from_response_format(body.response_format.as_dict())
+            if g is not None:
+                grammars.append(("response_format", g))
+        if body.json_schema is not None:
+            grammars.append(("json_schema", Grammar.json_schema(body.json_schema)))
+        if body.grammar is not None:
+            grammars.append(("grammar", Grammar.gbnf(body.grammar)))
+    except InvalidGrammarError as exc:
+        raise RequestError(400, str(exc), param=exc.param or "response_format", code="invalid_grammar") from None
+    if len(grammars) > 1:
+        raise RequestError(400, f"{grammars[0][0]} and {grammars[1][0]} both constrain the output: give one",
+                           param=grammars[1][0])
+    spec = OutputSpec(grammar=grammars[0][1], param=grammars[0][0]) if grammars else OutputSpec()
+    if not chat:
+        return spec
+    raw_tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools is not None else None
+    raw_choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
+    try:
+        spec.functions = validate_tools(raw_tools)
+        spec.choice = resolve_tool_choice(raw_choice, spec.functions)
+    except InvalidToolsError as exc:
+        raise RequestError(400, str(exc), param=exc.param, code="invalid_tools") from None
+    spec.parallel = body.parallel_tool_calls is not False
+    if spec.choice.mode != "none" and raw_tools:
+        spec.tools = raw_tools
+    forced = tool_call_grammar(spec.functions, spec.choice, parallel_tool_calls=spec.parallel)
+    if forced is not None:
+        # The call is this turn's answer; a response_format shapes a later, textual one.
+        spec.grammar, spec.param = forced, "tools"
+    return spec
+
+
+def compile_constraint(dec: Any, spec: OutputSpec) -> None:
+    """Compile ``spec``'s grammar for ``dec``'s vocabulary (cached: the
+    request compiles nothing again); 400 naming the field if it is invalid.
+    Blocking (up to tens of milliseconds for a large schema): run it off the
+    event loop."""
+    if spec.grammar is None:
+        return
+    try:
+        dec.grammar_state(spec.grammar)
+    except InvalidGrammarError as exc:
+        param = spec.param
+        if param == "response_format" and spec.grammar.kind == "json_schema":
+            param = "response_format.json_schema.schema"
+        raise RequestError(400, str(exc), param=param, code="invalid_grammar") from None

@@ -1,0 +1,324 @@
+"""Structured output and tool calls through the HTTP server, driven by clients
+no one here wrote: the ``openai`` SDK (``chat.completions.parse`` with a
+pydantic model, tool calls whole and streamed) and LangChain's ``ChatOpenAI``
+(``with_structured_output``, ``bind_tools``).  Outputs are checked with
+``jsonschema``; prompts against the chat template rendered by plain jinja2.
+
+A live server (uvicorn in a thread) over the tiny target with a chat
+template that renders tools as Qwen2.5's does (server_thread.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import List, Literal, Optional
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+jsonschema = pytest.importorskip("jsonschema")
+from pydantic import BaseModel, Field  # noqa: E402
+
+from server_thread import TOOLS_TEMPLATE, ThreadServer, render_independently, write_tools_model  # noqa: E402
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}}
+ADD = {"type": "function", "function": {
+    "name": "add", "description": "a + b",
+    "parameters": {"type": "object", "properties": {
+        "a": {"type": "integer", "minimum": -99, "maximum": 99},
+        "b": {"type": "integer", "minimum": -99, "maximum": 99}},
+        "required": ["a", "b"], "additionalProperties": False}}}
+TOOLS = [WEATHER, ADD]
+PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+USER = [{"role": "user", "content": "hello there"}]
+
+
+class Pet(BaseModel):
+    name: str = Field(max_length=10)
+    kind: Literal["cat", "dog", "fish"]
+    age: int = Field(ge=0, le=30)
+    tags: List[Literal["red", "blue"]] = Field(max_length=3)
+    vaccinated: bool
+    owner: Optional[str] = Field(default=None, max_length=8)
+
+
+@pytest.fixture(scope="module")
+def tools_target(tmp_path_factory):
+    return write_tools_model(tmp_path_factory.mktemp("tools_model") / "tools_target.gguf")
+
+
+@pytest.fixture(scope="module")
+def server(tools_target, tiny_draft):
+    from specdec_cpu import BatchedDecoder
+    from specdec_cpu.server.openai_app import ServerOptions
+
+    def load():
+        return BatchedDecoder.from_gguf(tools_target, tiny_draft, max_sequences=4, n_ctx=4096, n_threads=1,
+                                        gamma=3)
+
+    with ThreadServer(load, ServerOptions(model_name="tiny")) as s:
+        yield s
+
+
+def client(server) -> "openai.OpenAI":
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def valid_call(name: str, arguments: str) -> dict:
+    args = json.loads(arguments)
+    jsonschema.validate(args, PARAMS[name])
+    return args
+
+
+# ---------------------------------------------------------------------------
+# response_format, grammar, json_schema
+# ---------------------------------------------------------------------------
+
+
+def test_openai_parse_returns_the_pydantic_model(server) -> None:
+    c = client(server)
+    for seed in range(4):
+        r = c.chat.completions.parse(model="tiny", messages=USER, response_format=Pet, temperature=1.0, seed=seed,
+                                     max_tokens=400)
+        msg = r.choices[0].message
+        assert isinstance(msg.parsed, Pet), msg
+        jsonschema.validate(json.loads(msg.content), Pet.model_json_schema())
+        assert r.choices[0].finish_reason == "stop"
+
+
+def test_json_object_json_schema_and_grammar_on_both_endpoints_streamed_too(server) -> None:
+    c = client(server)
+    r = c.chat.completions.create(model="tiny", messages=USER, response_format={"type": "json_object"},
+                                  temperature=1.0, seed=3, max_tokens=300)
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+    else:  # cut by max_tokens: still an object's beginning
+        assert r.choices[0].message.content.startswith("{")
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
+              "required": ["ok", "n"], "additionalProperties": False}
+    for stream in (False, True):
+        body = {"model": "tiny", "prompt": "the", "max_tokens": 64, "json_schema": schema, "stream": stream}
+        text = completion_text(server, body)
+        jsonschema.validate(json.loads(text), schema)
+        body = {"model": "tiny", "prompt": "the", "max_tokens": 64, "stream": stream, "seed": 5,
+                "grammar": 'root ::= "yes" | "no" | "maybe " [0-9]'}
+        assert re.fullmatch(r"yes|no|maybe [0-9]", completion_text(server, body))
+        body = {"model": "tiny", "messages": USER, "max_tokens": 64, "stream": stream, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "s", "schema": schema, "strict": True}}}
+        jsonschema.validate(json.loads(completion_text(server, body, chat=True)), schema)
+
+
+def completion_text(server, body: dict, chat: bool = False) -> str:
+    """The output text of a request, streamed or not (raw HTTP)."""
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    if not body.get("stream"):
+        r = server.post(path, body)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        return choice["message"]["content"] if chat else choice["text"]
+    parts = []
+    with httpx.stream("POST", server.url + path, json=body, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                choice = json.loads(line[6:])["choices"][0]
+                parts.append((choice["delta"].get("content") or "") if chat else choice["text"])
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------------------
+# tools
+# ---------------------------------------------------------------------------
+
+
+def test_tool_choice_required_and_named(server) -> None:
+    c = client(server)
+    names = set()
+    for seed in range(6):
+        r = c.chat.completions.create(model="tiny", messages=USER, tools=TOOLS, tool_choice="required",
+                                      temperature=1.0, seed=seed, max_tokens=200)
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        assert choice.message.tool_calls, choice
+        for call in choice.message.tool_calls:
+            assert call.type == "function" and call.id.startswith("call_")
+            valid_call(call.function.name, call.function.arguments)
+            names.add(call.function.name)
+    assert names <= {"get_weather", "add"}
+    r = c.chat.completions.create(model="tiny", messages=USER, tools=TOOLS, temperature=1.0, seed=1, max_tokens=200,
+                                  tool_choice={"type": "function", "function": {"name": "add"}},
+                                  parallel_tool_calls=False)
+    calls = r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "tool_calls" and len(calls) == 1 and calls[0].function.name == "add"
+    valid_call("add", calls[0].function.arguments)
+
+
+def test_streamed_tool_calls_assemble_to_valid_calls(server) -> None:
+    c = client(server)
+    for seed in range(4):
+        stream = c.chat.completions.create(model="tiny", messages=USER, tools=TOOLS, tool_choice="required",
+                                           temperature=1.0, seed=seed, max_tokens=200, stream=True)
+        calls: dict = {}
+        reasons = []
+        for chunk in stream:
+            assert chunk.id.startswith("chatcmpl-") and chunk.system_fingerprint.startswith("fp_")
+            delta = chunk.choices[0].delta
+            for d in delta.tool_calls or ():
+                slot = calls.setdefault(d.index, {"id": None, "name": None, "arguments": ""})
+                if d.id:
+                    assert slot["id"] is None  # the header comes once
+                    slot["id"], slot["name"] = d.id, d.function.name
+                slot["arguments"] += d.function.arguments or ""
+            reasons.append(chunk.choices[0].finish_reason)
+        assert reasons[-1] == "tool_calls" and all(r is None for r in reasons[:-1])
+        assert calls and sorted(calls) == list(range(len(calls)))
+        for slot in calls.values():
+            assert slot["id"].startswith("call_")
+            valid_call(slot["name"], slot["arguments"])
+    # The SDK's own stream helper assembles the same deltas.
+    with c.chat.completions.stream(model="tiny", messages=USER, tools=TOOLS, temperature=1.0, seed=9, max_tokens=200,
+                                   tool_choice={"type": "function", "function": {"name": "get_weather"}}) as s:
+        final = s.get_final_completion()
+    call = final.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    valid_call("get_weather", call.function.arguments)
+
+
+def test_tools_and_tool_history_render_through_the_template(server, tools_target) -> None:
+    """The prompt the server decodes is the template rendered with the tools
+    and with the assistant's calls and the tool results (counted in tokens:
+    the server's usage against the same text tokenized)."""
+    from specdec_cpu.engine import LlamaTokenizer, LlamaWeights
+
+    history = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Paris, and 2+3?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                              "arguments": '{"city": "Paris", "unit": "celsius"}'}},
+            {"id": "call_2", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C"},
+        {"role": "tool", "tool_call_id": "call_2", "content": "5"},
+    ]
+    names = {"call_1": "get_weather", "call_2": "add"}
+    expected = [dict(m, name=names[m["tool_call_id"]]) if m["role"] == "tool" else m for m in history]
+    weights = LlamaWeights(tools_target)
+    try:
+        tok = LlamaTokenizer(weights)
+
+        def n_tokens(text: str) -> int:
+            return len(tok.tokenize(text, add_special=True, parse_special=True))
+
+        with_tools = render_independently(TOOLS_TEMPLATE, expected, tools=TOOLS)
+        without = render_independently(TOOLS_TEMPLATE, expected)
+        assert "<tool_call>" in with_tools and '"get_weather"' in with_tools and "<tool_response" in with_tools
+        c = client(server)
+        r = c.chat.completions.create(model="tiny", messages=history, tools=TOOLS, max_tokens=1, temperature=0)
+        assert r.usage.prompt_tokens == n_tokens(with_tools)
+        r = c.chat.completions.create(model="tiny", messages=history, tools=TOOLS, tool_choice="none",
+                                      max_tokens=1, temperature=0)
+        assert r.usage.prompt_tokens == n_tokens(without)  # "none": the tools are not offered
+        assert r.choices[0].message.tool_calls is None
+    finally:
+        weights.close()
+
+
+# ---------------------------------------------------------------------------
+# LangChain
+# ---------------------------------------------------------------------------
+
+
+def test_langchain_with_structured_output_and_bind_tools(server) -> None:
+    lc = pytest.importorskip("langchain_openai")
+    from langchain_core.tools import tool
+
+    llm = lc.ChatOpenAI(base_url=server.url + "/v1", api_key="unused", model="tiny", temperature=1.0,
+                        max_tokens=400, max_retries=0, seed=2)
+    pet = llm.with_structured_output(Pet).invoke("Describe a pet.")
+    assert isinstance(pet, Pet)
+    # strict: no properties beyond Pet's (a random tiny model would add some and never stop)
+    pet = llm.with_structured_output(Pet, method="function_calling", strict=True).invoke("Describe a pet.")
+    assert isinstance(pet, Pet)
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    @tool
+    def shout(text: str) -> str:
+        """Upper-case a text."""
+        return text.upper()
+
+    msg = llm.bind_tools([add, shout], tool_choice="required", strict=True).invoke("Add 2 and 3.")
+    assert msg.tool_calls and msg.response_metadata["finish_reason"] == "tool_calls"
+    schemas = {"add": add.tool_call_schema.model_json_schema(), "shout": shout.tool_call_schema.model_json_schema()}
+    for call in msg.tool_calls:
+        jsonschema.validate(call["args"], schemas[call["name"]])
+        assert call["id"].startswith("call_")
+    chunks = list(llm.bind_tools([add], tool_choice="add", strict=True).stream("Add 2 and 3."))
+    merged = chunks[0]
+    for ch in chunks[1:]:
+        merged = merged + ch
+    assert [c["name"] for c in merged.tool_calls] == ["add"]
+    jsonschema.validate(merged.tool_calls[0]["args"], schemas["add"])
+
+
+# ---------------------------------------------------------------------------
+# bad input: a specific 400 each, and the server stays up
+# ---------------------------------------------------------------------------
+
+
+BAD = [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}},
+     "response_format.json_schema.schema", "invalid_grammar", "Invalid type: foo"),
+    ({"response_format": {"type": "xml"}}, "response_format.type", None, "json_schema"),
+    ({"grammar": "root ::= oops"}, "grammar", "invalid_grammar", "oops"),
+    ({"json_schema": {"type": "object", "properties": {"a": 3}}}, "json_schema", "invalid_grammar", "object"),
+    ({"grammar": 'root ::= "a"', "response_format": {"type": "json_object"}}, "grammar", None, "give one"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+     "tool_choice.function.name", "invalid_tools", "'nope'"),
+    ({"tool_choice": "required"}, "tool_choice", "invalid_tools", "needs tools"),
+    ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name", None,
+     "pattern"),
+    ({"tools": [{"type": "function"}]}, "tools[0].function", None, "required"),
+    ({"tools": [{"type": "retrieval", "function": {"name": "x"}}]}, "tools[0].type", None, "function"),
+    ({"tools": [{"type": "function", "function": {"name": "x", "parameters": {"type": "array"}}}]},
+     "tools[0].function.parameters", "invalid_tools", "object"),
+    ({"tools": [{"type": "function", "function": {"name": "x", "parameters": {"properties": {"a": 1}}}}]},
+     "tools[0].function.parameters", "invalid_tools", "JSON schema"),
+    ({"tools": [ADD, ADD]}, "tools[1].function.name", "invalid_tools", "repeats"),
+    ({"presence_penalty": 0.5}, "presence_penalty", "unsupported_parameter", "presence_penalty=0.5"),
+    ({"logprobs": True}, "logprobs", "unsupported_parameter", "logprobs=true"),
+    ({"n": 3}, "n", "unsupported_parameter", "n=3"),
+    ({"logit_bias": {"5": 10}}, "logit_bias", "unsupported_parameter", "logit_bias"),
+    ({"functions": [{"name": "x"}]}, "functions", "unsupported_parameter", "use tools"),
+    ({"temprature": 0.5}, "temprature", "unknown_parameter", "unknown field"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages[0].content", None, "only text"),
+    ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs", None, "tools"),
+]
+
+
+@pytest.mark.parametrize("extra, param, code, words", BAD, ids=[b[1] + ":" + b[3] for b in BAD])
+def test_bad_requests_get_a_specific_400(server, extra, param, code, words) -> None:
+    body = {"model": "tiny", "messages": USER, "max_tokens": 4, **extra}
+    r = server.post("/v1/chat/completions", body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
+    assert err["param"] == param and words in err["message"], err
+    if code is not None:
+        assert err["code"] == code, err
+    # the SDK sees it as a BadRequestError naming the field
+    with pytest.raises(openai.BadRequestError) as info:
+        client(server).chat.completions.create(model="tiny", messages=USER, max_tokens=4, extra_body=extra)
+    assert info.value.param == param
+    assert client(server).chat.completions.create(model="tiny", messages=USER, max_tokens=2).choices  # still up
