@@ -33,6 +33,7 @@ _LAZY = {
     "BatchedDecoder": "decoding.batched",
     "DecoderSettings": "settings",
     "BatchedSettings": "settings",
+    "Grammar": "constraints.grammar",
 }
 
 
@@ -50,6 +51,7 @@ __all__ = [
     "BatchedDecoder",
     "DecoderSettings",
     "BatchedSettings",
+    "Grammar",
     "SpecDecError",
     "ModelLoadError",
     "VocabMismatchError",
