@@ -580,10 +580,10 @@ def test_decoding_steps_are_scored_against_their_plans(tiny_target, tiny_draft) 
         plan = sch.loop._plan
 
         def recording_plan(decoding, prefill, joining):
-            works, cands, catch_up = plan(decoding, prefill, joining)
+            works, cands, catch_up, timed = plan(decoding, prefill, joining)
             if works:
                 catching_up.append(bool(catch_up))
-            return works, cands, catch_up
+            return works, cands, catch_up, timed
 
         sch.loop._plan = recording_plan
         params = SamplingParams(temperature=1.0, seed=1)

@@ -154,14 +154,15 @@ def test_stats_are_consistent() -> None:
 class RowCostLM(MarkovLM):
     """A Markov model whose pass takes ``base + per_row · rows`` seconds."""
 
-    def __init__(self, *args, base: float, per_row: float, **kwargs) -> None:
+    def __init__(self, *args, base: float, per_row: float, cold: float = 0.0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.base, self.per_row = base, per_row
+        self.base, self.per_row, self.cold = base, per_row, cold  # cold: extra seconds of the first pass
 
     def eval(self, tokens, n_logits=1):
         import time
 
-        time.sleep(self.base + self.per_row * len(tokens))
+        time.sleep(self.base + self.per_row * len(tokens) + self.cold)
+        self.cold = 0.0
         return super().eval(tokens, n_logits)
 
 
@@ -187,3 +188,35 @@ def test_a_first_generation_plans_with_costs_it_measured() -> None:
     assert memory[0] == 0 and min(memory[2:5]) >= 2 and max(memory) >= 6, memory
     compute = first_generation(dict(base=0.002, per_row=0.010), dict(base=0.001, per_row=0.007))
     assert set(compute) == {0}, compute
+
+
+def test_a_cold_first_draft_pass_does_not_stop_drafting() -> None:
+    """The draft's first pass pays for weights not yet in the page cache (a
+    0.5B draft's first pass has taken 40x its later ones): its second
+    reading replaces it, so a memory-bound pair drafts from the third step
+    on instead of judging the draft 40 times too slow."""
+    target = RowCostLM(V, order=2, seed=1, base=0.010, per_row=0.0002)
+    draft = RowCostLM(V, order=2, table=target.table, base=0.001, per_row=0.0005, cold=0.060)
+    dec = SpeculativeDecoder(target, ByteTokenizer(), draft, gamma="auto", seed=0)
+
+    gammas = dec.generate([1, 2, 3, 1, 2, 3, 4], max_tokens=40, params=T1).stats.gammas
+    times = dec.policy.planner.draft
+    assert times.settled(1) and times.time(1) < 0.010 * 1000, times.time(1)
+    assert gammas[:2] == [0, 0] and max(gammas[2:6]) >= 2, gammas
+
+
+def test_pass_times_settle_on_the_lower_of_two_first_readings() -> None:
+    from specdec_cpu.planning.pass_times import PassTimes
+
+    cold = PassTimes(8)
+    cold.observe(1, 977.0)
+    assert not cold.settled(1) and cold.time(1) == 977.0
+    cold.observe(1, 22.0)
+    assert cold.settled(1) and cold.time(1) == 22.0  # in full, not 977 + 0.2 · (22 − 977)
+    cold.observe(1, 30.0)
+    assert cold.time(1) == pytest.approx(22.0 + 0.2 * 8.0)  # then the moving average
+    warm = PassTimes(8)
+    warm.observe(1, 22.0)
+    warm.observe(1, 30.0)
+    assert warm.time(1) == 22.0
+    assert PassTimes(8, [5.0]).settled(1)  # a calibration's seed is settled

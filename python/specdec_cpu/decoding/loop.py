@@ -139,7 +139,7 @@ class StepLoop:
         prefill = self._prefill_parts(len(decoding))
         if not decoding and not prefill:  # pragma: no cover - a pass must always fit one row
             raise SpecDecError(f"no row fits a pass of n_batch={self.target.n_batch}")
-        works, cands, catch_up = self._plan(decoding, prefill, joining)
+        works, cands, catch_up, timed = self._plan(decoding, prefill, joining)
         planned_rate = self.policy.last_rate
         if self.step_trace is not None:
             self._passes = ([], [])
@@ -150,7 +150,7 @@ class StepLoop:
                 self.policy.learn(c, w.decision, w.route, w.drafted_alphas, w.first_token)
         if works and not prefill:
             self.policy.observe_step(len(works), any(w.gamma > 0 for w in works), bool(catch_up),
-                                     any(w.decision.explore for w in works), planned_rate, emitted,
+                                     timed or any(w.decision.explore for w in works), planned_rate, emitted,
                                      time.perf_counter() - t_step)
         dt = time.perf_counter() - t_step
         with self.metrics.lock():
@@ -184,8 +184,11 @@ class StepLoop:
         return parts
 
     def _plan(self, decoding: list[Sequence], prefill: list[Rows], joining: int
-              ) -> tuple[list[Work], list[Candidate], list[Rows]]:
-        """The policy's decisions as works, and the draft's catch-up chunks."""
+              ) -> tuple[list[Work], list[Candidate], list[Rows], bool]:
+        """The policy's decisions as works, the draft's catch-up chunks, and
+        whether one of them times a draft row (a measurement, which the
+        drafting ledger leaves out as it does an exploring probe: a cold
+        first draft pass would otherwise count against drafting)."""
         cands = [self._candidate(s) for s in decoding]
         fixed_rows = sum(len(p.tokens) for p in prefill)
         joining += len(self.active) - len(decoding)
@@ -193,6 +196,7 @@ class StepLoop:
         if self.draft is not None:
             budget = min(self.prefill_chunk, self.draft.n_batch - len(decoding))
         timing = self.draft is not None and self.policy.draft_unmeasured()
+        timed = False
         decisions = self.policy.plan(cands, fixed_rows, joining, budget)
         works, catch_up = [], []
         for s, c, d in zip(decoding, cands, decisions):
@@ -204,8 +208,8 @@ class StepLoop:
                 # The draft's cost is unknown: its next token is one row of a draft
                 # pass as drafting runs it (with logits), which times T_draft(1).
                 catch_up.append(Rows(s.slot, s.seq[have:have + 1], 1))
-                timing = False
-        return works, cands, catch_up
+                timing, timed = False, True
+        return works, cands, catch_up, timed
 
     def _candidate(self, s: Sequence) -> Candidate:
         room = s.room(self.target.n_ctx)

@@ -7,7 +7,13 @@ over the requests drafting at one depth.  :class:`PassTimes` keeps one
 moving average per row count, seeded by a calibration when there is one,
 and answers for any k by interpolating between the counts it has seen.
 
-Two things make the estimates track a shared, noisy machine:
+Three things make the estimates track a shared, noisy machine:
+
+- a count's first reading may be cold (weights not yet in the page cache,
+  a first call's one-off setup: a 0.5B draft's first pass has taken 977 ms
+  against 22 ms after), so until a count has :data:`SETTLE` readings its
+  estimate is the lowest of them, not a moving average that a cold first
+  reading would hold up for dozens of passes;
 
 - one wild reading (a page fault, another process) moves an estimate by at
   most a bounded step;
@@ -47,7 +53,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ["PassTimes"]
+__all__ = ["PassTimes", "SETTLE"]
+
+#: Readings of a count whose minimum is its estimate before the moving
+#: average takes over (the first is often cold; two warm readings agree).
+SETTLE = 2
 
 
 class PassTimes:
@@ -88,6 +98,7 @@ class PassTimes:
         self.drift_band, self.max_jump = drift_band, max_jump
         self._t = np.full(k_max + 1, np.nan)  # index k (0 unused)
         self._seen = np.zeros(k_max + 1, dtype=np.int64)  # observation number of each count's last reading
+        self._readings = np.zeros(k_max + 1, dtype=np.int64)  # readings of each count
         self.observations = 0
         self._seed = np.full(k_max + 1, np.nan)
         if seed_ms is not None:
@@ -112,6 +123,13 @@ class PassTimes:
         one read off the prior or its neighbours."""
         return bool(self._seen[k] > 0 or math.isfinite(self._seed[k])) if 1 <= k <= self.k_max else False
 
+    def settled(self, k: int) -> bool:
+        """Whether count ``k``'s time is trustworthy: seeded by a calibration,
+        or read at least :data:`SETTLE` times (the first may be cold)."""
+        if not 1 <= k <= self.k_max:
+            return False
+        return bool(self._readings[k] >= SETTLE or math.isfinite(self._seed[k]))
+
     def last_seen(self, k: int) -> int:
         """Observation number of the last reading of count ``k`` (0: never)."""
         return int(self._seen[k])
@@ -128,10 +146,15 @@ class PassTimes:
         if self.drift_band is not None and self._seen[k] == 0 and math.isfinite(self._seed[k]):
             self._t[k] = self._seed[k] * self._seeded_drift()  # its estimate until now
         before = self._t[k]
-        stale = self.observations - self._seen[k] > self.stale_after
-        self._t[k] = self._blend(before, ms, max(self.ema, 0.6) if stale else self.ema)
+        settling = 0 < self._readings[k] < SETTLE and not math.isfinite(self._seed[k])
+        if settling:
+            self._t[k] = min(before, ms)  # a cold first reading gives way to a lower one in full
+        else:
+            stale = self.observations - self._seen[k] > self.stale_after
+            self._t[k] = self._blend(before, ms, max(self.ema, 0.6) if stale else self.ema)
         self._seen[k] = self.observations
-        if math.isfinite(before):
+        self._readings[k] += 1
+        if math.isfinite(before) and not settling:  # a cold reading says nothing of the machine's load
             self._follow_drift(k, self._t[k] / before)
 
     def curve(self) -> np.ndarray:

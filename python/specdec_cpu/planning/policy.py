@@ -408,9 +408,10 @@ class DraftPolicy:
             self.planner.observe_balance(batch, drafting or caught_up, emitted, seconds)
 
     def draft_unmeasured(self) -> bool:
-        """Whether the draft model's pass time is unknown (no calibration,
-        no draft pass yet): the loop then times one draft row first."""
-        return self.has_draft and not self.planner.draft.known(1)
+        """Whether the draft model's one-row pass time is not settled (no
+        calibration, fewer than two readings: the first may be cold): the
+        loop then times a draft row in a step that does not draft."""
+        return self.has_draft and not self.planner.draft.settled(1)
 
     def estimates(self) -> dict:
         """α̂ of the pair and the pass-time curves, as plain data (statistics, logs)."""
