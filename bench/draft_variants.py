@@ -3,7 +3,7 @@
     python -m bench.draft_variants [--threads 2] [--tokens 128]
 
 At four and more concurrent requests the default pair's drafts do not pay
-(bench/RESULTS.md, "What drafting can add"): the Q4_0 draft's pass over one
+(bench/HISTORY.md, "What drafting can add"): the Q4_0 draft's pass over one
 row per request costs too much of a target pass.  Two ways to make the same
 draft cheaper, each exact (the verifier only needs the q a draft token was
 sampled from; a draft that never proposes some ids has q = 0 there):

@@ -12,7 +12,7 @@ main thread, an idle decoder's scheduler, a request thread of a pool)
 slows every later pass of the process: on 2 cores, 2 threads, F32 target,
 one such thread cost plain decoding 17% and speculative decoding 10%, and
 several (the serving benchmark's process) cost plain decoding 30%
-(docs/architecture.md §4; bench/RESULTS.md, "OpenMP workers").
+(docs/architecture.md §4; bench/HISTORY.md, "OpenMP workers").
 
 :func:`release_threads` frees the calling thread's pool; its next pass
 makes a new one (a fraction of a millisecond).  It is a no-op without

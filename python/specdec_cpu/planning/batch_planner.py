@@ -312,7 +312,7 @@ class BatchPlanner:
         draft: conservative, and the rule every serving measurement since the
         drafting ledger was made with (waiting for four drafting steps instead
         was tried; its runs at eight requests ran away through a pass-time
-        error, fixed since, so they did not decide it; bench/RESULTS.md,
+        error, fixed since, so they did not decide it; bench/HISTORY.md,
         "Serving at K = 4")."""
         r = self.realised
         d = r[(batch, True)].ratio() if (batch, True) in r else 1.0
