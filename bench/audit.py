@@ -3,7 +3,7 @@
     python -m bench audit                  # the full run: >= 20,000 audited tokens per engine and setting
     python -m bench audit --quick          # ~1,000 per engine and setting, to check the pipeline
     python -m bench audit --dry-run        # the engines, settings and estimated duration
-    python -m bench audit --report-only    # re-render the section and plot from bench/audit/results.json
+    python -m bench audit --report-only    # re-render the section and plot from bench/results/audit/results.json
 
 The pair is the demo pair (F32 target, Q4_0 draft).  Every engine generates
 sequences from many chat prompts (``AUDIT_PROMPTS``: open requests, and
@@ -43,11 +43,11 @@ How each engine's ids are obtained:
 
 A sequence that ends at an end-of-generation token is cut before it and
 marked ``"stopped": true``; every sequence that was started is kept, whole,
-whatever its length.  Raw samples go to ``bench/audit/samples/<setting>/
+whatever its length.  Raw samples go to ``bench/results/audit/samples/<setting>/
 <engine>.jsonl.gz`` (the audit's input format), results to
-``bench/audit/results.json``, the table to the "## Is it exact?" section of
+``bench/results/audit/results.json``, the table to the "## Is it exact?" section of
 bench/RESULTS.md (other sections are kept) and the plot to
-bench/plot_audit.png.
+bench/results/audit/plot_audit.png.
 """
 
 from __future__ import annotations
@@ -67,17 +67,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-try:  # python -m bench audit, or bench/ on sys.path
-    from . import peers
-    from .prompts import PROMPTS as SUITE_PROMPTS
-    from .serving import USER_PROMPTS, write_section
-    from .suite import F32, Q4_0, SETTINGS, Setting
-except ImportError:  # pragma: no cover - run as a plain script
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from bench import peers  # type: ignore[no-redef]
-    from bench.prompts import PROMPTS as SUITE_PROMPTS  # type: ignore[no-redef]
-    from bench.serving import USER_PROMPTS, write_section  # type: ignore[no-redef]
-    from bench.suite import F32, Q4_0, SETTINGS, Setting  # type: ignore[no-redef]
+from . import peers
+from .common import RESULTS_MD, results_dir, write_section
+from .prompts import PROMPTS as SUITE_PROMPTS
+from .serving import USER_PROMPTS
+from .suite import F32, Q4_0, SETTINGS, Setting
 
 HERE = Path(__file__).resolve().parent
 SECTION = "## Is it exact?"
@@ -633,10 +627,7 @@ class LcpPromptLookup(Engine):
     def start(self, ctx: Ctx) -> None:
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-        try:
-            from .run import LcpRunner
-        except ImportError:  # pragma: no cover
-            from bench.run import LcpRunner  # type: ignore[no-redef]
+        from .run import LcpRunner
         super().start(ctx)
         self.runner = LcpRunner(ctx.target, ctx.threads, N_CTX)
         self.runner.llm.draft_model = LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=10)
@@ -975,10 +966,7 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
     from specdec_cpu.audit import TargetModel
     from specdec_cpu.demo_models import ensure_model
 
-    try:
-        from .run import machine_info
-    except ImportError:  # pragma: no cover
-        from bench.run import machine_info  # type: ignore[no-redef]
+    from .common import machine_info
 
     out_dir: Path = args.output_dir
     res_path = out_dir / "results.json"
@@ -1488,7 +1476,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                     help="informative positions to audit per engine and setting (default 20000; --quick 1000)")
     ap.add_argument("--quick", action="store_true",
                     help="~1,000 audited tokens per engine and setting, 128 tokens per sequence, written under "
-                         "bench/audit/quick/ (RESULTS.md untouched)")
+                         "bench/results/audit/quick/ (RESULTS.md untouched)")
     ap.add_argument("--engines", default=",".join(ENGINES),
                     help=f"comma-separated (default all: {','.join(ENGINES)})")
     ap.add_argument("--settings", default=",".join(AUDIT_SETTINGS),
@@ -1499,7 +1487,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                     help="sequences at once for BatchedDecoder and llama-server slots (default 4)")
     ap.add_argument("--seed", type=int, default=1, help="base seed (sequence j of setting i: seed + 100000 i + j)")
     ap.add_argument("--output-dir", type=Path, default=None,
-                    help="samples and results.json (default bench/audit, --quick bench/audit/quick)")
+                    help="samples and results.json (default bench/results/audit, --quick bench/results/audit/quick)")
     ap.add_argument("--results-md", type=Path, default=None,
                     help="the RESULTS.md whose section is written (default bench/RESULTS.md; --quick: in the "
                          "output directory)")
@@ -1525,9 +1513,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     if args.max_tokens + 600 > N_CTX:
         ap.error(f"--max-tokens must leave room for the prompts in the {N_CTX}-token context (at most {N_CTX - 600})")
     if args.output_dir is None:
-        args.output_dir = HERE / "audit" / ("quick" if args.quick else "")
+        args.output_dir = results_dir("audit") / ("quick" if args.quick else "")
     if args.results_md is None:
-        args.results_md = (args.output_dir / "RESULTS.md") if args.quick else HERE / "RESULTS.md"
+        args.results_md = (args.output_dir / "RESULTS.md") if args.quick else RESULTS_MD
     return args
 
 
@@ -1557,7 +1545,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results = rescore(args, command_line(argv))
     else:
         results = run(args, command_line(argv))
-    plot_path = args.results_md.parent / "plot_audit.png"
+    plot_path = args.output_dir / "plot_audit.png"
     name = None
     if not args.no_plot:
         try:

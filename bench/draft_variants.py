@@ -23,7 +23,7 @@ for the benchmark prompts (teacher-forced: the target and every draft read
 the same tokens).  Then the batch planner's forecast gain over plain
 batching at K = 1, 2, 4, 8 (``specdec_cpu.planning.forecast``) with the
 target's calibrated pass times and each draft's own.  Writes
-bench/draft_variants_results.json and prints a table; nothing is asserted.
+bench/results/draft_variants/draft_variants_results.json and prints a table; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from specdec_cpu.demo_models import ensure_model
 from specdec_cpu.planning.calibration import ensure_timings, time_passes
 from specdec_cpu.planning.forecast import forecast
 
+from .common import results_dir
 from .prompts import PROMPTS
 
 HERE = Path(__file__).resolve().parent
@@ -128,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=128, help="answer length per prompt (default 128)")
     ap.add_argument("--rounds", type=int, default=3, help="timing rounds over all drafts (default 3)")
-    ap.add_argument("--output", default=str(HERE / "draft_variants_results.json"))
+    ap.add_argument("--output", default=str(results_dir("draft_variants") / "draft_variants_results.json"))
     args = ap.parse_args(argv)
     target_path, draft_path = ensure_model(F32), ensure_model(Q4_0)
     params = SamplingParams(temperature=1.0, seed=7, ignore_eos=True)

@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from . import ab, report
+from . import report
+from .common import BENCH, median, paired_ratios, stat
 
-HERE = Path(__file__).resolve().parent
-README = HERE.parent / "README.md"
+README = BENCH.parent / "README.md"
 START, END = "<!-- headline:start (python -m bench.headline) -->", "<!-- headline:end -->"
 
 #: llama.cpp's exact speculative peers (llama-speculative is left out: it is
@@ -34,7 +34,7 @@ def _load(name: str, results_dir: Path) -> Optional[Dict[str, Any]]:
 
 
 def _ratio(values: Sequence[float]) -> str:
-    s = report.stat(values)
+    s = stat(values)
     if s["median"] is None:
         return "–"
     ci = f" [{s['lo']:.2f}–{s['hi']:.2f}]" if s["lo"] is not None else ""
@@ -54,7 +54,7 @@ def _fastest(results: Dict[str, Any], pair: str, setting: str, families: Sequenc
             fam if report.runs_of(results, pair, setting, fam, kinds) else None)
         if eid is None:
             continue
-        tps = report._med(r.get("tps") for r in report.runs_of(results, pair, setting, eid, kinds)) or 0.0
+        tps = median(r.get("tps") for r in report.runs_of(results, pair, setting, eid, kinds)) or 0.0
         if tps > best_tps:
             best, best_tps = eid, tps
     return best
@@ -93,7 +93,7 @@ def structured_rows(results: Dict[str, Any]) -> List[List[str]]:
         if best:
             rows.append([f"JSON under a schema, {SETTINGS[sid][0]}", "γ=auto, grammar-forced drafts",
                          f"llama-server's fastest mode ({best})",
-                         _ratio(ab.block_ratios(results["runs"], "ours-auto", best, sid))])
+                         _ratio(paired_ratios(results["runs"], "ours-auto", best, sid))])
     return rows
 
 
@@ -105,18 +105,18 @@ def infill_rows(results: Dict[str, Any]) -> List[List[str]]:
     if not best:
         return []
     return [["Fill-in-the-middle in this package's code, greedy", "n-gram", f"llama-server /infill ({best})",
-             _ratio(ab.block_ratios(results["runs"], "ours-ngram", best, "t0"))]]
+             _ratio(paired_ratios(results["runs"], "ours-ngram", best, "t0"))]]
 
 
 #: (result file, its rows)
 STUDIES: Sequence[tuple[str, Callable[[Dict[str, Any]], List[List[str]]]]] = (
-    ("results.json", suite_rows),
-    ("structured_results.json", structured_rows),
-    ("infill_results.json", infill_rows),
+    ("suite/results.json", suite_rows),
+    ("structured/structured_results.json", structured_rows),
+    ("infill/infill_results.json", infill_rows),
 )
 
 
-def render(results_dir: Path = HERE) -> str:
+def render(results_dir: Path = BENCH / "results") -> str:
     """The table, with the machine it was measured on."""
     rows: List[List[str]] = []
     machine, dates = None, set()
@@ -148,7 +148,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.headline", description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if README.md's table differs from the results")
     ap.add_argument("--readme", type=Path, default=README)
-    ap.add_argument("--results-dir", type=Path, default=HERE)
+    ap.add_argument("--results-dir", type=Path, default=BENCH / "results")
     args = ap.parse_args(argv)
     old = args.readme.read_text()
     new = splice(old, render(args.results_dir))

@@ -1,6 +1,6 @@
 """Benchmark of the vocabulary-wide sampling kernels.
 
-    python bench/kernels.py [--repeats N] [--no-write]
+    python -m bench.kernels [--repeats N] [--no-write]
 
 Times, at V = 32,000 / 151,936 / 262,144, on synthetic rows and on logit rows
 captured from Qwen2.5-Coder-0.5B (when its GGUF is in the model cache), all
@@ -409,11 +409,7 @@ def report(results, isas, command, notes) -> str:
 
 def write_section(text: str, path: Path = RESULTS, heading: str = "## Kernels") -> None:
     """Replace (or add) the ``## Kernels`` section of RESULTS.md in place, keeping the rest."""
-    try:  # python -m bench kernels, or bench/ on sys.path
-        from .serving import write_section as replace_section
-    except ImportError:  # pragma: no cover - run as a plain script
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        from bench.serving import write_section as replace_section  # type: ignore[no-redef]
+    from .common import write_section as replace_section
     replace_section(path, heading + "\n\n" + text, heading)
 
 
@@ -423,7 +419,7 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, nargs="*", default=list(VOCABS), help="vocabulary sizes")
     ap.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = ap.parse_args(argv)
-    command = "python bench/kernels.py" + "".join(
+    command = "python -m bench.kernels" + "".join(
         f" {a}" for a in (argv if argv is not None else sys.argv[1:])
     )
 

@@ -1,7 +1,7 @@
 """Prompt-lookup drafting replayed on recorded outputs: our γ policy against
 llama-cpp-python's rule and against an oracle, without timing noise.
 
-    python bench/ngram_replay.py [--tokens N] [--no-write]
+    python -m bench.ngram_replay [--tokens N] [--no-write]
 
 Timed runs of prompt lookup vary by ±10–20% from run to run on a 2-core
 machine, more than the differences between drafting policies.  This script
@@ -16,7 +16,7 @@ v(γ + 1) passes; the score is tokens per pass, i.e. the speed-up over plain
 decoding that the policy would reach with free drafting and no overhead.
 
 Policies:
-  ours      NgramDrafter + MatchLengthController, as `--ngram` runs them
+  ours      NgramDrafter + the decoders' DraftPolicy, as `--ngram` runs them
             (looking up the prompt's wrapped lines joined, too)
   ours, sequence only
             the same without them (unwrap_lines=False)
@@ -36,8 +36,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
-from pathlib import Path
 from typing import Callable, List, Sequence
 
 import numpy as np
@@ -46,12 +44,13 @@ from specdec_cpu import SamplingParams, SpeculativeDecoder
 from specdec_cpu.demo_models import ensure_model
 from specdec_cpu.drafters import NgramDrafter
 from specdec_cpu.drafters.unwrap import unwrapped_reference
-from specdec_cpu.planning import CostModel, MatchLengthController
+from specdec_cpu.planning import CostModel
 from specdec_cpu.planning.calibration import time_passes
+from specdec_cpu.planning.policy import Candidate, DraftPolicy
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.prompts import PROMPTS  # noqa: E402
-from bench.suite import F32  # noqa: E402
+from .common import RESULTS_MD
+from .prompts import PROMPTS
+from .suite import F32
 
 GREEDY = SamplingParams(temperature=0.0)
 KS = (1, 2, 3, 5, 7, 9, 11, 13, 17, 21, 25)
@@ -101,18 +100,25 @@ def replay(prompt: Sequence[int], out: Sequence[int], v: Sequence[float],
 
 
 def ours_policy(v: Sequence[float], t1_ms: float):
+    """The decoders' own draft policy for one sequence with lookup drafting only."""
     costs = CostModel(target_ms=[t1_ms * x for x in v[1:GAMMA_MAX + 2]], draft_ms=0.0)
-    ctrl = MatchLengthController(costs, gamma_max=GAMMA_MAX)
+    policy = DraftPolicy(costs, max_rows=GAMMA_MAX + 1, max_draft_rows=1, has_draft=False, gamma_max=GAMMA_MAX)
+    plan = policy.admit()
+    step: dict = {}
 
     def choose(drafter, seq, pos):
         m = drafter.match(seq)
-        g = ctrl.next_gamma(m.length, m.token, m.unanimous) if m else 0
+        c = Candidate(plan=plan, gamma="auto", room=GAMMA_MAX, remaining=GAMMA_MAX + 1, match=m,
+                      lookup_max=GAMMA_MAX)
+        d = policy.plan([c])[0]
+        step.update(c=c, d=d)
+        g = d.gamma if d.route is not None else 0
         return drafter.propose(seq, g, GREEDY, None).tokens.tolist() if g else []
 
     def learn(gamma, n_acc, first):
         rows = [1.0] * n_acc + ([0.0] if n_acc < gamma else [])
-        ctrl.observe(gamma, rows, n_acc, 1e-6 if gamma else None, t1_ms * v[gamma + 1] / 1000)
-        ctrl.emitted(first)
+        policy.learn(step["c"], step["d"], step["d"].route if gamma else None, rows, first)
+        policy.observe_target(gamma + 1, t1_ms * v[gamma + 1] / 1000)
 
     return choose, learn
 
@@ -159,7 +165,7 @@ def main(argv=None) -> int:
     lines = [
         "## N-gram replay",
         "",
-        f"Command: `python bench/ngram_replay.py --tokens {args.tokens}`",
+        f"Command: `python -m bench.ngram_replay --tokens {args.tokens}`",
         "",
         "Drafting policies replayed over what the F32 target generated for each prompt (see the "
         "script's docstring): tokens per target pass, i.e. the speed-up over plain decoding with "
@@ -188,7 +194,7 @@ def main(argv=None) -> int:
     section = "\n".join(lines)
     print(section)
     if not args.no_write:
-        path = Path(__file__).resolve().parent / "RESULTS.md"
+        path = RESULTS_MD
         text = path.read_text() if path.exists() else ""
         head, sep, rest = text.partition("\n## N-gram replay")
         tail = ""

@@ -31,16 +31,10 @@ import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Dict, List
 
-try:
-    from .report import bootstrap_ci
-    from .suite import F32, Q4_0, SETTINGS
-except ImportError:  # pragma: no cover - run as a plain script
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from bench.report import bootstrap_ci  # type: ignore[no-redef]
-    from bench.suite import F32, Q4_0, SETTINGS  # type: ignore[no-redef]
+from .common import bootstrap_ci
+from .suite import F32, Q4_0, SETTINGS
 
 PROMPT = "Write a long story about a lighthouse keeper and a storm."
 

@@ -42,10 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, TextIO, Tuple, Union
 
-try:  # package import (python -m bench) or script import (bench/ on sys.path)
-    from ._cache import cache_dir
-except ImportError:  # pragma: no cover - exercised when run as a plain script
-    from _cache import cache_dir  # type: ignore[no-redef]
+from specdec_cpu.paths import cache_dir
 
 try:
     import fcntl

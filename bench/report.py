@@ -11,11 +11,12 @@ interval (percentile, 95%, fixed seed: :func:`bootstrap_ci`).
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .common import median, stat
 
 #: Headings this module writes; any other "## " section of RESULTS.md (the
 #: "## Kernels" section of bench/kernels.py) is kept as it is.
@@ -40,35 +41,6 @@ THEORY_BAND = (0.9, 1.1)
 # ---------------------------------------------------------------------------
 # aggregation
 # ---------------------------------------------------------------------------
-
-
-def _med(xs: Iterable[Optional[float]]) -> Optional[float]:
-    v = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
-    return statistics.median(v) if v else None
-
-
-def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,
-                 seed: int = BOOTSTRAP_SEED) -> Optional[Tuple[float, float]]:
-    """Percentile bootstrap interval of the median of ``values`` (blocks resampled
-    with replacement, a fixed seed so that a report renders the same twice).
-    None for fewer than 2 values."""
-    v = [x for x in values if x is not None]
-    if len(v) < 2:
-        return None
-    rng = random.Random(seed)
-    n = len(v)
-    meds = sorted(statistics.median(rng.choices(v, k=n)) for _ in range(resamples))
-    a = (1.0 - level) / 2.0
-    lo = meds[int(math.floor(a * resamples))]
-    hi = meds[min(resamples - 1, int(math.ceil((1.0 - a) * resamples)) - 1)]
-    return lo, hi
-
-
-def stat(values: Sequence[float]) -> Dict[str, Any]:
-    """Median of per-block values with its bootstrap interval."""
-    v = [x for x in values if x is not None]
-    ci = bootstrap_ci(v)
-    return {"median": _med(v), "lo": ci[0] if ci else None, "hi": ci[1] if ci else None, "n": len(v)}
 
 
 def baseline_id(results) -> str:
@@ -144,7 +116,7 @@ def best_variant(results, pair: str, setting: str, family: str,
     for eid in engines_of(results, pair):
         if family_of(results, eid) != family:
             continue
-        m = _med(r.get("tps") for r in runs_of(results, pair, setting, eid, kinds))
+        m = median(r.get("tps") for r in runs_of(results, pair, setting, eid, kinds))
         if m is not None and m > best_tps:
             best, best_tps = eid, m
     return best
@@ -199,17 +171,17 @@ def summarize(results, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
         "runs": len(rows),
         "failed": len(rows) - len(ok),
         "tps_min": min(tps) if tps else None,
-        "tps_median": _med(tps),
+        "tps_median": median(tps),
         "tps_max": max(tps) if tps else None,
         "ratio": rs["median"], "ratio_lo": rs["lo"], "ratio_hi": rs["hi"],
-        "acceptance": _med(r.get("acceptance") for r in ok),
-        "mean_alpha": _med(r.get("mean_alpha") for r in ok),
-        "tokens_per_step": _med(r.get("tokens_per_step") for r in ok),
-        "mean_gamma": _med(r.get("mean_gamma") for r in ok) if any("mean_gamma" in r for r in ok) else None,
-        "predicted": _med(r.get("predicted") for r in ok),
+        "acceptance": median(r.get("acceptance") for r in ok),
+        "mean_alpha": median(r.get("mean_alpha") for r in ok),
+        "tokens_per_step": median(r.get("tokens_per_step") for r in ok),
+        "mean_gamma": median(r.get("mean_gamma") for r in ok) if any("mean_gamma" in r for r in ok) else None,
+        "predicted": median(r.get("predicted") for r in ok),
         "measured_over_predicted": ms["median"], "mp_lo": ms["lo"], "mp_hi": ms["hi"],
-        "overhead_fraction": _med(r.get("overhead_fraction") for r in ok),
-        "tokens_median": _med(r.get("tokens") for r in ok),
+        "overhead_fraction": median(r.get("overhead_fraction") for r in ok),
+        "tokens_median": median(r.get("tokens") for r in ok),
         "tokens_min": min((r["tokens"] for r in ok if r.get("tokens") is not None), default=None),
     }
 
@@ -433,7 +405,7 @@ def targets(results) -> List[Dict[str, Any]]:
         return stat(block_ratios(results, pair, setting, a, b, kinds))
 
     def best_fixed(pair, setting):
-        meds = {e: _med(x.get("tps") for x in runs_of(results, pair, setting, e)) for e in FIXED_GAMMA}
+        meds = {e: median(x.get("tps") for x in runs_of(results, pair, setting, e)) for e in FIXED_GAMMA}
         meds = {e: m for e, m in meds.items() if m is not None}
         return max(meds, key=meds.get) if meds else None
 
@@ -493,7 +465,7 @@ def targets(results) -> List[Dict[str, Any]]:
         out.append(_target(3, "Python orchestration overhead ≤ 5% of step time", None, -0.05,
                            "–" if worst is None else
                            f"worst median {_pct(worst[1])} ({worst[0][1]}, {label(worst[0][0])}); "
-                           f"median over all {_pct(_med(ov.values()))}",
+                           f"median over all {_pct(median(ov.values()))}",
                            "decode time outside draft, target and sampling kernels, memory-bound pair",
                            value=None if worst is None else -worst[1]))
     # --- issue #4 ------------------------------------------------------------
@@ -609,13 +581,13 @@ def targets_lines(results) -> List[str]:
 # ---------------------------------------------------------------------------
 
 
-def render(results, plots: Dict[str, str]) -> str:
+def render(results, plots: Dict[str, str], data: str = "results.json") -> str:
     cfg = results["config"]
     m = results.get("machine", {})
     v = results.get("versions", {})
     L: List[str] = ["## End-to-end decoding", ""]
-    L.append("Generated by the benchmark suite (`bench/run.py`); every number below comes from the one run "
-             "described here, and every individual run is in [results.json](results.json).")
+    L.append("Generated by the benchmark suite (`python -m bench`); every number below comes from the one run "
+             f"described here, and every individual run is in [results.json]({data}).")
     if not results.get("complete"):
         L += ["", "**This run was interrupted: the tables cover only what was measured.**"]
     L += ["", "```", results["command"], "```", ""]
@@ -694,7 +666,7 @@ def render(results, plots: Dict[str, str]) -> str:
     if noise:
         L += ["", noise]
     L += ["", "Kernel timings are in the [Kernels](#kernels) section below, written by "
-              "`python bench/kernels.py`.", ""]
+              "`python -m bench.kernels`.", ""]
     return "\n".join(L)
 
 
@@ -876,7 +848,7 @@ def in_run_costs(results, pair: str, setting: str) -> Optional[Dict[str, Any]]:
     def per_step(eid, what="target_seconds", per="steps"):
         vals = [r[what] / r[per] for r in runs_of(results, pair, setting, eid)
                 if r.get(per) and r.get(what) is not None]
-        return _med(vals)
+        return median(vals)
 
     t1 = per_step("plain")
     if not t1:
@@ -992,13 +964,13 @@ def other_sections(text: str) -> List[str]:
     return sections
 
 
-def write_results_md(results, path: Path, plots: Dict[str, str]) -> None:
+def write_results_md(results, path: Path, plots: Dict[str, str], data: str = "results.json") -> None:
     """Write our sections, keeping every other "## " section of the file (Kernels)."""
     kept = other_sections(path.read_text() if path.exists() else "")
     if not any(s.startswith("## Kernels") for s in kept):
-        kept.append("## Kernels\n\n_Not measured yet: run `python bench/kernels.py` "
+        kept.append("## Kernels\n\n_Not measured yet: run `python -m bench.kernels` "
                     "(it writes this section)._")
-    body = "# Benchmark results\n\n" + render(results, plots) + "\n" + "\n\n".join(kept) + "\n"
+    body = "# Benchmark results\n\n" + render(results, plots, data) + "\n" + "\n\n".join(kept) + "\n"
     path.write_text(body)
 
 

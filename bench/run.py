@@ -2,7 +2,7 @@
 
     python -m bench                # the full run (about 85 minutes on an idle 2-core machine)
     python -m bench --quick        # a few minutes: 2 prompts, T=0 and T=1, 64 tokens
-    python -m bench --report-only bench/results.json   # re-render tables and plots
+    python -m bench --report-only bench/results/suite/results.json   # re-render tables and plots
     python -m bench --dry-run      # what would run, and how long it should take
 
 For every (model pair, sampling setting, prompt, repeat) the engines run back
@@ -16,9 +16,8 @@ Each pair is also calibrated in the same run (v(k), c, α at each setting), and
 every speculative run of ours is compared with the theory's prediction from
 those numbers and the α measured in the run.
 
-Writes bench/RESULTS.md (keeping its "## Kernels" section, which
-bench/kernels.py writes), bench/results.json (every run) and PNG plots next to
-RESULTS.md.  Progress and an ETA go to stderr.  Nothing here asserts a time:
+Writes bench/results/suite/ (results.json: every run; PNG plots) and its
+sections of bench/RESULTS.md (keeping the others).  Progress and an ETA go to stderr.  Nothing here asserts a time:
 the "Targets" section of RESULTS.md reports met / not met.
 """
 
@@ -27,9 +26,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import os
-import platform
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -39,6 +35,17 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import peers, suite
+from .common import (
+    BUSY_CORES,
+    CpuMeter,
+    link,
+    load_average,
+    machine_info,
+    results_dir,
+    results_md_for,
+    versions,
+    wait_until_quiet,
+)
 from .prompts import PROMPTS, by_name
 from .suite import (
     BASELINE,
@@ -54,8 +61,6 @@ from .suite import (
     Pair,
     Setting,
 )
-
-HERE = Path(__file__).resolve().parent
 
 #: γ_max the pairs are calibrated up to (T_target is measured for k = 1..9 rows).
 CALIBRATION_GAMMA_MAX = 8
@@ -107,8 +112,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                          f"--quick: {','.join(map(str, QUICK['draft_max']))})")
     ap.add_argument("--ctx", type=int, default=1024, help="context size of every engine (default 1024)")
     ap.add_argument("--seed", type=int, default=1234, help="base seed (block i uses seed + i)")
-    ap.add_argument("--output-dir", type=Path, default=HERE,
-                    help="where RESULTS.md, results.json and the plots go (default bench/)")
+    ap.add_argument("--output-dir", type=Path, default=results_dir("suite"),
+                    help="where results.json and the plots go (default bench/results/suite; another "
+                         "directory gets its own RESULTS.md, else bench/RESULTS.md is written)")
     ap.add_argument("--no-wait", dest="wait", action="store_false",
                     help="start every block at once (default: when other processes use more than "
                          f"{BUSY_CORES} cores, wait up to 60 s before a block, 5 min in all)")
@@ -220,198 +226,6 @@ def estimate_calibration(target: str, quick: bool) -> float:
 # ---------------------------------------------------------------------------
 # machine and versions
 # ---------------------------------------------------------------------------
-
-
-def machine_info(threads: int) -> Dict[str, Any]:
-    from specdec_cpu import sampling
-    from specdec_cpu.planning.costmodel import cpu_model
-
-    info: Dict[str, Any] = {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "isa": sampling.active_isa(),
-        "isas_supported": list(sampling.supported_isas()),
-        "threads": threads,
-        "platform": f"{platform.system()} {platform.machine()}",
-        "python": platform.python_version(),
-    }
-    try:
-        with open("/proc/meminfo") as f:
-            kb = int(f.readline().split()[1])
-        info["memory_gb"] = round(kb / 1024 ** 2, 1)
-    except (OSError, ValueError, IndexError):
-        pass
-    return info
-
-
-def versions(peer_paths: Optional[Dict[str, Path]]) -> Dict[str, Any]:
-    import llama_cpp
-    import numpy
-
-    import specdec_cpu
-
-    out: Dict[str, Any] = {
-        "specdec_cpu": getattr(specdec_cpu, "__version__", "?"),
-        "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
-        "numpy": numpy.__version__,
-        "peers_built_from": f"vendored llama.cpp of the llama-cpp-python "
-                            f"{peers.LLAMA_CPP_PYTHON_VERSION} sdist",
-    }
-    try:
-        import matplotlib
-        out["matplotlib"] = matplotlib.__version__
-    except ImportError:
-        pass
-    root = HERE.parent
-    if (root / ".git").exists():
-        try:
-            head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                                  capture_output=True, text=True, timeout=30).stdout.strip()
-            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", ".",
-                                    ":(exclude)bench"], capture_output=True, text=True,
-                                   timeout=30).stdout.strip()
-            if head:
-                out["specdec_cpu_git"] = head + (" with uncommitted changes outside bench/" if dirty else "")
-        except (OSError, subprocess.SubprocessError):
-            pass
-    if peer_paths:
-        try:
-            proc = subprocess.run([str(peer_paths["plain"]), "--version"], capture_output=True,
-                                  text=True, timeout=30)
-            lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
-            out["llama_cpp"] = next((ln for ln in lines if ln.startswith("version")), lines[0] if lines else "?")
-        except (OSError, subprocess.SubprocessError):
-            out["llama_cpp"] = "?"
-        info = peer_paths["plain"].parent / "BUILD-INFO.json"
-        if info.is_file():
-            try:
-                out["peer_build"] = json.loads(info.read_text())
-            except ValueError:
-                pass
-    return out
-
-
-# ---------------------------------------------------------------------------
-# the previous main, for the side-by-side benchmarks (bench/ab.py, bench/serving.py)
-# ---------------------------------------------------------------------------
-
-#: Where a side-by-side benchmark finds the Python of the checkout to compare
-#: with, when no ``--baseline-python`` is given.
-BASELINE_PYTHON_ENV = "SPECDEC_BASELINE_PYTHON"
-
-
-def baseline_python(value: Optional[str]) -> Optional[str]:
-    """The baseline checkout's Python: ``value`` (``--baseline-python``), else $SPECDEC_BASELINE_PYTHON."""
-    return value or os.environ.get(BASELINE_PYTHON_ENV) or None
-
-
-def baseline_versions(python: str) -> Dict[str, Any]:
-    """The specdec_cpu version and git commit that ``python`` imports (no paths)."""
-    code = ("import json, os, specdec_cpu as s; "
-            "print(json.dumps([getattr(s, '__version__', '?'), os.path.dirname(s.__file__)]))")
-    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{python} cannot import specdec_cpu: {proc.stderr.strip().splitlines()[-1:]}")
-    version, where = json.loads(proc.stdout.strip().splitlines()[-1])
-    out: Dict[str, Any] = {"specdec_cpu": version}
-    git = subprocess.run(["git", "-C", where, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    if git.returncode == 0 and git.stdout.strip():
-        dirty = subprocess.run(["git", "-C", where, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True).stdout.strip()
-        out["specdec_cpu_git"] = git.stdout.strip() + (" with uncommitted changes" if dirty else "")
-    return out
-
-
-def redact_baseline(argv: Sequence[str]) -> List[str]:
-    """A command line as recorded in results: the baseline Python's path written as PATH."""
-    out, hide = [], False
-    for a in argv:
-        if hide:
-            out.append("PATH")
-        elif a.startswith("--baseline-python="):
-            out.append("--baseline-python=PATH")
-        else:
-            out.append(a)
-        hide = a == "--baseline-python"
-    return out
-
-
-class CpuMeter:
-    """CPU time other processes used: (all busy time − ours) per second of wall time.
-
-    The load average cannot tell our own two busy threads from someone
-    else's; /proc/stat minus this process's (and its waited-for children's)
-    CPU time can.  A llama-server is not a waited-for child, so the run of a
-    server engine names its pid in ``pids``: its CPU time is the engine's,
-    not another process's.  Returns None where /proc/stat is unavailable.
-    """
-
-    def __init__(self, pids: Sequence[int] = ()) -> None:
-        self._hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-        self._pids = tuple(pids)
-        self._start = self._sample()
-
-    def _pid_seconds(self, pid: int) -> float:
-        """utime + stime of a running process (0 once it is gone)."""
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / self._hz
-        except (OSError, ValueError, IndexError):
-            return 0.0
-
-    def _sample(self):
-        try:
-            with open("/proc/stat") as f:
-                v = [int(x) for x in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        busy = sum(v[:3]) + sum(v[5:8])  # user nice system + irq softirq steal
-        t = os.times()
-        own = t.user + t.system + t.children_user + t.children_system + sum(map(self._pid_seconds, self._pids))
-        return time.monotonic(), busy / self._hz, own
-
-    def restart(self) -> None:
-        self._start = self._sample()
-
-    def others(self) -> Optional[float]:
-        """Cores' worth of CPU used by other processes since the last restart."""
-        end = self._sample()
-        if end is None or self._start is None or end[0] - self._start[0] <= 0:
-            return None
-        wall = end[0] - self._start[0]
-        return max(((end[1] - self._start[1]) - (end[2] - self._start[2])) / wall, 0.0)
-
-
-#: Other processes using more than this many cores count as contention.
-BUSY_CORES = 0.25
-
-
-def wait_until_quiet(progress: "Progress", budget: List[float], per_block: float = 60.0) -> Optional[float]:
-    """Before a block: sample others' CPU use for 2 s; while it exceeds
-    BUSY_CORES, wait (at most ``per_block`` seconds, and no more than what is
-    left of the run's ``budget[0]``).  Returns the last sample."""
-    meter = CpuMeter()
-    time.sleep(2.0)
-    others = meter.others()
-    waited = 0.0
-    while others is not None and others > BUSY_CORES and waited < per_block and budget[0] > 0:
-        if waited == 0.0:
-            progress.say(f"other processes are using {others:.2f} cores: waiting for a quieter machine "
-                         f"(up to {min(per_block, budget[0]):.0f} s)")
-        meter.restart()
-        time.sleep(5.0)
-        waited += 5.0
-        budget[0] -= 5.0
-        others = meter.others()
-    return others
-
-
-def load_average() -> Optional[List[float]]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
 
 
 # ---------------------------------------------------------------------------
@@ -719,7 +533,7 @@ def run_engine(group: Group, engine: Engine, setting: Setting, text: str, seed: 
 
 
 def _short_paths(text: str) -> str:
-    """Command lines with the cache directory written as <cache> (see bench/_cache.py)."""
+    """Command lines with the cache directory written as <cache> (specdec_cpu.paths.cache_dir)."""
     from ._cache import cache_dir
 
     return text.replace(str(cache_dir()), "<cache>")
@@ -1046,8 +860,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results = run_suite(args, command_line(argv))
         (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
         print(f"wrote {out_dir / 'results.json'}", file=sys.stderr)
+    results_md = results_md_for(out_dir, results_dir("suite"))
     plots = {} if args.no_plots else report.make_plots(results, out_dir)
-    report.write_results_md(results, out_dir / "RESULTS.md", plots)
-    print(f"wrote {out_dir / 'RESULTS.md'}" + (f" and {len(plots)} plot(s)" if plots else ""), file=sys.stderr)
+    plots = {k: link(out_dir / name, results_md) for k, name in plots.items()}
+    report.write_results_md(results, results_md, plots, link(out_dir / "results.json", results_md))
+    print(f"wrote {results_md}" + (f" and {len(plots)} plot(s)" if plots else ""), file=sys.stderr)
     print(report.headline(results), file=sys.stderr)
     return 0 if results.get("complete") else 1

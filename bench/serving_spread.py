@@ -22,11 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-try:  # python -m bench.serving_spread, or bench/ on sys.path
-    from .serving import paired_runs, ratio_text
-except ImportError:  # pragma: no cover - run as a plain script
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from bench.serving import paired_runs, ratio_text  # type: ignore[no-redef]
+from .common import ratio_text
+from .serving import paired_runs
 
 
 def mean_completion(run: Dict[str, Any]) -> float:
