@@ -324,7 +324,20 @@ def test_openapi_documents_every_status_and_the_constraints(server) -> None:
     temp = completion["temperature"]["anyOf"][0]
     assert temp["minimum"] == 0 and temp["maximum"] == 2
     assert completion["stop"]["anyOf"][1]["maxItems"] == 16
-    assert completion["n"]["enum"] == [None, 1] and completion["presence_penalty"]["enum"] == [None, 0]
+    assert completion["n"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 16}
+    assert completion["presence_penalty"]["anyOf"][0] == {"type": "number", "minimum": -2, "maximum": 2}
+    assert completion["logprobs"]["anyOf"][0] == {"type": "integer", "minimum": 0, "maximum": 5}
+    bias = completion["logit_bias"]["anyOf"][0]["additionalProperties"]
+    assert bias["minimum"] == -100 and bias["maximum"] == 100
+    assert completion["stop_token_ids"]["anyOf"][0]["items"]["maximum"] == 383
+    assert "sampling" in completion["logprob_mode"]["description"]
+    chat = schemas["ChatCompletionRequest"]["properties"]
+    assert chat["top_logprobs"]["anyOf"][0] == {"type": "integer", "minimum": 0, "maximum": 20}
+    assert completion["typical_p"]["enum"] == [None, 1]  # still refused: only its neutral value
+    assert "suffix" in completion and "best_of" in completion
+    infill = schemas["InfillRequest"]["properties"]
+    assert {"input_prefix", "input_suffix", "input_extra", "prompt", "n_probs"} <= set(infill)
+    assert set(paths["/infill"]["post"]["responses"]) == set(paths["/v1/completions"]["post"]["responses"])
     assert schemas["CompletionRequest"].get("additionalProperties") is False
     assert schemas["ChatCompletionRequest"]["properties"]["messages"]["minItems"] == 1
     assert schemas["ErrorResponse"]["required"] == ["error"]

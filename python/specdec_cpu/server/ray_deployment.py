@@ -23,10 +23,10 @@ from typing import Any, Optional, Union
 
 from ray import serve
 
-from ..errors import ModelLoadError
-from .openai_app import ServerOptions, create_app
 from ..decoding.batched import BatchedDecoder
+from ..errors import ModelLoadError
 from ..settings import BatchedSettings
+from .openai_app import ServerOptions, create_app
 
 __all__ = ["LOW_LATENCY_ENV", "RayServeConfig", "SpecDecReplica", "app_builder", "build_app"]
 

@@ -53,25 +53,11 @@ class Refused:
         return f"{text}; {self.instead}" if self.instead else text
 
 
-# Logprobs, penalties, biases, n > 1, best_of and suffix are being added to
-# the decoding core; each row goes when the core and the server honour it.
+# Sampling methods the decoding core does not implement, other servers'
+# spellings of what it does, and OpenAI fields of features it lacks.
 REFUSED: Tuple[Refused, ...] = (
-    Refused("n", (1,), "one choice per request"),
-    Refused("best_of", (1,)),
-    Refused("logprobs", (False,), endpoints=(CHAT,)),
-    Refused("logprobs", (), endpoints=(COMPLETIONS,)),
-    Refused("top_logprobs", (0,)),
-    Refused("n_probs", (0,)),  # llama-server's logprobs
-    Refused("presence_penalty", (0,)),
-    Refused("frequency_penalty", (0,)),
-    Refused("repeat_penalty", (1,)),  # llama-server
-    Refused("repetition_penalty", (1,)),  # vLLM
-    Refused("logit_bias", ({},)),
-    Refused("min_tokens", (0,)),
-    Refused("stop_token_ids", ([],)),
     Refused("typical_p", (1,)),
     Refused("mirostat", (0,)),
-    Refused("suffix", ("",), endpoints=(COMPLETIONS,)),
     Refused("guided_json", instead="use response_format (json_schema) or json_schema"),
     Refused("guided_regex", instead="use grammar (GBNF) or response_format"),
     Refused("guided_choice", instead="use grammar (GBNF) or response_format"),
