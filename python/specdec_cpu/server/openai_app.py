@@ -583,7 +583,8 @@ class InfillReply:
             "stop_type": stop_type, "stopping_word": word, "tokens_cached": s.prompt_cached,
             "timings": {"prompt_n": s.prompt_tokens - s.prompt_cached, "prompt_ms": round(s.prompt_seconds * 1e3, 3),
                         "predicted_n": len(gen.tokens), "predicted_ms": round(s.decode_seconds * 1e3, 3),
-                        "predicted_per_second": round(s.tokens_per_second, 3)}}
+                        "predicted_per_second": round(s.tokens_per_second, 3),
+                        "draft_n": s.drafted, "draft_n_accepted": s.accepted}}
         probs = self.logprobs.take(0, self.stream, "llama", final=True)
         if probs is not None and not streamed:
             out["completion_probabilities"] = probs

@@ -165,6 +165,8 @@ class InfillTimings(BaseModel):
     predicted_n: int
     predicted_ms: float
     predicted_per_second: float
+    draft_n: int = Field(description="Tokens drafted (speculation)")
+    draft_n_accepted: int
 
 
 class InfillResult(BaseModel):
