@@ -17,9 +17,10 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 
+from server_helpers import ServerProcess  # noqa: E402
+
 from specdec_cpu import SamplingParams, SpeculativeDecoder  # noqa: E402
 from specdec_cpu.core.text import TextAssembler  # noqa: E402
-from server_helpers import ServerProcess  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ["the quick brown fox", "hello world", "def return print", "and the", "it is of",
@@ -43,6 +44,7 @@ def reference(tiny_target, tiny_draft):
 def endless(tiny_target, tiny_draft) -> str:
     """A prompt whose greedy continuation never ends by itself (see batched_helpers)."""
     from batched_helpers import endless_prompt
+
     from specdec_cpu import BatchedDecoder
 
     with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=1, n_ctx=512, n_threads=1) as dec:

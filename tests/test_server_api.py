@@ -231,8 +231,8 @@ def test_health_waits_for_the_readiness_hook(decoder_loader) -> None:
     import time
 
     import uvicorn
-
     from server_helpers import free_port
+
     from specdec_cpu.server.openai_app import create_app
 
     app = create_app(lambda: decoder_loader(), ServerOptions(model_name="tiny"), readiness=readiness)
@@ -271,7 +271,8 @@ def test_chat_template_override(tiny_target, tmp_path, monkeypatch) -> None:
     with BatchedDecoder.from_gguf(tiny_target, max_sequences=1, n_ctx=128, n_threads=1,
                                   chat_template=str(path)) as dec:
         assert dec.chat_prompt(messages) == "<user>hi>"
-        assert dec.chat_prompt(messages, tools=[{"type": "function", "function": {"name": "f"}}]) == "<user>hi[1 tools]>"
+        tools = [{"type": "function", "function": {"name": "f"}}]
+        assert dec.chat_prompt(messages, tools=tools) == "<user>hi[1 tools]>"
     dec = SpeculativeDecoder.from_gguf(tiny_target, n_ctx=128, n_threads=1, chat_template=str(path))
     try:
         assert dec.chat_prompt(messages, add_generation_prompt=False) == "<user>hi"

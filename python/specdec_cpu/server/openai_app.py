@@ -331,7 +331,8 @@ async def _generate(dec: BatchedDecoder, body: Any, prompt: Any, max_tokens: Opt
     top = body.top_logprobs_count()
     streams, _ = _submit(dec, prompt, body, max_tokens, param, options, spec, body.choices, top)
     if body.streamed:
-        events = _events(streams, body, reply, spec, options, prompt, echo, LogprobSource(dec.tokenizer, top))
+        source = LogprobSource(dec.tokenizer, top, bool(body.return_tokens_as_token_ids))
+        events = _events(streams, body, reply, spec, options, prompt, echo, source)
         return EventSourceResponse(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     gens = await _finish(streams, request, options)
     for stream in streams:
@@ -340,7 +341,8 @@ async def _generate(dec: BatchedDecoder, body: Any, prompt: Any, max_tokens: Opt
     for index, gen in enumerate(gens):
         logprobs = None
         if top is not None:
-            fmt = LogprobFormatter(dec.tokenizer, top, offset=len(echo or ""))
+            fmt = LogprobFormatter(dec.tokenizer, top, offset=len(echo or ""),
+                                   as_ids=bool(body.return_tokens_as_token_ids))
             logprobs = fmt.chat(gen.logprobs or []) if chat else fmt.legacy(gen.logprobs or [])
         if chat:
             message = message_of(gen.text, spec)
@@ -434,8 +436,8 @@ class LogprobSource:
     """Where a stream's log-probabilities come from, chunk by chunk: the
     entries each choice has emitted since its last chunk."""
 
-    def __init__(self, tokenizer: Any, top: Optional[int]) -> None:
-        self.tokenizer, self.top = tokenizer, top
+    def __init__(self, tokenizer: Any, top: Optional[int], as_ids: bool = False) -> None:
+        self.tokenizer, self.top, self.as_ids = tokenizer, top, as_ids
         self._sent: Dict[int, int] = {}
         self._formatters: Dict[int, LogprobFormatter] = {}
 
@@ -446,7 +448,8 @@ class LogprobSource:
         asked for, or none new (and not ``final``)."""
         if self.top is None:
             return None
-        fmt = self._formatters.setdefault(index, LogprobFormatter(self.tokenizer, self.top, offset))
+        fmt = self._formatters.setdefault(index, LogprobFormatter(self.tokenizer, self.top, offset,
+                                                                          self.as_ids))
         start = self._sent.get(index, 0)
         result = stream.result
         entries = (result.logprobs or [])[start:] if final and result is not None else stream.logprobs_since(start)

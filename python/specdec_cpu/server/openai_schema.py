@@ -329,6 +329,9 @@ class _Common(BaseModel):
         "own, at temperature 1, before penalties and truncation; 'sampling': the one each token was drawn "
         "from (penalties, biases, temperature, top-k/top-p/min-p applied; -9999 outside its support)"))
 
+    return_tokens_as_token_ids: Optional[bool] = Field(default=None, description=(
+        "vLLM's: logprobs name tokens as 'token_id:ID' (a token may be part of a character)"))
+
     def params(self) -> SamplingParams:
         """The sampling parameters, nulls and the lenient spellings resolved."""
         repeat = [(n, v) for n, v in (("repeat_penalty", self.repeat_penalty),

@@ -187,14 +187,15 @@ class LogprobFormatter:
     continue across the chunks of a stream), llama-server's
     ``completion_probabilities``."""
 
-    def __init__(self, tokenizer: Any, top: int, offset: int = 0) -> None:
+    def __init__(self, tokenizer: Any, top: int, offset: int = 0, as_ids: bool = False) -> None:
         self._tokenizer = tokenizer
         self._top = top
         self._offset = offset  # the legacy text_offset of the next token
+        self._as_ids = as_ids  # vLLM's return_tokens_as_token_ids: "token_id:123" for the token strings
 
     def _text(self, token: int) -> "tuple[str, List[int]]":
         raw = self._tokenizer.token_bytes(token)
-        return raw.decode("utf-8", errors="replace"), list(raw)
+        return f"token_id:{token}" if self._as_ids else raw.decode("utf-8", errors="replace"), list(raw)
 
     def chat(self, entries: Sequence[Any]) -> Dict[str, Any]:
         content = []
@@ -222,7 +223,7 @@ class LogprobFormatter:
                 top.setdefault(self._text(tok)[0], _finite(lp))
             tops.append(top)
             offsets.append(self._offset)
-            self._offset += len(text)
+            self._offset += len(self._tokenizer.token_bytes(e.token).decode("utf-8", errors="replace"))
         return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops if self._top else None,
                 "text_offset": offsets}
 
