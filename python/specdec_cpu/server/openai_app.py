@@ -171,7 +171,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
                            expose_headers=["Retry-After", "x-specdec-replica"], max_age=600)
     app.state.specdec = state
     install_error_handlers(app)
-    docs.install_openapi(app, lambda: state.decoder.tokenizer.n_vocab if state.decoder is not None else None,
+    docs.install_openapi(app, lambda: state.decoder.n_vocab if state.decoder is not None else None,
                          api_key=options.api_key is not None)
 
     def authorized(request: Request) -> None:
@@ -215,7 +215,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         dec = state.decoder
         if dec is not None:
             card["max_model_len"] = dec.n_ctx
-            card["meta"] = {"n_ctx": dec.n_ctx, "n_vocab": dec.tokenizer.n_vocab,
+            card["meta"] = {"n_ctx": dec.n_ctx, "n_vocab": dec.n_vocab,
                             "target": os.path.basename(dec.target_path or ""),
                             "draft": os.path.basename(dec.draft_path) if dec.draft_path else None,
                             "ngram": bool(dec.ngram), "max_sequences": dec.max_sequences,
@@ -238,7 +238,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         prompt = body.prompt
         echo = None
         if body.echo:
-            echo = prompt if isinstance(prompt, str) else detokenize(dec.tokenizer, prompt, dec.tokenizer.n_vocab,
+            echo = prompt if isinstance(prompt, str) else detokenize(dec.tokenizer, prompt, dec.n_vocab,
                                                                      "prompt")
         if body.suffix:  # fill in the middle: the prompt is the text before it
             if not isinstance(prompt, str):
@@ -483,12 +483,12 @@ async def _merged(streams: "list[AsyncRequestStream]") -> AsyncIterator["tuple[i
     try:
         running = len(streams)
         while running:
-            index, piece, error = await queue.get()
+            index, text, error = await queue.get()
             if error is not None:
                 raise error
-            if piece is None:
+            if text is None:
                 running -= 1
-            yield index, piece
+            yield index, text
     finally:
         for task in tasks:
             task.cancel()
@@ -570,19 +570,22 @@ class InfillReply:
             out["completion_probabilities"] = probs
         return out
 
+    def _text(self, ids: Sequence[int]) -> str:
+        return b"".join(self.tokenizer.token_bytes(t) for t in ids).decode("utf-8", "replace")
+
     def final(self, streamed: bool = False) -> Dict[str, Any]:
         gen = self.stream.result
         assert gen is not None
         s = gen.stats
         stop_type, word = "limit", ""
         if gen.finish_reason == "stop":
-            rest = self.tokenizer.detokenize(gen.tokens)[len(gen.text):]  # a stop string cut off, if any
+            rest = self._text(gen.tokens)[len(gen.text):]  # a stop string cut off, if any
             word = next((w for w in self.stop if w in rest), "")
             stop_type = "word" if word else "eos"
         out: Dict[str, Any] = {
             "index": 0, "content": "" if streamed else gen.text, "tokens": [], "id_slot": -1, "stop": True,
             "model": self.model, "tokens_predicted": len(gen.tokens), "tokens_evaluated": s.prompt_tokens,
-            "prompt": self.tokenizer.detokenize(self.prompt), "has_new_line": "\n" in gen.text, "truncated": False,
+            "prompt": self._text(self.prompt), "has_new_line": "\n" in gen.text, "truncated": False,
             "stop_type": stop_type, "stopping_word": word, "tokens_cached": s.prompt_cached,
             "timings": {"prompt_n": s.prompt_tokens - s.prompt_cached, "prompt_ms": round(s.prompt_seconds * 1e3, 3),
                         "predicted_n": len(gen.tokens), "predicted_ms": round(s.decode_seconds * 1e3, 3),

@@ -10,7 +10,7 @@ ignores, come from :mod:`.unsupported`; any other field is refused.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, create_model, field_validator
 from pydantic.functional_validators import BeforeValidator
@@ -463,11 +463,16 @@ def _request_model(name: str, base: type, endpoint: str, doc: str) -> type:
     return model
 
 
-CompletionRequest = _request_model("CompletionRequest", _CompletionBase, unsupported.COMPLETIONS,
-                                   _CompletionBase.__doc__ or "")
-ChatCompletionRequest = _request_model("ChatCompletionRequest", _ChatBase, unsupported.CHAT,
-                                       _ChatBase.__doc__ or "")
-InfillRequest = _request_model("InfillRequest", _InfillBase, unsupported.COMPLETIONS, _InfillBase.__doc__ or "")
+if TYPE_CHECKING:  # the models add only the refused and ignored fields (never read by name) to these
+    CompletionRequest = _CompletionBase
+    ChatCompletionRequest = _ChatBase
+    InfillRequest = _InfillBase
+else:
+    CompletionRequest = _request_model("CompletionRequest", _CompletionBase, unsupported.COMPLETIONS,
+                                       _CompletionBase.__doc__ or "")
+    ChatCompletionRequest = _request_model("ChatCompletionRequest", _ChatBase, unsupported.CHAT,
+                                           _ChatBase.__doc__ or "")
+    InfillRequest = _request_model("InfillRequest", _InfillBase, unsupported.COMPLETIONS, _InfillBase.__doc__ or "")
 
 
 def chat_messages(messages: List[ChatMessage]) -> List[Dict[str, Any]]:

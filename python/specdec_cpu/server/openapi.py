@@ -216,7 +216,7 @@ def install_openapi(app: FastAPI, n_vocab: Callable[[], Optional[int]], api_key:
             live.update(_with_vocab(copy.deepcopy(base), vocab))
         return live
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi
 
 
 def _cleaned(doc: Dict[str, Any], api_key: bool) -> Dict[str, Any]:

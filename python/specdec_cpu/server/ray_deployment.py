@@ -254,7 +254,8 @@ def build_app(config: RayServeConfig) -> "serve.Application":
                                          "target_ongoing_requests": cfg.target_ongoing_requests}
     else:
         options["num_replicas"] = cfg.replicas
-    return SpecDecReplica.options(**options).bind(asdict(cfg))
+    deployment: Any = SpecDecReplica  # a ray.serve Deployment (the decorator changes the class)
+    return deployment.options(**options).bind(asdict(cfg))
 
 
 def app_builder(args: dict) -> "serve.Application":
