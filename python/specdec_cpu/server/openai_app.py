@@ -474,7 +474,9 @@ async def _merged(streams: "list[AsyncRequestStream]") -> AsyncIterator["tuple[i
         try:
             async for piece in stream:
                 await queue.put((index, piece + stream.read_ready(), None))
-        except SpecDecError as exc:
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # raised to the reader, as a single stream's error is
             await queue.put((index, None, exc))
             return
         await queue.put((index, None, None))
@@ -591,8 +593,8 @@ class InfillReply:
                         "predicted_n": len(gen.tokens), "predicted_ms": round(s.decode_seconds * 1e3, 3),
                         "predicted_per_second": round(s.tokens_per_second, 3),
                         "draft_n": s.drafted, "draft_n_accepted": s.accepted}}
-        probs = self.logprobs.take(0, self.stream, "llama", final=True)
-        if probs is not None and not streamed:
+        probs = self.logprobs.take(0, self.stream, "llama", final=True)  # streamed: those no partial result took
+        if probs is not None and (probs or not streamed):
             out["completion_probabilities"] = probs
         return out
 
