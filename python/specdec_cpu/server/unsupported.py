@@ -5,7 +5,7 @@ Three kinds, each a table below:
 * :data:`REFUSED` -- fields that would change the output (OpenAI's, and the
   llama-server / vLLM spellings clients send) which the server does not
   honour yet.  They are accepted only at their neutral value (the one that
-  asks for nothing: ``n: 1``, ``presence_penalty: 0``, ``null``); any other
+  asks for nothing: ``typical_p: 1``, ``mirostat: 0``, ``null``); any other
   value is a 400 naming the field (code ``unsupported_parameter``).  To
   honour one, delete its row here and give the request models a real field.
 * :data:`IGNORED` -- fields that cannot change the output (``user``,
