@@ -8,7 +8,6 @@ import time
 from typing import Any, Optional
 
 import httpx
-
 from server_helpers import free_port
 
 #: A chat template in the manner of Qwen2.5's (ChatML; tools listed in the

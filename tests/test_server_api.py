@@ -231,8 +231,8 @@ def test_health_waits_for_the_readiness_hook(decoder_loader) -> None:
     import time
 
     import uvicorn
-
     from server_helpers import free_port
+
     from specdec_cpu.server.openai_app import create_app
 
     app = create_app(lambda: decoder_loader(), ServerOptions(model_name="tiny"), readiness=readiness)
@@ -271,7 +271,8 @@ def test_chat_template_override(tiny_target, tmp_path, monkeypatch) -> None:
     with BatchedDecoder.from_gguf(tiny_target, max_sequences=1, n_ctx=128, n_threads=1,
                                   chat_template=str(path)) as dec:
         assert dec.chat_prompt(messages) == "<user>hi>"
-        assert dec.chat_prompt(messages, tools=[{"type": "function", "function": {"name": "f"}}]) == "<user>hi[1 tools]>"
+        tools = [{"type": "function", "function": {"name": "f"}}]
+        assert dec.chat_prompt(messages, tools=tools) == "<user>hi[1 tools]>"
     dec = SpeculativeDecoder.from_gguf(tiny_target, n_ctx=128, n_threads=1, chat_template=str(path))
     try:
         assert dec.chat_prompt(messages, add_generation_prompt=False) == "<user>hi"
@@ -324,7 +325,20 @@ def test_openapi_documents_every_status_and_the_constraints(server) -> None:
     temp = completion["temperature"]["anyOf"][0]
     assert temp["minimum"] == 0 and temp["maximum"] == 2
     assert completion["stop"]["anyOf"][1]["maxItems"] == 16
-    assert completion["n"]["enum"] == [None, 1] and completion["presence_penalty"]["enum"] == [None, 0]
+    assert completion["n"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 16}
+    assert completion["presence_penalty"]["anyOf"][0] == {"type": "number", "minimum": -2, "maximum": 2}
+    assert completion["logprobs"]["anyOf"][0] == {"type": "integer", "minimum": 0, "maximum": 5}
+    bias = completion["logit_bias"]["anyOf"][0]["additionalProperties"]
+    assert bias["minimum"] == -100 and bias["maximum"] == 100
+    assert completion["stop_token_ids"]["anyOf"][0]["items"]["maximum"] == 383
+    assert "sampling" in completion["logprob_mode"]["description"]
+    chat = schemas["ChatCompletionRequest"]["properties"]
+    assert chat["top_logprobs"]["anyOf"][0] == {"type": "integer", "minimum": 0, "maximum": 20}
+    assert completion["typical_p"]["enum"] == [None, 1]  # still refused: only its neutral value
+    assert "suffix" in completion and "best_of" in completion
+    infill = schemas["InfillRequest"]["properties"]
+    assert {"input_prefix", "input_suffix", "input_extra", "prompt", "n_probs"} <= set(infill)
+    assert set(paths["/infill"]["post"]["responses"]) == set(paths["/v1/completions"]["post"]["responses"])
     assert schemas["CompletionRequest"].get("additionalProperties") is False
     assert schemas["ChatCompletionRequest"]["properties"]["messages"]["minItems"] == 1
     assert schemas["ErrorResponse"]["required"] == ["error"]

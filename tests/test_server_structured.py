@@ -20,7 +20,6 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 jsonschema = pytest.importorskip("jsonschema")
 from pydantic import BaseModel, Field  # noqa: E402
-
 from server_thread import TOOLS_TEMPLATE, ThreadServer, render_independently, write_tools_model  # noqa: E402
 
 WEATHER = {"type": "function", "function": {
@@ -295,10 +294,11 @@ BAD = [
     ({"tools": [{"type": "function", "function": {"name": "x", "parameters": {"properties": {"a": 1}}}}]},
      "tools[0].function.parameters", "invalid_tools", "JSON schema"),
     ({"tools": [ADD, ADD]}, "tools[1].function.name", "invalid_tools", "repeats"),
-    ({"presence_penalty": 0.5}, "presence_penalty", "unsupported_parameter", "presence_penalty=0.5"),
-    ({"logprobs": True}, "logprobs", "unsupported_parameter", "logprobs=true"),
-    ({"n": 3}, "n", "unsupported_parameter", "n=3"),
-    ({"logit_bias": {"5": 10}}, "logit_bias", "unsupported_parameter", "logit_bias"),
+    ({"presence_penalty": 2.5}, "presence_penalty", None, "less than or equal to 2"),
+    ({"top_logprobs": 3}, "top_logprobs", None, "needs logprobs"),
+    ({"n": 17}, "n", None, "16"),
+    ({"logit_bias": {"x5": 10}}, "logit_bias", None, "'x5'"),
+    ({"typical_p": 0.5}, "typical_p", "unsupported_parameter", "typical_p=0.5"),
     ({"functions": [{"name": "x"}]}, "functions", "unsupported_parameter", "use tools"),
     ({"temprature": 0.5}, "temprature", "unknown_parameter", "unknown field"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},

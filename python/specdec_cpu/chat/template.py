@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 from ..errors import ChatTemplateError, ChatTemplateRefusal
 from .messages import template_messages
@@ -111,9 +111,10 @@ class ChatTemplate:
         if override is not None:
             source, name = load_template_source(override)
         else:
-            source = getattr(tokenizer, "chat_template", None)
-            if not source:
+            own: Optional[str] = getattr(tokenizer, "chat_template", None)
+            if not own:
                 return None
+            source = own
             weights = getattr(tokenizer, "weights", None)
             name = name or f"the chat template of {getattr(weights, 'path', 'the model')}"
         return cls(source, name=name, bos_token=_token_text(tokenizer, "bos"),
@@ -132,7 +133,7 @@ class ChatTemplate:
         """
         import jinja2
 
-        context = {"bos_token": self.bos_token, "eos_token": self.eos_token}
+        context: Dict[str, Any] = {"bos_token": self.bos_token, "eos_token": self.eos_token}
         if chat_template_kwargs:
             if not isinstance(chat_template_kwargs, Mapping):
                 raise TypeError("chat_template_kwargs must be a mapping")

@@ -72,9 +72,9 @@ def parse_tool_calls(text: str, *, tool_names: Optional[Collection[str]] = None,
     """
     if TOOL_CALL_OPEN not in text:
         if json_fallback:
-            calls = json_calls(text, tool_names)
-            if calls:
-                return ParsedOutput(None, [ToolCall(id_factory(), n, a) for n, a in calls])
+            found = json_calls(text, tool_names)
+            if found:
+                return ParsedOutput(None, [ToolCall(id_factory(), n, a) for n, a in found])
         return ParsedOutput(text.strip() or None)
     outside: List[str] = []
     calls: List[ToolCall] = []

@@ -144,6 +144,11 @@ class DecoderFront:
         return self._target_lm.n_ctx
 
     @property
+    def n_vocab(self) -> int:
+        """The target's vocabulary size (token ids are below it)."""
+        return self._target_lm.n_vocab
+
+    @property
     def has_drafter(self) -> bool:
         """Whether the decoder can draft at all (a draft model or prompt lookup)."""
         return self._has_drafter

@@ -182,6 +182,13 @@ class AsyncRequestStream:
                 parts.append(item)
         return "".join(parts)  # type: ignore[arg-type]
 
+    def logprobs_since(self, start: int) -> list:
+        """The log-probabilities (``TokenLogprob``) of output tokens ``start``
+        on that the scheduler has emitted so far (of a request asking for
+        them; the text of the last ones may still be held back): a server
+        streams them beside the text, ``result.logprobs`` is the whole list."""
+        return self._request.token_logprobs[start:]
+
     async def wait(self) -> None:
         """Until the request has ended (pieces are kept for ``result``)."""
         while not self._request.done.is_set():
@@ -197,6 +204,11 @@ class AsyncRequestStream:
     @property
     def prompt_tokens(self) -> int:
         return len(self._request.prompt)
+
+    @property
+    def tokens_emitted(self) -> int:
+        """Output tokens so far (their text may still be held back)."""
+        return len(self._request.out)
 
     @property
     def result(self) -> Optional[Generation]:

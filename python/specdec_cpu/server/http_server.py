@@ -13,8 +13,8 @@ import signal
 import threading
 from typing import Callable, Optional
 
-from .openai_app import ServerOptions, create_app
 from ..decoding.batched import BatchedDecoder
+from .openai_app import ServerOptions, create_app
 
 __all__ = ["run_server"]
 

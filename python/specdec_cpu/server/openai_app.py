@@ -2,8 +2,11 @@
 
 Endpoints: ``GET /health`` (200 ready, 503 loading; open without the key),
 ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``
-(JSON or server-sent events with ``stream: true``), ``POST /tokenize`` and
-``POST /detokenize`` (llama-server's), ``GET /metrics`` (Prometheus).
+(JSON or server-sent events with ``stream: true``; ``n`` choices decoded
+together from one prompt, log-probabilities, penalties and biases, and
+fill-in-the-middle with ``suffix``), ``POST /infill`` (llama-server's
+fill-in-the-middle), ``POST /tokenize`` and ``POST /detokenize``
+(llama-server's), ``GET /metrics`` (Prometheus).
 Every error has OpenAI's shape ``{"error": {"message", "type", "param",
 "code"}}`` and the status that says whose fault it is: 4xx for the
 client's, 5xx only for the server's.  Everything a request asks is checked
@@ -18,6 +21,7 @@ listening, so a load balancer sees ``/health`` at 503 until it is ready.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -25,13 +29,14 @@ import threading
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Optional, Sequence, Union
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from fastapi.sse import EventSourceResponse, format_sse_event
 
+from ..core.stats import Generation
 from ..decoding.batched import BatchedDecoder
 from ..decoding.request import AsyncRequestStream
 from ..errors import (
@@ -39,6 +44,7 @@ from ..errors import (
     ChatTemplateRefusal,
     ContextOverflowError,
     DecoderClosedError,
+    InfillUnsupportedError,
     InvalidGrammarError,
     InvalidLogitsError,
     InvalidPromptError,
@@ -47,15 +53,27 @@ from ..errors import (
 )
 from . import openapi as docs
 from .errors import BodyLimit, RequestError, error_responses, install_error_handlers
-from .openai_schema import ChatCompletionRequest, CompletionRequest, chat_messages
+from .openai_schema import ChatCompletionRequest, CompletionRequest, InfillRequest, chat_messages
 from .prometheus import CONTENT_TYPE, metrics_response
-from .responses import Reply, StreamShaper, finish_reason, message_of, new_request_id, system_fingerprint, usage
+from .responses import (
+    LogprobFormatter,
+    Reply,
+    StreamShaper,
+    finish_reason,
+    message_of,
+    new_request_id,
+    system_fingerprint,
+    usage,
+)
 from .structured import OutputSpec, compile_constraint, output_spec
 from .tokens_api import add_token_routes, detokenize
 
 __all__ = ["ServerOptions", "ServerState", "create_app"]
 
 log = logging.getLogger("specdec_cpu.server")
+
+#: Choices per sequence the decoder runs at once (the decoder's own limit of n).
+CHOICES_PER_SEQUENCE = 4
 
 #: What the generation routes may answer besides 200.
 GENERATION_ERRORS = error_responses(400, 401, 404, 413, 429, 500, 503, 504)
@@ -153,7 +171,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
                            expose_headers=["Retry-After", "x-specdec-replica"], max_age=600)
     app.state.specdec = state
     install_error_handlers(app)
-    docs.install_openapi(app, lambda: state.decoder.tokenizer.n_vocab if state.decoder is not None else None,
+    docs.install_openapi(app, lambda: state.decoder.n_vocab if state.decoder is not None else None,
                          api_key=options.api_key is not None)
 
     def authorized(request: Request) -> None:
@@ -197,7 +215,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         dec = state.decoder
         if dec is not None:
             card["max_model_len"] = dec.n_ctx
-            card["meta"] = {"n_ctx": dec.n_ctx, "n_vocab": dec.tokenizer.n_vocab,
+            card["meta"] = {"n_ctx": dec.n_ctx, "n_vocab": dec.n_vocab,
                             "target": os.path.basename(dec.target_path or ""),
                             "draft": os.path.basename(dec.draft_path) if dec.draft_path else None,
                             "ngram": bool(dec.ngram), "max_sequences": dec.max_sequences,
@@ -217,12 +235,17 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         dec = ready_decoder()
         _check_model(body.model, options)
         spec = output_spec(body, chat=False)
+        prompt = body.prompt
         echo = None
         if body.echo:
-            prompt = body.prompt
-            echo = prompt if isinstance(prompt, str) else detokenize(dec.tokenizer, prompt, dec.tokenizer.n_vocab,
+            echo = prompt if isinstance(prompt, str) else detokenize(dec.tokenizer, prompt, dec.n_vocab,
                                                                      "prompt")
-        return await _generate(dec, body, body.prompt, body.token_limit(16), "prompt", spec, request, options,
+        if body.suffix:  # fill in the middle: the prompt is the text before it
+            if not isinstance(prompt, str):
+                raise RequestError(400, "suffix needs a text prompt (the text before the middle), not token ids",
+                                   param="suffix")
+            prompt = _infill_ids(dec, prompt, body.suffix, (), param="suffix")
+        return await _generate(dec, body, prompt, body.token_limit(16), "prompt", spec, request, options,
                                state, chat=False, echo=echo)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)], summary="The next turn of a chat",
@@ -234,6 +257,31 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         text = _chat_prompt(dec, body, spec)
         return await _generate(dec, body, text, body.token_limit(None), "messages", spec, request, options,
                                state, chat=True)
+
+    @app.post("/infill", dependencies=[Depends(authorized)],
+              summary="Fill in the middle between input_prefix and input_suffix (llama-server's)",
+              responses={**docs.JSON_OR_STREAM(docs.InfillResult), **GENERATION_ERRORS})
+    async def infill(body: InfillRequest, request: Request) -> Response:
+        dec = ready_decoder()
+        _check_model(body.model, options)
+        if body.choices != 1:
+            raise RequestError(400, "/infill generates one completion: n must be 1", param="n")
+        spec = output_spec(body, chat=False)
+        extra = [chunk.model_dump() for chunk in body.input_extra or ()]
+        ids = _infill_ids(dec, body.input_prefix, body.input_suffix, extra, param="input_suffix")
+        if body.prompt:  # llama-server: the middle's start, after the middle token
+            ids += dec.tokenizer.tokenize(body.prompt, add_special=False, parse_special=False)
+        if spec.grammar is not None:
+            await run_in_threadpool(compile_constraint, dec, spec)
+        top = body.top_logprobs_count()
+        (stream,), _ = _submit(dec, ids, body, body.token_limit(None), "input_prefix", options, spec, 1, top)
+        infill_reply = InfillReply(dec, options.model_name, stream, ids, body.stop or (), top)
+        if body.streamed:
+            return EventSourceResponse(_infill_events(infill_reply, options),
+                                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        await _finish([stream], request, options)
+        _log(new_request_id(False), stream, 200, options, ids)
+        return JSONResponse(infill_reply.final())
 
     add_token_routes(app, ready_decoder, authorized)
     return app
@@ -264,39 +312,72 @@ def _chat_prompt(dec: BatchedDecoder, body: ChatCompletionRequest, spec: OutputS
         raise RequestError(400, str(exc), param=param) from None
 
 
+def _infill_ids(dec: BatchedDecoder, prefix: str, suffix: str, extra: Any, *, param: str) -> "list[int]":
+    """The fill-in-the-middle prompt (400 for a model without FIM tokens)."""
+    try:
+        return dec.infill_prompt(prefix, suffix, extra)
+    except InfillUnsupportedError as exc:
+        raise RequestError(400, str(exc), param=param, code="infill_unsupported") from None
+    except ValueError as exc:  # a bad input_extra entry
+        raise RequestError(400, str(exc), param="input_extra") from None
+
+
 async def _generate(dec: BatchedDecoder, body: Any, prompt: Any, max_tokens: Optional[int], param: str,
                     spec: OutputSpec, request: Request, options: ServerOptions, state: ServerState, *,
                     chat: bool, echo: Optional[str] = None) -> Response:
     if spec.grammar is not None:  # compiled once per grammar (cached), off the event loop
         await run_in_threadpool(compile_constraint, dec, spec)
     reply = Reply(new_request_id(chat), int(time.time()), options.model_name, state.fingerprint, chat)
-    stream, limit = _submit(dec, prompt, body, max_tokens, param, options, spec)
+    top = body.top_logprobs_count()
+    streams, _ = _submit(dec, prompt, body, max_tokens, param, options, spec, body.choices, top)
     if body.streamed:
-        events = _events(stream, body, reply, spec, options, prompt, echo)
+        source = LogprobSource(dec.tokenizer, top, bool(body.return_tokens_as_token_ids))
+        events = _events(streams, body, reply, spec, options, prompt, echo, source)
         return EventSourceResponse(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    gens = await _finish(streams, request, options)
+    for stream in streams:
+        _log(reply.id, stream, 200, options, prompt)
+    choices = []
+    for index, gen in enumerate(gens):
+        logprobs = None
+        if top is not None:
+            fmt = LogprobFormatter(dec.tokenizer, top, offset=len(echo or ""),
+                                   as_ids=bool(body.return_tokens_as_token_ids))
+            logprobs = fmt.chat(gen.logprobs or []) if chat else fmt.legacy(gen.logprobs or [])
+        if chat:
+            message = message_of(gen.text, spec)
+            choices.append({"index": index, "message": message, "logprobs": logprobs,
+                            "finish_reason": finish_reason(gen.finish_reason, "tool_calls" in message)})
+        else:
+            choices.append({"index": index, "text": (echo or "") + gen.text, "logprobs": logprobs,
+                            "finish_reason": finish_reason(gen.finish_reason)})
+    return JSONResponse(reply.whole(choices, usage(streams[0].prompt_tokens, gens)))
+
+
+async def _finish(streams: "list[AsyncRequestStream]", request: Request, options: ServerOptions) -> "list[Generation]":
+    """The generations of ``streams``, whole (a 5xx if one failed or timed out)."""
     try:
-        await _wait_or_disconnect(stream, request)
+        await _wait_or_disconnect(streams, request)
     finally:
-        await stream.aclose()
-    if stream.error is not None:
-        raise _server_error(stream.error)
-    gen = stream.result
-    if gen.finish_reason == "timeout":
-        raise _timeout(options)
-    _log(reply.id, stream, 200, options, prompt)
-    if chat:
-        message = message_of(gen.text, spec)
-        choice = {"index": 0, "message": message, "logprobs": None,
-                  "finish_reason": finish_reason(gen.finish_reason, "tool_calls" in message)}
-    else:
-        choice = {"index": 0, "text": (echo or "") + gen.text, "logprobs": None,
-                  "finish_reason": finish_reason(gen.finish_reason)}
-    return JSONResponse(reply.whole(choice, usage(stream.prompt_tokens, gen)))
+        for stream in streams:
+            await stream.aclose()
+    gens = []
+    for stream in streams:
+        if stream.error is not None:
+            raise _server_error(stream.error)
+        gen = stream.result
+        assert gen is not None
+        if gen.finish_reason == "timeout":
+            raise _timeout(options)
+        gens.append(gen)
+    return gens
 
 
 def _submit(dec: BatchedDecoder, prompt: Any, body: Any, max_tokens: Optional[int], param: str,
-            options: ServerOptions, spec: OutputSpec) -> "tuple[AsyncRequestStream, int]":
-    """Tokenize, cap ``max_tokens`` at the context, queue the request."""
+            options: ServerOptions, spec: OutputSpec, n: int = 1,
+            top: Optional[int] = None) -> "tuple[list[AsyncRequestStream], int]":
+    """Tokenize, cap ``max_tokens`` at the context, queue the request's ``n`` choices."""
+    params = body.params()
     try:
         ids = dec.tokenize(prompt)
     except InvalidPromptError as exc:
@@ -307,10 +388,18 @@ def _submit(dec: BatchedDecoder, prompt: Any, body: Any, max_tokens: Optional[in
     if room < 1:
         raise RequestError(400, f"the prompt is {len(ids)} tokens and fills the context of {dec.n_ctx}: "
                                 "no room for a completion", param=param, code="context_length_exceeded")
+    if max_tokens is not None and params.min_tokens > max_tokens:
+        raise RequestError(400, f"min_tokens={params.min_tokens} exceeds the output limit of {max_tokens}",
+                           param="min_tokens")
+    most = dec.max_sequences * CHOICES_PER_SEQUENCE
+    if n > most:
+        raise RequestError(400, f"n={n} exceeds this server's limit of {most} choices "
+                                f"({dec.max_sequences} sequences decoded at once)", param="n")
     limit = room if max_tokens is None else min(max_tokens, room)  # capped at the context
+    kwargs = dict(max_tokens=limit, params=params, stop=body.stop or (), gamma=body.gamma,
+                  timeout=options.request_timeout, grammar=spec.grammar, logprobs=top, logprob_mode=body.mode)
     try:
-        stream = dec.astream(ids, max_tokens=limit, params=body.params(), stop=body.stop or (),
-                             gamma=body.gamma, timeout=options.request_timeout, grammar=spec.grammar)
+        streams = [dec.astream(ids, **kwargs)] if n == 1 else dec.astream_choices(ids, n, **kwargs)
     except QueueFullError as exc:
         raise RequestError(429, f"the server is busy: {exc}", type="rate_limit_error",
                            code="rate_limit_exceeded", headers={"Retry-After": str(options.retry_after)}) from None
@@ -318,75 +407,220 @@ def _submit(dec: BatchedDecoder, prompt: Any, body: Any, max_tokens: Optional[in
         raise RequestError(503, f"the server is shutting down: {exc}", type="server_error") from None
     except InvalidGrammarError as exc:  # compiled above: only if the cache lost it meanwhile
         raise RequestError(400, str(exc), param=spec.param, code="invalid_grammar") from None
-    except ValueError as exc:  # a sampling parameter the decoder refuses
-        raise RequestError(400, str(exc)) from None
-    return stream, limit
+    except ValueError as exc:  # a sampling parameter the decoder refuses (a token id outside the vocabulary)
+        named = next((f for f in ("logit_bias", "stop_token_ids") if str(exc).startswith(f)), None)
+        raise RequestError(400, str(exc), param=named) from None
+    return streams, limit
 
 
-async def _wait_or_disconnect(stream: AsyncRequestStream, request: Request) -> None:
-    """Wait for the whole generation; stop it if the client goes away."""
+async def _wait_or_disconnect(streams: "list[AsyncRequestStream]", request: Request) -> None:
+    """Wait for the whole generations; stop them if the client goes away."""
     import anyio
 
     async with anyio.create_task_group() as tg:
         async def watch() -> None:
             while True:
                 if await request.is_disconnected():
-                    await stream.aclose()
+                    for stream in streams:
+                        await stream.aclose()
                     return
                 await anyio.sleep(0.1)
 
         tg.start_soon(watch)
-        await stream.wait()
+        for stream in streams:
+            await stream.wait()
         tg.cancel_scope.cancel()
 
 
-async def _events(stream: AsyncRequestStream, body: Any, reply: Reply, spec: OutputSpec, options: ServerOptions,
-                  prompt_text: Any, echo: Optional[str]) -> AsyncIterator[bytes]:
+class LogprobSource:
+    """Where a stream's log-probabilities come from, chunk by chunk: the
+    entries each choice has emitted since its last chunk."""
+
+    def __init__(self, tokenizer: Any, top: Optional[int], as_ids: bool = False) -> None:
+        self.tokenizer, self.top, self.as_ids = tokenizer, top, as_ids
+        self._sent: Dict[int, int] = {}
+        self._formatters: Dict[int, LogprobFormatter] = {}
+
+    def take(self, index: int, stream: AsyncRequestStream, shape: str, *, offset: int = 0,
+             final: bool = False) -> Any:
+        """The log-probabilities of choice ``index`` not sent yet, in ``shape``
+        (``LogprobFormatter``'s method: chat, legacy or llama); None: none
+        asked for, or none new (and not ``final``)."""
+        if self.top is None:
+            return None
+        fmt = self._formatters.setdefault(index, LogprobFormatter(self.tokenizer, self.top, offset,
+                                                                          self.as_ids))
+        start = self._sent.get(index, 0)
+        result = stream.result
+        entries = (result.logprobs or [])[start:] if final and result is not None else stream.logprobs_since(start)
+        if not entries and not final:
+            return None
+        self._sent[index] = start + len(entries)
+        return getattr(fmt, shape)(entries)
+
+
+async def _merged(streams: "list[AsyncRequestStream]") -> AsyncIterator["tuple[int, Optional[str]]"]:
+    """``(choice, text)`` as the choices' pieces arrive (all of a step's pieces
+    joined), ``(choice, None)`` when one ends; a choice's error is raised."""
+    if len(streams) == 1:
+        only = streams[0]
+        async for piece in only:
+            yield 0, piece + only.read_ready()  # one event for all of a step's tokens
+        yield 0, None
+        return
+    queue: "asyncio.Queue[tuple[int, Optional[str], Optional[BaseException]]]" = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncRequestStream) -> None:
+        try:
+            async for piece in stream:
+                await queue.put((index, piece + stream.read_ready(), None))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # raised to the reader, as a single stream's error is
+            await queue.put((index, None, exc))
+            return
+        await queue.put((index, None, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        running = len(streams)
+        while running:
+            index, text, error = await queue.get()
+            if error is not None:
+                raise error
+            if text is None:
+                running -= 1
+            yield index, text
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _events(streams: "list[AsyncRequestStream]", body: Any, reply: Reply, spec: OutputSpec,
+                  options: ServerOptions, prompt_text: Any, echo: Optional[str],
+                  logprobs: LogprobSource) -> AsyncIterator[bytes]:
     """The server-sent events of a streamed answer, ending in ``data: [DONE]``.
 
     If the client disconnects, the response task is cancelled here and the
-    ``finally`` ends the request at the decoder's next step."""
+    ``finally`` ends the requests at the decoder's next step."""
     with_usage = body.include_usage
-    shaper = StreamShaper(spec) if reply.chat else None
+    shapers = [StreamShaper(spec) if reply.chat else None for _ in streams]
+    offset = len(echo or "")
 
     def event(data: Any) -> bytes:
         return format_sse_event(data_str=json.dumps(data, ensure_ascii=False))
 
-    def chunk(delta_or_text: Any, reason: Optional[str] = None) -> bytes:
-        return event(reply.chunk(delta_or_text, reason, with_usage=with_usage))
+    def chunk(index: int, delta_or_text: Any, reason: Optional[str] = None, final: bool = False) -> bytes:
+        lp = logprobs.take(index, streams[index], "chat" if reply.chat else "legacy", offset=offset, final=final)
+        return event(reply.chunk(delta_or_text, reason, with_usage=with_usage, index=index, logprobs=lp))
 
     try:
-        if shaper is not None:
-            yield chunk({"role": "assistant", "content": ""})
-        elif echo:
-            yield chunk(echo)
-        async for piece in stream:
-            piece += stream.read_ready()  # one event for all of a step's tokens
-            if shaper is None:
-                yield chunk(piece)
+        for index in range(len(streams)):
+            if reply.chat:
+                yield event(reply.chunk({"role": "assistant", "content": ""}, with_usage=with_usage, index=index))
+            elif echo:
+                yield event(reply.chunk(echo, with_usage=with_usage, index=index))
+        async for index, piece in _merged(streams):
+            shaper = shapers[index]
+            if piece is not None:
+                if shaper is None:
+                    yield chunk(index, piece)
+                    continue
+                for delta in shaper.feed(piece):
+                    yield chunk(index, delta)
                 continue
-            for delta in shaper.feed(piece):
-                yield chunk(delta)
-        gen = stream.result
-        if gen.finish_reason == "timeout":
-            yield event(_timeout(options).body())
-            return
-        calls = False
-        if shaper is not None:
-            for delta in shaper.finish():
-                yield chunk(delta)
-            calls = shaper.tool_calls
-        yield chunk({} if reply.chat else "", finish_reason(gen.finish_reason, calls))
+            gen = streams[index].result
+            assert gen is not None
+            if gen.finish_reason == "timeout":
+                yield event(_timeout(options).body())
+                return
+            calls = False
+            if shaper is not None:
+                for delta in shaper.finish():
+                    yield chunk(index, delta)
+                calls = shaper.tool_calls
+            yield chunk(index, {} if reply.chat else "", finish_reason(gen.finish_reason, calls), final=True)
+        gens = [s.result for s in streams if s.result is not None]
         if with_usage:
-            yield event(reply.usage_chunk(usage(stream.prompt_tokens, gen)))
+            yield event(reply.usage_chunk(usage(streams[0].prompt_tokens, gens)))
         yield format_sse_event(data_str="[DONE]")
-        _log(reply.id, stream, 200, options, prompt_text)
+        for stream in streams:
+            _log(reply.id, stream, 200, options, prompt_text)
     except SpecDecError as exc:  # this request failed after its answer started
         yield event(_server_error(exc).body())
     finally:
+        for stream in streams:
+            await stream.aclose()
+            if stream.result is not None and stream.result.finish_reason == "cancelled":
+                _log(reply.id, stream, 499, options, prompt_text)
+
+
+class InfillReply:
+    """llama-server's ``/completion`` shape of an ``/infill`` answer."""
+
+    def __init__(self, dec: BatchedDecoder, model: str, stream: AsyncRequestStream, prompt: "list[int]",
+                 stop: Sequence[str], top: Optional[int]) -> None:
+        self.tokenizer, self.model, self.stream, self.prompt, self.stop = dec.tokenizer, model, stream, prompt, stop
+        self.logprobs = LogprobSource(dec.tokenizer, top)
+
+    def partial(self, piece: str) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"index": 0, "content": piece, "tokens": [], "stop": False, "id_slot": -1,
+                               "tokens_predicted": self.stream.tokens_emitted,
+                               "tokens_evaluated": self.stream.prompt_tokens}
+        probs = self.logprobs.take(0, self.stream, "llama")
+        if probs is not None:
+            out["completion_probabilities"] = probs
+        return out
+
+    def _text(self, ids: Sequence[int]) -> str:
+        return b"".join(self.tokenizer.token_bytes(t) for t in ids).decode("utf-8", "replace")
+
+    def final(self, streamed: bool = False) -> Dict[str, Any]:
+        gen = self.stream.result
+        assert gen is not None
+        s = gen.stats
+        stop_type, word = "limit", ""
+        if gen.finish_reason == "stop":
+            rest = self._text(gen.tokens)[len(gen.text):]  # a stop string cut off, if any
+            word = next((w for w in self.stop if w in rest), "")
+            stop_type = "word" if word else "eos"
+        out: Dict[str, Any] = {
+            "index": 0, "content": "" if streamed else gen.text, "tokens": [], "id_slot": -1, "stop": True,
+            "model": self.model, "tokens_predicted": len(gen.tokens), "tokens_evaluated": s.prompt_tokens,
+            "prompt": self._text(self.prompt), "has_new_line": "\n" in gen.text, "truncated": False,
+            "stop_type": stop_type, "stopping_word": word, "tokens_cached": s.prompt_cached,
+            "timings": {"prompt_n": s.prompt_tokens - s.prompt_cached, "prompt_ms": round(s.prompt_seconds * 1e3, 3),
+                        "predicted_n": len(gen.tokens), "predicted_ms": round(s.decode_seconds * 1e3, 3),
+                        "predicted_per_second": round(s.tokens_per_second, 3),
+                        "draft_n": s.drafted, "draft_n_accepted": s.accepted}}
+        probs = self.logprobs.take(0, self.stream, "llama", final=True)  # streamed: those no partial result took
+        if probs is not None and (probs or not streamed):
+            out["completion_probabilities"] = probs
+        return out
+
+
+async def _infill_events(reply: InfillReply, options: ServerOptions) -> AsyncIterator[bytes]:
+    """``/infill``'s server-sent events: llama-server's partial results, then
+    the final one (``stop: true``); no ``[DONE]``, as llama-server."""
+    stream = reply.stream
+
+    def event(data: Any) -> bytes:
+        return format_sse_event(data_str=json.dumps(data, ensure_ascii=False))
+
+    try:
+        async for piece in stream:
+            yield event(reply.partial(piece + stream.read_ready()))
+        gen = stream.result
+        assert gen is not None
+        if gen.finish_reason == "timeout":
+            yield event(_timeout(options).body())
+            return
+        yield event(reply.final(streamed=True))
+        _log(new_request_id(False), stream, 200, options, reply.prompt)
+    except SpecDecError as exc:
+        yield event(_server_error(exc).body())
+    finally:
         await stream.aclose()
-        if stream.result is not None and stream.result.finish_reason == "cancelled":
-            _log(reply.id, stream, 499, options, prompt_text)
 
 
 def _timeout(options: ServerOptions) -> RequestError:

@@ -10,20 +10,24 @@ ignores, come from :mod:`.unsupported`; any other field is refused.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, create_model, field_validator
 from pydantic.functional_validators import BeforeValidator
 from typing_extensions import Annotated
 
+from ..core.logprobs import MAX_TOP_LOGPROBS
 from ..core.request_args import GAMMA_LIMIT
-from ..params import SamplingParams
+from ..params import BIAS_LIMIT, PENALTY_LIMIT, SamplingParams
 from . import unsupported
 from .errors import RequestError
 
-__all__ = ["ChatCompletionRequest", "CompletionRequest", "RequestError", "MAX_STOP", "chat_messages"]
+__all__ = ["ChatCompletionRequest", "CompletionRequest", "InfillRequest", "RequestError", "MAX_STOP", "MAX_CHOICES",
+           "chat_messages"]
 
 MAX_STOP = 16  # Continue and other code assistants send long stop lists (OpenAI: 4)
+MAX_CHOICES = 16  # n; the decoder may allow fewer (a few per sequence it decodes at once)
+MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs (OpenAI's limit)
 MAX_TOKEN_ID = 2**31 - 1  # the live schema narrows it to the model's vocabulary (openapi.py)
 
 _STRICT = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
@@ -105,6 +109,34 @@ def _n_predict(value: Any) -> Optional[int]:
 NPredict = Annotated[Any, BeforeValidator(_n_predict), WithJsonSchema({
     "anyOf": [{"const": -1}, {"type": "integer", "minimum": 1}, {"type": "null"}],
     "description": "llama-server's name for max_tokens; -1: up to the context"})]
+
+
+def _logit_bias(value: Any) -> Optional[Dict[int, float]]:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError("must be an object mapping token ids (as strings) to numbers")
+    out: Dict[int, float] = {}
+    for key, bias in value.items():
+        text = str(key)
+        if not text.isascii() or not text.isdigit():
+            raise ValueError(f"key {text!r} is not a token id (a non-negative integer as a string)")
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise ValueError(f"logit_bias[{text!r}] must be a number, got {bias!r}")
+        if not -BIAS_LIMIT <= bias <= BIAS_LIMIT:
+            raise ValueError(f"logit_bias[{text!r}] must be in [-100, 100], got {bias!r}")
+        out[int(text)] = float(bias)
+    return out
+
+
+LogitBias = Annotated[Any, BeforeValidator(_logit_bias), WithJsonSchema({
+    "anyOf": [{"type": "object", "propertyNames": {"pattern": "^[0-9]+$"},
+               "additionalProperties": {"type": "number", "minimum": -BIAS_LIMIT, "maximum": BIAS_LIMIT}},
+              {"type": "null"}],
+    "description": "Token id (a string) -> bias in [-100, 100] added to its logit (-100 practically bans it, "
+                   "100 practically forces it)"})]
+
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 
 
 def _content(value: Any) -> Any:
@@ -229,6 +261,15 @@ class ChatMessage(BaseModel):
         return self.model_dump(exclude_none=True)
 
 
+class InfillChunk(BaseModel):
+    """One file of ``/infill``'s ``input_extra``."""
+
+    model_config = _STRICT
+
+    filename: str = ""
+    text: str
+
+
 class StreamOptions(BaseModel):
     model_config = _STRICT
 
@@ -262,15 +303,73 @@ class _Common(BaseModel):
     response_format: Optional[ResponseFormat] = None
     grammar: Optional[str] = Field(default=None, min_length=1, description="A llama.cpp GBNF grammar")
     json_schema: Optional[Dict[str, Any]] = Field(default=None, description="llama-server: a JSON schema")
+    n: Optional[int] = Field(default=None, ge=1, le=MAX_CHOICES, description=(
+        f"Choices to generate (default 1, at most {MAX_CHOICES}, or fewer if the server decodes few sequences "
+        "at once); they share the prompt's cache"))
+    best_of: Optional[int] = Field(default=None, ge=1, description="Only equal to n (or 1): no choice is dropped")
+    presence_penalty: Optional[float] = Field(default=None, ge=-PENALTY_LIMIT, le=PENALTY_LIMIT, description=(
+        "Subtracted from the logit of every token the output already holds (default 0)"))
+    frequency_penalty: Optional[float] = Field(default=None, ge=-PENALTY_LIMIT, le=PENALTY_LIMIT, description=(
+        "Subtracted from a token's logit per occurrence in the output so far (default 0)"))
+    repeat_penalty: Optional[float] = Field(default=None, gt=0.0, description=(
+        "llama-server's: a token among the last repeat_last_n (prompt included) has a positive logit divided "
+        "by it, a negative one multiplied (default 1: off)"))
+    repetition_penalty: Optional[float] = Field(default=None, gt=0.0, description="vLLM's name for repeat_penalty")
+    repeat_last_n: Optional[int] = Field(default=None, ge=-1, description=(
+        "The window of repeat_penalty (default 64; 0: off, -1: the whole sequence)"))
+    logit_bias: LogitBias = None
+    min_tokens: Optional[int] = Field(default=None, ge=0, description=(
+        "End-of-generation tokens and stop_token_ids are banned until the output has this many tokens"))
+    stop_token_ids: Optional[List[TokenId]] = Field(default=None, description=(
+        "Token ids that end the output as the end-of-generation token does"))
+    n_probs: Optional[int] = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, description=(
+        "llama-server's: report log-probabilities with this many alternatives per token"))
+    logprob_mode: Optional[Literal["model", "sampling"]] = Field(default=None, description=(
+        "Extension: which distribution logprobs report. 'model' (default, as OpenAI and vLLM): the model's "
+        "own, at temperature 1, before penalties and truncation; 'sampling': the one each token was drawn "
+        "from (penalties, biases, temperature, top-k/top-p/min-p applied; -9999 outside its support)"))
+
+    return_tokens_as_token_ids: Optional[bool] = Field(default=None, description=(
+        "vLLM's: logprobs name tokens as 'token_id:ID' (a token may be part of a character)"))
 
     def params(self) -> SamplingParams:
         """The sampling parameters, nulls and the lenient spellings resolved."""
+        repeat = [(n, v) for n, v in (("repeat_penalty", self.repeat_penalty),
+                                      ("repetition_penalty", self.repetition_penalty)) if v is not None]
+        if len({v for _, v in repeat}) > 1:
+            raise RequestError(400, "conflicting repeat_penalty and repetition_penalty: give one",
+                               param="repetition_penalty")
         return SamplingParams(temperature=1.0 if self.temperature is None else self.temperature,
                               top_k=0 if self.top_k in (None, -1) else self.top_k,
                               top_p=1.0 if self.top_p is None else self.top_p,
                               min_p=0.0 if self.min_p is None else self.min_p,
                               seed=None if self.seed in (None, -1) else self.seed,
-                              ignore_eos=bool(self.ignore_eos))
+                              ignore_eos=bool(self.ignore_eos),
+                              presence_penalty=self.presence_penalty or 0.0,
+                              frequency_penalty=self.frequency_penalty or 0.0,
+                              repeat_penalty=repeat[0][1] if repeat else 1.0,
+                              repeat_last_n=64 if self.repeat_last_n is None else self.repeat_last_n,
+                              logit_bias=self.logit_bias or None,
+                              min_tokens=self.min_tokens or 0,
+                              stop_token_ids=tuple(self.stop_token_ids or ()))
+
+    @property
+    def choices(self) -> int:
+        """``n`` (``best_of`` may only repeat it)."""
+        n = 1 if self.n is None else self.n
+        if self.best_of is not None and self.best_of != n:
+            raise RequestError(400, f"best_of={self.best_of} is not supported: only best_of equal to n ({n}); "
+                                    "every choice generated is returned", param="best_of",
+                               code="unsupported_parameter")
+        return n
+
+    def top_logprobs_count(self) -> Optional[int]:
+        """Alternatives per token for the decoder's ``logprobs`` (None: no log-probabilities)."""
+        return self.n_probs or None
+
+    @property
+    def mode(self) -> str:
+        return self.logprob_mode or "model"
 
     @property
     def include_usage(self) -> bool:
@@ -298,6 +397,18 @@ class _CompletionBase(_Common):
 
     prompt: Prompt
     echo: Optional[bool] = Field(default=None, description="Prepend the prompt's text to the output")
+    suffix: Optional[str] = Field(default=None, description=(
+        "Fill in the middle: the text after the completion (the prompt is the text before it); needs a model "
+        "with fill-in-the-middle tokens"))
+    logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS, description=(
+        "Report each token's log-probability and this many alternatives (the legacy shape: tokens, "
+        "token_logprobs, top_logprobs, text_offset); see logprob_mode"))
+
+    def top_logprobs_count(self) -> Optional[int]:
+        if self.logprobs is not None and self.n_probs is not None and self.logprobs != self.n_probs:
+            raise RequestError(400, f"conflicting logprobs={self.logprobs} and n_probs={self.n_probs}: give one",
+                               param="n_probs")
+        return self.logprobs if self.logprobs is not None else self.n_probs or None
 
 
 class _ChatBase(_Common):
@@ -310,6 +421,17 @@ class _ChatBase(_Common):
     parallel_tool_calls: Optional[bool] = Field(default=None, description="Default true")
     chat_template_kwargs: Optional[Dict[str, Any]] = Field(
         default=None, description="Extra variables of the chat template (e.g. enable_thinking)")
+    logprobs: Optional[bool] = Field(default=None, description=(
+        "Report each output token's log-probability (choices[].logprobs.content); see logprob_mode"))
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, description=(
+        "With logprobs: this many most likely alternatives per token"))
+
+    def top_logprobs_count(self) -> Optional[int]:
+        if self.top_logprobs and not self.logprobs:
+            raise RequestError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if self.logprobs:
+            return self.top_logprobs or self.n_probs or 0
+        return self.n_probs or None
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -320,6 +442,20 @@ class _ChatBase(_Common):
         return v
 
 
+class _InfillBase(_Common):
+    """``POST /infill`` (llama-server's): fill in the middle between ``input_prefix`` and ``input_suffix``."""
+
+    input_prefix: str = Field(default="", description="The text before the middle")
+    input_suffix: str = Field(default="", description="The text after the middle")
+    input_extra: Optional[List[InfillChunk]] = Field(default=None, description=(
+        "Other files for context, before the prefix"))
+    prompt: Optional[str] = Field(default=None, description="Text the middle starts with (after the FIM middle "
+                                                            "token)")
+
+    def top_logprobs_count(self) -> Optional[int]:
+        return self.n_probs or None
+
+
 def _request_model(name: str, base: type, endpoint: str, doc: str) -> type:
     model = create_model(name, __base__=base, __doc__=doc, __validators__=unsupported.model_validators(endpoint),
                          **unsupported.model_fields(endpoint))
@@ -327,10 +463,16 @@ def _request_model(name: str, base: type, endpoint: str, doc: str) -> type:
     return model
 
 
-CompletionRequest = _request_model("CompletionRequest", _CompletionBase, unsupported.COMPLETIONS,
-                                   _CompletionBase.__doc__ or "")
-ChatCompletionRequest = _request_model("ChatCompletionRequest", _ChatBase, unsupported.CHAT,
-                                       _ChatBase.__doc__ or "")
+if TYPE_CHECKING:  # the models add only the refused and ignored fields (never read by name) to these
+    CompletionRequest = _CompletionBase
+    ChatCompletionRequest = _ChatBase
+    InfillRequest = _InfillBase
+else:
+    CompletionRequest = _request_model("CompletionRequest", _CompletionBase, unsupported.COMPLETIONS,
+                                       _CompletionBase.__doc__ or "")
+    ChatCompletionRequest = _request_model("ChatCompletionRequest", _ChatBase, unsupported.CHAT,
+                                           _ChatBase.__doc__ or "")
+    InfillRequest = _request_model("InfillRequest", _InfillBase, unsupported.COMPLETIONS, _InfillBase.__doc__ or "")
 
 
 def chat_messages(messages: List[ChatMessage]) -> List[Dict[str, Any]]:

@@ -102,11 +102,34 @@ class AssistantMessage(BaseModel):
 FinishReason = Literal["stop", "length", "tool_calls"]
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float = Field(description="<= 0; -9999 for a token the sampling distribution excludes")
+    bytes: List[int] = Field(description="The token's UTF-8 bytes (a token may hold part of a character)")
+
+
+class TokenLogprobOut(TopLogprob):
+    top_logprobs: List[TopLogprob] = Field(description="The most likely tokens at this position (top_logprobs)")
+
+
+class ChatLogprobs(BaseModel):
+    content: List[TokenLogprobOut]
+
+
+class CompletionLogprobs(BaseModel):
+    """The legacy completions' shape."""
+
+    tokens: List[str]
+    token_logprobs: List[float]
+    top_logprobs: Optional[List[Dict[str, float]]] = Field(description="Alternatives per token (logprobs > 0)")
+    text_offset: List[int] = Field(description="Where each token's text starts in the choice's text")
+
+
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     finish_reason: FinishReason
-    logprobs: None = None
+    logprobs: Optional[ChatLogprobs] = Field(default=None, description="With logprobs: true")
 
 
 class ChatCompletion(BaseModel):
@@ -123,7 +146,7 @@ class CompletionChoice(BaseModel):
     index: int
     text: str
     finish_reason: FinishReason
-    logprobs: None = None
+    logprobs: Optional[CompletionLogprobs] = Field(default=None, description="With logprobs set")
 
 
 class Completion(BaseModel):
@@ -134,6 +157,37 @@ class Completion(BaseModel):
     system_fingerprint: str
     choices: List[CompletionChoice]
     usage: Usage
+
+
+class InfillTimings(BaseModel):
+    prompt_n: int
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_second: float
+    draft_n: int = Field(description="Tokens drafted (speculation)")
+    draft_n_accepted: int
+
+
+class InfillResult(BaseModel):
+    """llama-server's ``/completion`` shape (streamed: the same fields, ``stop`` false until the last event)."""
+
+    index: int
+    content: str = Field(description="The middle")
+    tokens: List[int]
+    id_slot: int
+    stop: bool
+    model: str
+    tokens_predicted: int
+    tokens_evaluated: int
+    prompt: str
+    has_new_line: bool
+    truncated: bool
+    stop_type: Literal["eos", "word", "limit", "none"]
+    stopping_word: str
+    tokens_cached: int
+    timings: InfillTimings
+    completion_probabilities: Optional[List[Dict[str, Any]]] = Field(default=None, description="With n_probs")
 
 
 EVENT_STREAM = {"text/event-stream": {"schema": {
@@ -162,7 +216,7 @@ def install_openapi(app: FastAPI, n_vocab: Callable[[], Optional[int]], api_key:
             live.update(_with_vocab(copy.deepcopy(base), vocab))
         return live
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi
 
 
 def _cleaned(doc: Dict[str, Any], api_key: bool) -> Dict[str, Any]:

@@ -23,10 +23,10 @@ from typing import Any, Optional, Union
 
 from ray import serve
 
-from ..errors import ModelLoadError
-from .openai_app import ServerOptions, create_app
 from ..decoding.batched import BatchedDecoder
+from ..errors import ModelLoadError
 from ..settings import BatchedSettings
+from .openai_app import ServerOptions, create_app
 
 __all__ = ["LOW_LATENCY_ENV", "RayServeConfig", "SpecDecReplica", "app_builder", "build_app"]
 
@@ -254,7 +254,8 @@ def build_app(config: RayServeConfig) -> "serve.Application":
                                          "target_ongoing_requests": cfg.target_ongoing_requests}
     else:
         options["num_replicas"] = cfg.replicas
-    return SpecDecReplica.options(**options).bind(asdict(cfg))
+    deployment: Any = SpecDecReplica  # a ray.serve Deployment (the decorator changes the class)
+    return deployment.options(**options).bind(asdict(cfg))
 
 
 def app_builder(args: dict) -> "serve.Application":

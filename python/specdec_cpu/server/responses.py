@@ -15,14 +15,18 @@ import hashlib
 import os
 import secrets
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ..chat import ToolCallStreamParser, parse_tool_calls
 from ..core.stats import Generation
 from .structured import OutputSpec
 
 __all__ = ["Reply", "new_request_id", "system_fingerprint", "usage", "finish_reason", "message_of",
-           "StreamShaper"]
+           "StreamShaper", "LogprobFormatter"]
+
+#: What a log-probability of -inf (a token outside the sampling distribution's
+#: support) is reported as: JSON has no infinity (vLLM reports the same).
+NEG_INF_LOGPROB = -9999.0
 
 
 def new_request_id(chat: bool) -> str:
@@ -48,14 +52,17 @@ def system_fingerprint(dec: Any) -> str:
     return "fp_" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
-def usage(prompt_tokens: int, gen: Optional[Generation]) -> Dict[str, Any]:
-    """OpenAI's usage, the cached prompt tokens, and the speculation statistics."""
-    n = len(gen.tokens) if gen is not None else 0
-    s = gen.stats if gen is not None else None
+def usage(prompt_tokens: int, gen: Union[Generation, Sequence[Generation], None]) -> Dict[str, Any]:
+    """OpenAI's usage, the cached prompt tokens, and the speculation statistics
+    (of one generation, or summed over the choices of one prompt: the prompt
+    counts once)."""
+    gens: List[Generation] = [] if gen is None else [gen] if isinstance(gen, Generation) else list(gen)
+    n = sum(len(g.tokens) for g in gens)
     out: Dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": n,
                            "total_tokens": prompt_tokens + n,
-                           "prompt_tokens_details": {"cached_tokens": s.prompt_cached if s else 0}}
-    if s is not None:
+                           "prompt_tokens_details": {"cached_tokens": gens[0].stats.prompt_cached if gens else 0}}
+    if len(gens) == 1:
+        s = gens[0].stats
         out["speculation"] = {
             "drafted": s.drafted, "accepted": s.accepted, "acceptance": round(s.acceptance, 6),
             "mean_alpha": round(s.mean_alpha, 6), "forced": s.forced, "steps": s.steps,
@@ -63,6 +70,20 @@ def usage(prompt_tokens: int, gen: Optional[Generation]) -> Dict[str, Any]:
             "prompt_ms": round(s.prompt_seconds * 1e3, 3),
             "predicted_ms": round(s.decode_seconds * 1e3, 3),
             "predicted_per_second": round(s.tokens_per_second, 3),
+        }
+    elif gens:
+        stats = [g.stats for g in gens]
+        drafted, accepted = sum(s.drafted for s in stats), sum(s.accepted for s in stats)
+        steps, tokens = sum(s.steps for s in stats), sum(s.tokens for s in stats)
+        decode = max(s.decode_seconds for s in stats)  # the choices are decoded together
+        out["speculation"] = {
+            "drafted": drafted, "accepted": accepted, "acceptance": round(accepted / drafted if drafted else 0.0, 6),
+            "mean_alpha": round(sum(s.mean_alpha for s in stats) / len(stats), 6),
+            "forced": sum(s.forced for s in stats), "steps": steps,
+            "tokens_per_step": round(tokens / steps if steps else 0.0, 6),
+            "prompt_ms": round(max(s.prompt_seconds for s in stats) * 1e3, 3),
+            "predicted_ms": round(decode * 1e3, 3),
+            "predicted_per_second": round(tokens / decode if decode > 0 else 0.0, 3),
         }
     return out
 
@@ -101,20 +122,20 @@ class Reply:
     def object(self) -> str:
         return "chat.completion" if self.chat else "text_completion"
 
-    def whole(self, choice: Dict[str, Any], usage_: Dict[str, Any]) -> Dict[str, Any]:
+    def whole(self, choices: List[Dict[str, Any]], usage_: Dict[str, Any]) -> Dict[str, Any]:
         """A whole (non-streamed) response body."""
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
-                "system_fingerprint": self.fingerprint, "choices": [choice], "usage": usage_}
+                "system_fingerprint": self.fingerprint, "choices": choices, "usage": usage_}
 
     def chunk(self, delta_or_text: Any, reason: Optional[str] = None, usage_: Any = None,
-              with_usage: bool = False) -> Dict[str, Any]:
-        """One streamed chunk (``with_usage``: the ``usage: null`` OpenAI
-        puts in every chunk when usage was asked for)."""
+              with_usage: bool = False, index: int = 0, logprobs: Any = None) -> Dict[str, Any]:
+        """One streamed chunk of choice ``index`` (``with_usage``: the
+        ``usage: null`` OpenAI puts in every chunk when usage was asked for)."""
         if self.chat:
-            choice = {"index": 0, "delta": delta_or_text, "finish_reason": reason, "logprobs": None}
+            choice = {"index": index, "delta": delta_or_text, "finish_reason": reason, "logprobs": logprobs}
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": delta_or_text, "finish_reason": reason, "logprobs": None}
+            choice = {"index": index, "text": delta_or_text, "finish_reason": reason, "logprobs": logprobs}
             obj = "text_completion"
         data = {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": self.fingerprint, "choices": [choice]}
@@ -157,3 +178,68 @@ class StreamShaper:
             return deltas
         # parallel_tool_calls false: the first call only
         return [d for d in deltas if "tool_calls" not in d or d["tool_calls"][0]["index"] == 0]
+
+
+class LogprobFormatter:
+    """``TokenLogprob`` entries (core/logprobs.py) in the shapes the APIs
+    report: OpenAI chat's ``{"content": [...]}``, the legacy completions'
+    ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`` (offsets
+    continue across the chunks of a stream), llama-server's
+    ``completion_probabilities``."""
+
+    def __init__(self, tokenizer: Any, top: int, offset: int = 0, as_ids: bool = False) -> None:
+        self._tokenizer = tokenizer
+        self._top = top
+        self._offset = offset  # the legacy text_offset of the next token
+        self._as_ids = as_ids  # vLLM's return_tokens_as_token_ids: "token_id:123" for the token strings
+
+    def _text(self, token: int) -> "tuple[str, List[int]]":
+        raw = self._tokenizer.token_bytes(token)
+        return f"token_id:{token}" if self._as_ids else raw.decode("utf-8", errors="replace"), list(raw)
+
+    def chat(self, entries: Sequence[Any]) -> Dict[str, Any]:
+        content = []
+        for e in entries:
+            text, raw = self._text(e.token)
+            alternatives = []
+            for tok, lp in e.top[:self._top]:
+                t, b = self._text(tok)
+                alternatives.append({"token": t, "logprob": _finite(lp), "bytes": b})
+            content.append({"token": text, "logprob": _finite(e.logprob), "bytes": raw,
+                            "top_logprobs": alternatives})
+        return {"content": content}
+
+    def legacy(self, entries: Sequence[Any]) -> Dict[str, Any]:
+        tokens: List[str] = []
+        logprobs: List[float] = []
+        tops: List[Dict[str, float]] = []
+        offsets: List[int] = []
+        for e in entries:
+            text, _ = self._text(e.token)
+            tokens.append(text)
+            logprobs.append(_finite(e.logprob))
+            top: Dict[str, float] = {}
+            for tok, lp in e.top[:self._top]:
+                top.setdefault(self._text(tok)[0], _finite(lp))
+            tops.append(top)
+            offsets.append(self._offset)
+            self._offset += len(self._tokenizer.token_bytes(e.token).decode("utf-8", errors="replace"))
+        return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops if self._top else None,
+                "text_offset": offsets}
+
+    def llama(self, entries: Sequence[Any]) -> List[Dict[str, Any]]:
+        """llama-server's ``completion_probabilities`` (ids included)."""
+        out = []
+        for e in entries:
+            text, raw = self._text(e.token)
+            top = []
+            for tok, lp in e.top[:self._top]:
+                t, b = self._text(tok)
+                top.append({"id": tok, "token": t, "bytes": b, "logprob": _finite(lp)})
+            out.append({"id": e.token, "token": text, "bytes": raw, "logprob": _finite(e.logprob),
+                        "top_logprobs": top})
+        return out
+
+
+def _finite(value: float) -> float:
+    return value if value > NEG_INF_LOGPROB else NEG_INF_LOGPROB

@@ -90,4 +90,4 @@ def add_token_routes(app: FastAPI, ready_decoder: Callable[[], Any], authorized:
               responses=errors, summary="Token ids to text (llama-server's shape)")
     def detokenize_route(body: DetokenizeRequest) -> dict:
         dec = ready_decoder()
-        return {"content": detokenize(dec.tokenizer, body.tokens, dec.tokenizer.n_vocab)}
+        return {"content": detokenize(dec.tokenizer, body.tokens, dec.n_vocab)}

@@ -5,7 +5,7 @@ Three kinds, each a table below:
 * :data:`REFUSED` -- fields that would change the output (OpenAI's, and the
   llama-server / vLLM spellings clients send) which the server does not
   honour yet.  They are accepted only at their neutral value (the one that
-  asks for nothing: ``n: 1``, ``presence_penalty: 0``, ``null``); any other
+  asks for nothing: ``typical_p: 1``, ``mirostat: 0``, ``null``); any other
   value is a 400 naming the field (code ``unsupported_parameter``).  To
   honour one, delete its row here and give the request models a real field.
 * :data:`IGNORED` -- fields that cannot change the output (``user``,
@@ -53,25 +53,11 @@ class Refused:
         return f"{text}; {self.instead}" if self.instead else text
 
 
-# Logprobs, penalties, biases, n > 1, best_of and suffix are being added to
-# the decoding core; each row goes when the core and the server honour it.
+# Sampling methods the decoding core does not implement, other servers'
+# spellings of what it does, and OpenAI fields of features it lacks.
 REFUSED: Tuple[Refused, ...] = (
-    Refused("n", (1,), "one choice per request"),
-    Refused("best_of", (1,)),
-    Refused("logprobs", (False,), endpoints=(CHAT,)),
-    Refused("logprobs", (), endpoints=(COMPLETIONS,)),
-    Refused("top_logprobs", (0,)),
-    Refused("n_probs", (0,)),  # llama-server's logprobs
-    Refused("presence_penalty", (0,)),
-    Refused("frequency_penalty", (0,)),
-    Refused("repeat_penalty", (1,)),  # llama-server
-    Refused("repetition_penalty", (1,)),  # vLLM
-    Refused("logit_bias", ({},)),
-    Refused("min_tokens", (0,)),
-    Refused("stop_token_ids", ([],)),
     Refused("typical_p", (1,)),
     Refused("mirostat", (0,)),
-    Refused("suffix", ("",), endpoints=(COMPLETIONS,)),
     Refused("guided_json", instead="use response_format (json_schema) or json_schema"),
     Refused("guided_regex", instead="use grammar (GBNF) or response_format"),
     Refused("guided_choice", instead="use grammar (GBNF) or response_format"),

@@ -1,0 +1,417 @@
+"""Log-probabilities, penalties and biases, n choices and fill-in-the-middle
+through a live server: their shapes (OpenAI's, the legacy completions' and
+llama-server's), streamed and whole, their effect on greedy output, and a
+400 naming the field for every value out of range.  Speculation is on (a
+fixed gamma with a draft model) wherever the output is checked."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+
+from server_thread import ThreadServer  # noqa: E402
+
+N_CTX = 512
+GAMMA = 2
+FIM = ("pre", "suf", "mid", "pad", "rep", "sep")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_target, tiny_draft):
+    from specdec_cpu import BatchedDecoder
+    from specdec_cpu.server.openai_app import ServerOptions
+
+    def load():
+        return BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=2, n_ctx=N_CTX, n_threads=1,
+                                        gamma=GAMMA)
+
+    with ThreadServer(load, ServerOptions(model_name="tiny")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def fim_server(tiny_dir, tiny_draft):
+    """The tiny target's weights with fill-in-the-middle tokens declared (the draft shares its vocabulary)."""
+    from tiny_gguf import write_tiny_model
+
+    from specdec_cpu import BatchedDecoder
+    from specdec_cpu.server.openai_app import ServerOptions
+
+    path = tiny_dir / "fim_server.gguf"
+    if not path.exists():
+        write_tiny_model(path, n_vocab=384, seed=0, n_layer=2, fim=FIM)
+
+    def load():
+        return BatchedDecoder.from_gguf(str(path), tiny_draft, max_sequences=2, n_ctx=N_CTX, n_threads=1,
+                                        gamma=GAMMA)
+
+    with ThreadServer(load, ServerOptions(model_name="fim")) as s:
+        yield s
+
+
+def client(server) -> "openai.OpenAI":
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def ok(r: httpx.Response) -> dict:
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def refused(r: httpx.Response, param: str, words: str = "") -> dict:
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and words in err["message"], err
+    assert err["type"] == "invalid_request_error"
+    return err
+
+
+def sse(r: httpx.Response) -> list:
+    """The JSON events of a server-sent event stream ([DONE] left out)."""
+    assert r.status_code == 200, r.text
+    events = [line[len("data: "):] for line in r.text.splitlines() if line.startswith("data: ")]
+    return [json.loads(e) for e in events if e != "[DONE]"]
+
+
+def speculated(body: dict) -> None:
+    spec = body["usage"]["speculation"]
+    assert spec["drafted"] > 0 and spec["steps"] > 0, spec
+
+
+USER = [{"role": "user", "content": "tell me a story"}]
+GREEDY = {"model": "tiny", "temperature": 0, "gamma": GAMMA}
+
+
+def completion(server, prompt: str = "the quick brown", **extra) -> dict:
+    return ok(server.post("/v1/completions", {**GREEDY, "prompt": prompt, "max_tokens": 16, **extra}))
+
+
+def token_ids(server, text: str) -> list:
+    return ok(server.post("/tokenize", {"content": text, "add_special": False}))["tokens"]
+
+
+def ids_of(body: dict, index: int = 0) -> list:
+    """The token ids of a legacy choice asked with ``return_tokens_as_token_ids``."""
+    return [int(t.split(":")[1]) for t in body["choices"][index]["logprobs"]["tokens"]]
+
+
+def detokenize(server, ids: list) -> str:
+    return ok(server.post("/detokenize", {"tokens": ids}))["content"]
+
+
+# ---------------------------------------------------------------------------
+# logprobs
+# ---------------------------------------------------------------------------
+
+
+def check_entry(entry, top: int) -> None:
+    """One chat logprobs entry: values <= 0, ``top`` alternatives most likely
+    first, the token's own value equal to its entry among them."""
+    assert entry.logprob <= 0 and bytes(entry.bytes).decode("utf-8", "replace") == entry.token
+    assert len(entry.top_logprobs) == top
+    values = [a.logprob for a in entry.top_logprobs]
+    assert all(v <= 0 for v in values) and values == sorted(values, reverse=True)
+    for alt in entry.top_logprobs:
+        if alt.bytes == entry.bytes:  # tokens are told apart by their bytes (a byte may be half a character)
+            assert alt.logprob == pytest.approx(entry.logprob, abs=1e-5)
+
+
+def test_chat_logprobs_are_well_formed_and_the_greedy_token_is_the_most_likely(server) -> None:
+    r = client(server).chat.completions.create(model="tiny", messages=USER, max_tokens=12, temperature=0,
+                                               logprobs=True, top_logprobs=3, extra_body={"gamma": GAMMA})
+    choice = r.choices[0]
+    content = choice.logprobs.content
+    assert len(content) == r.usage.completion_tokens > 0
+    assert b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace") == choice.message.content
+    for entry in content:
+        check_entry(entry, 3)
+        # greedy: the emitted token is the model's argmax, the first alternative
+        assert entry.top_logprobs[0].bytes == entry.bytes
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob, abs=1e-5)
+    assert r.usage.model_extra["speculation"]["drafted"] > 0
+    # without logprobs: none reported; logprobs alone: no alternatives
+    plain = client(server).chat.completions.create(model="tiny", messages=USER, max_tokens=4, temperature=0)
+    assert plain.choices[0].logprobs is None
+    bare = client(server).chat.completions.create(model="tiny", messages=USER, max_tokens=4, temperature=0,
+                                                  logprobs=True)
+    assert all(e.top_logprobs == [] for e in bare.choices[0].logprobs.content)
+
+
+def test_streamed_chat_logprobs_carry_each_chunks_tokens(server) -> None:
+    kwargs = dict(model="tiny", messages=USER, max_tokens=12, temperature=0, logprobs=True, top_logprobs=2,
+                  extra_body={"gamma": GAMMA})
+    whole = client(server).chat.completions.create(**kwargs)
+    chunks = list(client(server).chat.completions.create(stream=True, stream_options={"include_usage": True},
+                                                         **kwargs))
+    entries = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert [e.bytes for e in entries] == [e.bytes for e in whole.choices[0].logprobs.content]
+    for mine, theirs in zip(entries, whole.choices[0].logprobs.content):
+        check_entry(mine, 2)
+        assert mine.logprob == pytest.approx(theirs.logprob, abs=1e-3)
+    # the first text carries its tokens' logprobs (they are not kept for the end)
+    first = next(c for c in chunks if c.choices and c.choices[0].delta.content)
+    assert first.choices[0].logprobs is not None and first.choices[0].logprobs.content
+    assert chunks[-1].usage.model_extra["speculation"]["drafted"] > 0
+
+
+def test_completion_logprobs_have_the_legacy_shape(server) -> None:
+    body = completion(server, logprobs=3)
+    speculated(body)
+    choice = body["choices"][0]
+    lp = choice["logprobs"]
+    assert set(lp) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
+    n = body["usage"]["completion_tokens"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == n
+    ids = ids_of(completion(server, logprobs=0, return_tokens_as_token_ids=True))
+    assert len(ids) == n and detokenize(server, ids) == choice["text"]
+    offsets = [0]
+    for tok in ids[:-1]:
+        offsets.append(offsets[-1] + len(detokenize(server, [tok])))
+    assert lp["text_offset"] == offsets
+    for tok, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+        assert value <= 0 and 1 <= len(top) <= 3 and all(v <= 0 for v in top.values())
+        assert max(top.values()) == pytest.approx(value, abs=1e-5)  # greedy: the most likely token
+        if tok in top:
+            assert top[tok] == pytest.approx(value, abs=1e-5)
+    # echo: the offsets count the prompt's text; logprobs 0: no alternatives
+    echoed = completion(server, logprobs=0, echo=True)["choices"][0]
+    assert echoed["logprobs"]["top_logprobs"] is None
+    assert echoed["logprobs"]["text_offset"][0] == len("the quick brown")
+    # streamed: the chunks' tokens and offsets continue one another
+    r = server.post("/v1/completions", {**GREEDY, "prompt": "the quick brown", "max_tokens": 16, "logprobs": 3,
+                                        "stream": True})
+    events = sse(r)
+    streamed = [c["choices"][0]["logprobs"] for c in events if c["choices"][0]["logprobs"]]
+    assert sum((s["tokens"] for s in streamed), []) == lp["tokens"]
+    assert sum((s["text_offset"] for s in streamed), []) == lp["text_offset"]
+    # llama-server's n_probs means the same
+    assert completion(server, n_probs=3)["choices"][0]["logprobs"]["tokens"] == lp["tokens"]
+
+
+def test_sampling_logprob_mode_reports_the_truncated_distribution(server) -> None:
+    def ask(mode: str) -> list:
+        r = ok(server.post("/v1/chat/completions", {**GREEDY, "messages": USER, "max_tokens": 6, "temperature": 1,
+                                                    "top_k": 2, "seed": 3, "logprobs": True, "top_logprobs": 4,
+                                                    "logprob_mode": mode}))
+        speculated(r)
+        return r["choices"][0]["logprobs"]["content"]
+
+    for entry in ask("sampling"):
+        tops = [a["logprob"] for a in entry["top_logprobs"]]
+        assert tops[2:] == [-9999.0, -9999.0]  # outside top-k: probability 0
+        assert sum(math.exp(v) for v in tops[:2]) == pytest.approx(1.0, abs=1e-4)
+        assert entry["bytes"] in [a["bytes"] for a in entry["top_logprobs"][:2]]  # drawn from the kept two
+    for entry in ask("model"):  # the model's own distribution: the other tokens keep some mass
+        tops = [a["logprob"] for a in entry["top_logprobs"]]
+        assert tops[3] > -9999.0 and sum(math.exp(v) for v in tops[:2]) < 1.0
+    refused(server.post("/v1/chat/completions", {**GREEDY, "messages": USER, "logprobs": True,
+                                                 "logprob_mode": "raw"}), "logprob_mode")
+
+
+# ---------------------------------------------------------------------------
+# penalties and biases
+# ---------------------------------------------------------------------------
+
+
+def test_a_large_logit_bias_forces_a_token_and_a_ban_removes_it(server) -> None:
+    forced = token_ids(server, " cat")[0]
+    body = completion(server, max_tokens=8, logit_bias={str(forced): 100}, logprobs=0,
+                      return_tokens_as_token_ids=True)
+    speculated(body)
+    assert ids_of(body) == [forced] * 8
+    assert body["choices"][0]["text"] == detokenize(server, [forced]) * 8
+    first = ids_of(completion(server, logprobs=0, return_tokens_as_token_ids=True))[0]
+    banned = completion(server, logprobs=0, return_tokens_as_token_ids=True, logit_bias={str(first): -100})
+    speculated(banned)
+    assert first not in ids_of(banned)
+
+
+def test_penalties_change_a_repetitive_greedy_output(server) -> None:
+    prompt = "the the the the"
+    plain = completion(server, prompt, max_tokens=32, logprobs=0)
+    tokens = plain["choices"][0]["logprobs"]["tokens"]
+    assert len(set(tokens)) < len(tokens)  # greedy decoding of the tiny model repeats itself
+    for penalty in ({"frequency_penalty": 2}, {"presence_penalty": 2}, {"repeat_penalty": 1.5}):
+        body = completion(server, prompt, max_tokens=32, logprobs=0, **penalty)
+        speculated(body)
+        changed = body["choices"][0]["logprobs"]["tokens"]
+        assert changed != tokens, penalty
+        assert len(set(changed)) >= len(set(tokens)), penalty
+    # vLLM's spelling is the same penalty
+    a = completion(server, prompt, max_tokens=32, repeat_penalty=1.5, repeat_last_n=16)["choices"][0]["text"]
+    b = completion(server, prompt, max_tokens=32, repetition_penalty=1.5, repeat_last_n=16)["choices"][0]["text"]
+    assert a == b
+    # zero penalties are the plain output
+    assert completion(server, prompt, max_tokens=32, frequency_penalty=0, presence_penalty=0,
+                      repeat_penalty=1)["choices"][0]["text"] == plain["choices"][0]["text"]
+
+
+def test_stop_token_ids_end_the_output_and_min_tokens_delays_them(server) -> None:
+    plain = ids_of(completion(server, logprobs=0, return_tokens_as_token_ids=True))
+    stop_id = plain[0]
+    stopped = completion(server, stop_token_ids=[stop_id])
+    assert stopped["choices"][0]["text"] == "" and stopped["choices"][0]["finish_reason"] == "stop"
+    later = completion(server, stop_token_ids=[stop_id], min_tokens=3, logprobs=0, return_tokens_as_token_ids=True)
+    speculated(later)
+    out = ids_of(later)
+    assert len(out) >= 3 and stop_id not in out
+
+
+BAD = [
+    ({"presence_penalty": 2.5}, "presence_penalty", "less than or equal to 2"),
+    ({"frequency_penalty": -2.01}, "frequency_penalty", "greater than or equal to -2"),
+    ({"repeat_penalty": 0}, "repeat_penalty", "greater than 0"),
+    ({"repetition_penalty": -1}, "repetition_penalty", "greater than 0"),
+    ({"repeat_penalty": 1.1, "repetition_penalty": 1.2}, "repetition_penalty", "give one"),
+    ({"repeat_last_n": -2}, "repeat_last_n", "greater than or equal to -1"),
+    ({"logit_bias": {"abc": 1}}, "logit_bias", "'abc'"),
+    ({"logit_bias": {"-3": 1}}, "logit_bias", "'-3'"),
+    ({"logit_bias": {"5": 101}}, "logit_bias", "[-100, 100]"),
+    ({"logit_bias": {"5": "x"}}, "logit_bias", "must be a number"),
+    ({"logit_bias": {"99999": 1}}, "logit_bias", "99999"),
+    ({"stop_token_ids": [99999]}, "stop_token_ids", "99999"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids[0]", "greater than or equal to 0"),
+    ({"min_tokens": -1}, "min_tokens", "greater than or equal to 0"),
+    ({"min_tokens": 5, "max_tokens": 4}, "min_tokens", "exceeds"),
+    ({"logprobs": 6}, "logprobs", "less than or equal to 5"),
+    ({"logprobs": True}, "logprobs", "integer"),
+    ({"n_probs": 21}, "n_probs", "less than or equal to 20"),
+    ({"logprobs": 2, "n_probs": 3}, "n_probs", "give one"),
+    ({"n": 0}, "n", "greater than or equal to 1"),
+    ({"n": 17}, "n", "less than or equal to 16"),
+    ({"n": 9}, "n", "limit of 8"),
+    ({"n": 2, "best_of": 3}, "best_of", "best_of=3"),
+    ({"best_of": 2}, "best_of", "equal to n"),
+]
+
+
+@pytest.mark.parametrize("extra, param, words", BAD, ids=[f"{b[1]}:{b[2]}" for b in BAD])
+def test_values_out_of_range_get_a_400_naming_the_field(server, extra, param, words) -> None:
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 4, **extra}
+    refused(server.post("/v1/completions", body), param, words)
+
+
+def test_chat_logprob_fields_are_checked(server) -> None:
+    def post(**extra):
+        return server.post("/v1/chat/completions", {"model": "tiny", "messages": USER, "max_tokens": 2, **extra})
+
+    refused(post(top_logprobs=21, logprobs=True), "top_logprobs", "less than or equal to 20")
+    refused(post(top_logprobs=2), "top_logprobs", "needs logprobs")
+    refused(post(logprobs=2), "logprobs", "boolean")
+    with pytest.raises(openai.BadRequestError) as info:
+        client(server).chat.completions.create(model="tiny", messages=USER, max_tokens=2, presence_penalty=3)
+    assert info.value.param == "presence_penalty"
+
+
+# ---------------------------------------------------------------------------
+# n choices
+# ---------------------------------------------------------------------------
+
+
+def test_n_choices_share_the_prompt(server) -> None:
+    r = client(server).completions.create(model="tiny", prompt="once upon a time", max_tokens=10, n=3,
+                                          temperature=1.0, seed=5, logprobs=1, extra_body={"gamma": GAMMA})
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert len({c.text for c in r.choices}) > 1  # independent samples
+    assert r.usage.completion_tokens == sum(len(c.logprobs.tokens) for c in r.choices)
+    assert r.usage.model_extra["speculation"]["drafted"] > 0
+    chat = client(server).chat.completions.create(model="tiny", messages=USER, max_tokens=6, n=2, temperature=0,
+                                                  extra_body={"gamma": GAMMA, "best_of": 2})
+    assert [c.index for c in chat.choices] == [0, 1]
+    assert chat.choices[0].message.content == chat.choices[1].message.content  # greedy: the same
+
+
+def test_n_choices_streamed(server) -> None:
+    body = {**GREEDY, "messages": USER, "max_tokens": 8, "n": 3, "temperature": 1.0, "seed": 9, "logprobs": True,
+            "stream": True, "stream_options": {"include_usage": True}}
+    events = sse(server.post("/v1/chat/completions", body))
+    texts = {0: "", 1: "", 2: ""}
+    finished = []
+    lp_tokens = {0: 0, 1: 0, 2: 0}
+    for e in events[:-1]:
+        (choice,) = e["choices"]
+        texts[choice["index"]] += choice["delta"].get("content") or ""
+        if choice["logprobs"]:
+            lp_tokens[choice["index"]] += len(choice["logprobs"]["content"])
+        if choice["finish_reason"]:
+            finished.append(choice["index"])
+    assert sorted(finished) == [0, 1, 2]
+    roles = [e["choices"][0]["index"] for e in events if e["choices"] and e["choices"][0]["delta"].get("role")]
+    assert roles == [0, 1, 2]
+    usage = events[-1]["usage"]
+    assert events[-1]["choices"] == [] and usage["completion_tokens"] == sum(lp_tokens.values())
+    assert usage["speculation"]["drafted"] > 0
+    assert all(texts.values())
+    # the legacy endpoint streams choices too
+    events = sse(server.post("/v1/completions", {**GREEDY, "prompt": "hello", "max_tokens": 6, "n": 2,
+                                                 "stream": True}))
+    assert {e["choices"][0]["index"] for e in events} == {0, 1}
+    assert sum(1 for e in events if e["choices"][0]["finish_reason"]) == 2
+
+
+# ---------------------------------------------------------------------------
+# fill in the middle
+# ---------------------------------------------------------------------------
+
+PREFIX, SUFFIX = "def add(a, b):\n    ", "\n    return c\n"
+
+
+def test_suffix_fills_the_middle(fim_server) -> None:
+    body = {"model": "fim", "prompt": PREFIX, "suffix": SUFFIX, "max_tokens": 8, "temperature": 0, "gamma": GAMMA}
+    r = ok(fim_server.post("/v1/completions", body))
+    speculated(r)
+    text = r["choices"][0]["text"]
+    assert r["usage"]["completion_tokens"] > 0
+    # the same as /infill, and different from the plain continuation of the prefix
+    infill = ok(fim_server.post("/infill", {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 8,
+                                            "temperature": 0, "gamma": GAMMA}))
+    assert infill["content"] == text
+    plain = ok(fim_server.post("/v1/completions", {**body, "suffix": None}))
+    assert r["usage"]["prompt_tokens"] > plain["usage"]["prompt_tokens"] + 3  # the suffix and FIM tokens
+    assert plain["choices"][0]["text"] != text or plain["usage"]["prompt_tokens"] != r["usage"]["prompt_tokens"]
+    refused(fim_server.post("/v1/completions", {**body, "prompt": [1, 2, 3]}), "suffix", "text prompt")
+
+
+def test_infill_answers_in_llama_servers_shape(fim_server) -> None:
+    extra = [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"}]
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": extra, "n_predict": 8,
+            "temperature": 0, "gamma": GAMMA, "n_probs": 2}
+    r = ok(fim_server.post("/infill", body))
+    assert r["stop"] is True and r["tokens_predicted"] == len(r["completion_probabilities"]) > 0
+    assert r["stop_type"] in ("eos", "limit") and r["model"] == "fim"
+    assert r["timings"]["draft_n"] > 0 and r["tokens_evaluated"] > 10
+    assert "util.py" in r["prompt"] and r["prompt"].endswith(SUFFIX) is False
+    for p in r["completion_probabilities"]:
+        assert p["logprob"] <= 0 and len(p["top_logprobs"]) == 2 and isinstance(p["id"], int)
+    assert b"".join(bytes(p["bytes"]) for p in r["completion_probabilities"]).decode("utf-8", "replace") \
+        == r["content"]
+    # the prompt field starts the middle
+    start = ok(fim_server.post("/infill", {**body, "prompt": "c = "}))
+    assert start["tokens_evaluated"] > r["tokens_evaluated"]
+    # streamed: partial results, then the final one; no [DONE]
+    stream = fim_server.post("/infill", {**body, "stream": True})
+    assert "[DONE]" not in stream.text
+    events = sse(stream)
+    assert all(e["stop"] is False for e in events[:-1]) and events[-1]["stop"] is True
+    assert "".join(e["content"] for e in events) == r["content"]
+    assert sum(len(e.get("completion_probabilities", [])) for e in events) == r["tokens_predicted"]
+    refused(fim_server.post("/infill", {**body, "input_extra": [{"filename": "x"}]}), "input_extra[0].text")
+    refused(fim_server.post("/infill", {**body, "n": 2}), "n")
+
+
+def test_fill_in_the_middle_needs_fim_tokens(server) -> None:
+    refused(server.post("/v1/completions", {"model": "tiny", "prompt": "a", "suffix": "b"}), "suffix",
+            "fill-in-the-middle")
+    err = refused(server.post("/infill", {"input_prefix": "a", "input_suffix": "b"}), "input_suffix",
+                  "fill-in-the-middle")
+    assert err["code"] == "infill_unsupported"
+    # an empty suffix is no suffix
+    assert ok(server.post("/v1/completions", {"model": "tiny", "prompt": "a", "suffix": "", "max_tokens": 2}))
