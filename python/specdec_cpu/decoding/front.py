@@ -8,8 +8,10 @@ import dataclasses
 import difflib
 import threading
 import warnings
-from typing import Any, Optional, Sequence as Seq, Type, TypeVar
+from typing import Any, Optional, Type, TypeVar
+from typing import Sequence as Seq
 
+from ..chat.messages import template_messages
 from ..core.infill import infill_tokens
 from ..core.penalties import Penalties
 from ..core.protocols import SequenceLM, Tokenizer, eog_id_array
@@ -17,7 +19,6 @@ from ..core.request_args import Prompt, chat_prompt, check_request, prompt_token
 from ..core.sequence import GammaSetting, SeedSequence, Sequence
 from ..core.stats import Generation
 from ..core.text import TextAssembler
-from ..chat.messages import template_messages
 from ..errors import ChatTemplateError, ChatTemplateRefusal, DecoderClosedError, GenerationCancelled
 from ..params import SamplingParams
 from ..planning.costmodel import CostModel
