@@ -36,11 +36,13 @@ WARM_TOKENS = 32
 
 
 class _Stats(Protocol):
-    mean_alpha: float
+    @property
+    def mean_alpha(self) -> float: ...
 
 
 class _Generation(Protocol):
-    stats: _Stats
+    @property
+    def stats(self) -> _Stats: ...
 
 
 class CalibratableDecoder(Protocol):
