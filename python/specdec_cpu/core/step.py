@@ -258,8 +258,8 @@ class StepCore:
         ends here."""
         seq = w.seq
         c = seq.constraint
-        assert self.draft_vocab is not None and seq.rng_draft is not None  # a draft model drafts
         try:
+            assert self.draft_vocab is not None and seq.rng_draft is not None  # a draft model drafts
             if c is not None:
                 c.fill_mask(w.mask_row(i))
             masked = c is not None and self.mask_draft
@@ -341,8 +341,8 @@ class StepCore:
             return 0
         t0 = time.perf_counter()
         self._ban_eog(seq, rows)
-        assert seq.rng_verify is not None  # seeded on admission
         try:
+            assert seq.rng_verify is not None  # seeded on admission
             masks = None
             if seq.constraint is not None:
                 masks = seq.mask_rows(1)
@@ -376,9 +376,9 @@ class StepCore:
         t0 = time.perf_counter()
         self._ban_eog(seq, rows)
         c = seq.constraint
-        assert seq.rng_verify is not None  # seeded on admission
         alphas: tuple[float, ...]
         try:
+            assert seq.rng_verify is not None  # seeded on admission
             logits = rows.view()
             changes = seq.changes(w.tokens[:w.gamma], w.gamma + 1, masks=w.masks if c is not None else None)
             if w.gamma == 0:
