@@ -113,5 +113,23 @@ def verify_ptr(
 ) -> tuple[int, int, npt.NDArray[np.float64]]:
     """verify() over n_rows x n_vocab contiguous float32 logits at a raw address."""
 
+def logprobs(
+    logits: npt.NDArray[np.float32],
+    tokens: npt.NDArray[np.int64] | npt.NDArray[np.int32],
+    top_n: int,
+    sampling: bool,
+    temperature: float,
+    top_k: int,
+    top_p: float,
+    min_p: float,
+    mask: Mask = None,
+    sparse: Sparse = None,
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int32], npt.NDArray[np.float32]]:
+    """Log-probabilities of tokens (k,) under rows (k, V): of the model's own
+    distribution (log softmax at T = 1; sampling=False) or of the sampling
+    distribution (each row adjusted by mask and sparse, then the chain;
+    sampling=True). Returns (token_logprobs (k,), top_ids (k, top_n),
+    top_logprobs (k, top_n))."""
+
 def _exp(x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     """Elementwise exp of the active kernel path (flattened); for accuracy tests."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Tuple, Union
+from typing import Any, Mapping, Optional, Tuple, Union, cast
 
 #: OpenAI's limits for the penalties and for one logit bias.
 PENALTY_LIMIT = 2.0
@@ -117,6 +117,14 @@ class SamplingParams:
         for t in stops:
             _check_int("stop_token_ids entries", t, 0, "")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in stops))
+
+    @property
+    def bias_pairs(self) -> Tuple[Tuple[int, float], ...]:
+        """``logit_bias`` as stored: sorted (id, bias) pairs, empty for none.
+
+        The field's type is what the constructor takes (a mapping too);
+        ``__post_init__`` has turned it into pairs by now."""
+        return cast(Tuple[Tuple[int, float], ...], self.logit_bias or ())
 
     @property
     def greedy(self) -> bool:

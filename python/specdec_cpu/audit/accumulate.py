@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, SupportsInt
 
 import numpy as np
 
@@ -110,8 +110,8 @@ class AuditAccumulator:
 
     # -- feeding ---------------------------------------------------------
 
-    def add(self, probs: np.ndarray, outcomes: Sequence[int], *, logits: Optional[np.ndarray] = None,
-            sequence: int = 0, positions: Optional[Sequence[int]] = None, source: Optional[str] = None,
+    def add(self, probs: np.ndarray, outcomes: Sequence[int] | np.ndarray, *, logits: Optional[np.ndarray] = None,
+            sequence: int = 0, positions: Sequence[int] | np.ndarray | None = None, source: Optional[str] = None,
             near_tie: Optional[Callable[[int], bool]] = None) -> None:
         """Pool positions: ``probs`` ``(n, V)`` final distributions, ``outcomes`` ``(n,)`` ids.
 
@@ -141,7 +141,7 @@ class AuditAccumulator:
         px = p[np.arange(n), x]
         point = np.count_nonzero(p > 0, axis=1) == 1
 
-        def tie(i: int) -> bool:
+        def tie(i: SupportsInt) -> bool:  # a numpy index
             return near_tie is not None and near_tie(int(i))
 
         for i in np.flatnonzero(point):

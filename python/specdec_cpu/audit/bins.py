@@ -48,7 +48,7 @@ def bin_label(first_bin: int, last_bin: int, n_vocab: int = 0) -> str:
     return str(first) if first >= last else f"{first}-{last}"
 
 
-def merge_plan(expected: Sequence[float], min_expected: float) -> List[List[int]]:
+def merge_plan(expected: "Sequence[float] | np.ndarray", min_expected: float) -> List[List[int]]:
     """Groups of consecutive fixed bins, each expecting >= ``min_expected`` counts.
 
     Bins are taken in rank order and a group is closed as soon as it expects

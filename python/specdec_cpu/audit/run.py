@@ -112,9 +112,9 @@ class AuditSession:
         model = self.model
         prepared = [(model.prompt_ids(s), model.emitted_ids(s), s.stopped) for s in sequences]
         if any(stopped for _, _, stopped in prepared) and not model.eog_ids:
-            first = next(s for s in sequences if s.stopped)
-            where = f"{first.source}: " if first.source else ""
-            raise AuditInputError(f"{where}'stopped' is true but {model.path} has no end-of-generation token")
+            first_stopped = next(s for s in sequences if s.stopped)
+            at = f"{first_stopped.source}: " if first_stopped.source else ""
+            raise AuditInputError(f"{at}'stopped' is true but {model.path} has no end-of-generation token")
         if not prepared:
             return
         acc = self.accumulator
@@ -132,6 +132,7 @@ class AuditSession:
                         block = np.where(allowed[where], block, -np.inf).astype(block.dtype)
                     probs = chain_distribution(block, self.params, self.chain)
                     probs, outs, merged_logits = merge_eog(probs, outcomes[where], model.eog_ids, block)
+                    assert merged_logits is not None  # logits given, logits returned
                     acc.add(probs, outs, logits=merged_logits, sequence=self.sequences + offset, positions=where,
                             source=seq.source or None, near_tie=self._near_tie(merged_logits, outs))
         self.sequences += len(prepared)

@@ -11,11 +11,17 @@ Consecutive sequences reuse the cached common prefix (e.g. the same prompt).
 from __future__ import annotations
 
 import os
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from .samples import AuditInputError, GeneratedSequence
+
+if TYPE_CHECKING:
+    from ..constraints import Grammar
+    from ..constraints.compiled import CompiledGrammar
+    from ..constraints.grammar import SchemaInput
+    from ..engine import LlamaContext, LlamaWeights
 
 __all__ = ["TargetModel", "DEFAULT_N_BATCH"]
 
@@ -33,7 +39,7 @@ class TargetModel:
 
     def __init__(self, path: Union[str, "os.PathLike[str]"], *, n_batch: int = DEFAULT_N_BATCH,
                  n_threads: Optional[int] = None, flash_attn: bool = False, kv_type: str = "f16",
-                 weights: object = None) -> None:
+                 weights: Optional[LlamaWeights] = None) -> None:
         from .. import engine  # the only door to llama.cpp
 
         if isinstance(n_batch, bool) or not isinstance(n_batch, int) or n_batch < 1:
@@ -46,7 +52,7 @@ class TargetModel:
         self.n_threads = n_threads
         self.flash_attn = flash_attn
         self.kv_type = kv_type
-        self._ctx = None
+        self._ctx: Optional[LlamaContext] = None
         eog = sorted(self.tokenizer.eog_ids)
         self.eog_ids: List[int] = eog
 
@@ -54,7 +60,7 @@ class TargetModel:
     def path(self) -> str:
         return self.weights.path
 
-    def compiled_grammar(self, grammar: object):
+    def compiled_grammar(self, grammar: Union[Grammar, SchemaInput]) -> CompiledGrammar:
         """``grammar`` (a ``constraints.Grammar``, or a JSON schema) compiled
         for this model's vocabulary (``InvalidGrammarError`` if it cannot be)."""
         from .. import engine

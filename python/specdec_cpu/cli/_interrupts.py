@@ -33,18 +33,21 @@ import os
 import signal
 import threading
 from contextlib import contextmanager
-from types import TracebackType
-from typing import Iterator, Optional
+from types import FrameType, TracebackType
+from typing import Any, Callable, Iterator, Optional, Union
 
 __all__ = ["PromptInterrupts", "interruptible"]
 
 # The poke: default action "ignore", unused by Python and by this program, so a
 # poke that arrives after the prompt ended (or after the session restored the
 # previous handlers) is harmless.
-_POKE = getattr(signal, "SIGURG", None)
+_POKE: Optional[int] = getattr(signal, "SIGURG", None)
 # How long a recorded SIGINT may wait before the main thread is poked (it
 # usually runs at once: the signal interrupts select() itself).
 _POKE_INTERVAL = 0.02
+
+#: What ``signal.signal`` returns and takes: a handler, SIG_DFL/SIG_IGN, or None (not set from Python).
+_Handler = Union[Callable[[int, Optional[FrameType]], Any], int, signal.Handlers, None]
 
 
 @contextmanager
@@ -86,7 +89,7 @@ class PromptInterrupts:
         self._active = False
         self._reading = False
         self._can_poke = False
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, _Handler] = {}
 
     def __enter__(self) -> "PromptInterrupts":
         if threading.current_thread() is not threading.main_thread():
@@ -116,7 +119,11 @@ class PromptInterrupts:
         if not self._active:
             yield
             return
-        watcher = _SigintWatcher(threading.main_thread().ident) if self._can_poke else None
+        watcher = None
+        if self._can_poke:
+            main, poke = threading.main_thread().ident, _POKE
+            assert main is not None and poke is not None  # the main thread runs this; _can_poke needs a poke
+            watcher = _SigintWatcher(main, poke)
         try:
             # Every SIGINT the watcher sees therefore finds _reading set: its
             # handler either ends this read or runs after it, so the pokes
@@ -144,8 +151,8 @@ class _SigintWatcher:
     """A thread reading the signal wake-up fd while one prompt is up; after a
     SIGINT it pokes the main thread until :meth:`stop`."""
 
-    def __init__(self, main_ident: Optional[int]) -> None:
-        self._main = main_ident
+    def __init__(self, main_ident: int, poke: int) -> None:
+        self._main, self._poke = main_ident, poke
         self._done = threading.Event()
         self._read_fd, self.write_fd = os.pipe()
         os.set_blocking(self.write_fd, False)  # set_wakeup_fd requires it
@@ -160,7 +167,7 @@ class _SigintWatcher:
                 return
             if signal.SIGINT in data:
                 while not self._done.wait(_POKE_INTERVAL):
-                    signal.pthread_kill(self._main, _POKE)
+                    signal.pthread_kill(self._main, self._poke)
 
     def stop(self) -> None:
         self._done.set()

@@ -127,7 +127,9 @@ def run(args: argparse.Namespace) -> int:
     with TargetModel(args.target, n_threads=args.threads, flash_attn=args.flash_attn,
                      kv_type=args.kv_type) as target:
         if args.engine:
+            assert prompts is not None  # read above for --engine
             sequences, summary = _generate(args, target, prompts, params, grammar)
+        assert sequences is not None  # --input or --engine (argparse requires one)
         try:
             report = audit_sequences(target, sequences, params, chain=args.chain,
                                      threshold=args.threshold, tie_tolerance=args.tie_tolerance, grammar=grammar)
@@ -275,7 +277,7 @@ def _generate(args: argparse.Namespace, target, prompts: List[str], params: Samp
     max_tokens = args.tokens or DEFAULT_TOKENS
     n_ctx = max(len(p) for p in ids) + max_tokens + 8
 
-    draft_w: Optional[object] = None
+    draft_w: Optional[engine.LlamaWeights] = None
     if args.engine == "ours" and args.draft:
         draft_w = engine.LlamaWeights(args.draft)
         engine.check_vocab_compatible(target.weights, draft_w)

@@ -49,18 +49,19 @@ def run(args: argparse.Namespace) -> int:
     model = load_calibration(args.calibration) if args.calibration else None
     alpha = _pick("--alpha", args.alpha, model.alpha if model else None, model)
     cost = _pick("--cost", args.cost, model.cost if model else None, model)
+    flat_v: Optional[float] = None  # without a calibration: one v(k) for every k ≥ 2
     if model is not None:
         verify: theory.VerifyCost = model.verify_curve(args.gamma_max + 1)
         v_text = f"v(k) measured ({args.calibration})"
     else:
-        verify = 1.0 if args.verify_cost is None else args.verify_cost
-        v_text = f"v(k) = {verify:g} for k ≥ 2" + (" (memory-bound target)" if verify == 1.0 else "")
+        verify = flat_v = 1.0 if args.verify_cost is None else args.verify_cost
+        v_text = f"v(k) = {flat_v:g} for k ≥ 2" + (" (memory-bound target)" if flat_v == 1.0 else "")
 
     star = theory.optimal_gamma(alpha, cost, args.gamma_max, verify)
     rows = theory.plan_table(alpha, cost, args.gamma_max, verify)
     lines = [f"α = {alpha:.4g}   c = {cost:.4g}   {v_text}", ""]
     lines += plan_lines(rows, star)
-    lines += ["", continuous_line(alpha, cost, None if model else float(verify)), ceiling_line(alpha)]
+    lines += ["", continuous_line(alpha, cost, flat_v), ceiling_line(alpha)]
     if args.users:
         if model is None:
             raise UsageError("--users needs --calibration FILE (the measured pass times of both models)")
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         from ._plot import plot_plan
 
-        plot_plan(Path(args.plot), alpha, cost, rows, star, None if model else float(verify))
+        plot_plan(Path(args.plot), alpha, cost, rows, star, flat_v)
         emit(f"plot written to {args.plot}")
     return 0
 

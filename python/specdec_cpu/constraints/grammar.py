@@ -135,13 +135,14 @@ def _text(text: object, what: str) -> str:
 
 def _schema_dict(schema: SchemaInput) -> Dict[str, Any]:
     if isinstance(schema, type):
-        to_schema = getattr(schema, "model_json_schema", None)
+        model = schema
+        to_schema = getattr(model, "model_json_schema", None)
         if to_schema is None:
-            raise InvalidGrammarError(f"a JSON schema class must be a pydantic model, got {schema.__name__}")
+            raise InvalidGrammarError(f"a JSON schema class must be a pydantic model, got {model.__name__}")
         try:
             schema = to_schema()
         except Exception as exc:  # pydantic's schema generation errors
-            raise InvalidGrammarError(f"pydantic model {schema.__name__} has no JSON schema: {exc}") from None
+            raise InvalidGrammarError(f"pydantic model {model.__name__} has no JSON schema: {exc}") from None
     elif isinstance(schema, str):
         try:
             schema = json.loads(schema)

@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from .protocols import CausalLM, Rows
+from .protocols import CausalLM, LogitRowsView, Rows
 
 __all__ = ["ArrayRows", "OneSequenceLM"]
 
@@ -75,11 +75,11 @@ class OneSequenceLM:
     def tokens(self, seq: int) -> List[int]:
         return self._tokens
 
-    def decode(self, parts: Sequence[Rows]) -> List[Optional[ArrayRows]]:
+    def decode(self, parts: Sequence[Rows]) -> List[Optional[LogitRowsView]]:
         """Each part in turn (one sequence: at most one part)."""
         if len(parts) > 1:
             raise ValueError(f"a one-sequence model got {len(parts)} parts in one decode")
-        out: List[Optional[ArrayRows]] = []
+        out: List[Optional[LogitRowsView]] = []
         for part in parts:
             tokens = list(part.tokens)
             # Some CausalLMs (synthetic ones) always return at least one row.

@@ -51,7 +51,7 @@ class Penalties:
             if self._repeat:
                 self.window.append(t)
 
-    def rows(self, draft: Sequence[int], k: int, first: int = 0) -> tuple:
+    def rows(self, draft: Sequence[int] | np.ndarray, k: int, first: int = 0) -> tuple:
         """The sparse changes of rows ``first .. first + k - 1``, row j
         continuing the output followed by ``draft[:j]`` (as
         ``sampling.Changes.sparse``)."""

@@ -38,7 +38,7 @@ def check_request(*, max_tokens: object, params: object, gamma: object, has_draf
     if not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
     if n_vocab is not None:
-        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias or ()]),
+        for name, ids in (("logit_bias", [t for t, _ in params.bias_pairs]),
                           ("stop_token_ids", params.stop_token_ids)):
             bad = [t for t in ids if t >= n_vocab]
             if bad:

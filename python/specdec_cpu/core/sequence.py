@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import Sequence as Seq
 
 import numpy as np
 
@@ -128,6 +129,12 @@ class Sequence:
         self.rng_verify = sampling.Rng(seed, sampling.VERIFY_STREAM)
 
     # ------------------------------------------------------------ the core's side
+    @property
+    def held_slot(self) -> int:
+        """``slot``, for a sequence that holds one (the loop's active sequences)."""
+        assert self.slot is not None, f"request {self.id} holds no slot"
+        return self.slot
+
     def q_rows(self, gamma: int) -> np.ndarray:
         """A ``(≥ gamma, V)`` float32 buffer for the q rows of a model draft."""
         if self._q is None or self._q.shape[0] < gamma:
@@ -140,7 +147,7 @@ class Sequence:
             self._masks = np.zeros((max(rows, self._q_rows + 1), (self._n_vocab + 31) // 32), dtype=np.uint32)
         return self._masks
 
-    def changes(self, draft: "list[int] | np.ndarray", k: int, first: int = 0,
+    def changes(self, draft: "Seq[int] | np.ndarray", k: int, first: int = 0,
                 masks: Optional[np.ndarray] = None) -> sampling.Changes:
         """The changes of rows ``first .. first + k - 1`` of a step whose
         draft is ``draft`` (row j continues the output and ``draft[:j]``):

@@ -78,15 +78,25 @@ class Work:
     forced: Seq[int] = ()  # tokens a grammar forces next, drafted for free (the first len(forced) rows)
     free: List[int] = field(default_factory=list)  # rows drafted without a draft pass: forced ones
     consumed: int = 0  # draft tokens the grammar's state has consumed (to roll back after the verify)
-    tokens: Optional[np.ndarray] = None  # the draft
+    tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))  # the draft (set by propose)
     probs: Optional[np.ndarray] = None  # its q rows (model route)
     masks: Optional[np.ndarray] = None  # a constrained sequence's mask rows, one per verified row
     draft_seconds: float = 0.0
-    alphas: tuple = ()  # Σ min(p, q) of every verified row
-    drafted_alphas: tuple = ()  # of the rows the draft sampled (what acceptance is learnt from)
+    alphas: tuple[float, ...] = ()  # Σ min(p, q) of every verified row
+    drafted_alphas: tuple[float, ...] = ()  # of the rows the draft sampled (what acceptance is learnt from)
     accepted: int = 0
     first_token: Optional[int] = None  # the token emitted after the forced ones
     verified: bool = False
+
+    def mask_row(self, i: int) -> np.ndarray:
+        """Mask row ``i`` of a constrained sequence's work (``masks`` is set for those)."""
+        assert self.masks is not None
+        return self.masks[i]
+
+    def q_row(self, i: int) -> np.ndarray:
+        """q row ``i`` of a model-route work (``probs`` is set once it drafts)."""
+        assert self.probs is not None
+        return self.probs[i]
 
 
 class StepObserver(Protocol):
@@ -170,24 +180,26 @@ class StepCore:
             if w.route == MODEL and w.gamma == len(w.free):  # nothing sampled: one-hot rows only
                 w.route, w.probs = (FORCED if w.gamma else None), None
             if w.seq.constraint is not None and not w.seq.finished:
-                w.seq.constraint.fill_mask(w.masks[w.gamma])  # the bonus row's
+                w.seq.constraint.fill_mask(w.mask_row(w.gamma))  # the bonus row's
 
     @staticmethod
     def _one_hot(w: Work, i: int) -> None:
         """q of a forced token: one-hot (the masked p is 1 there too)."""
-        w.probs[i].fill(0.0)
-        w.probs[i, w.tokens[i]] = 1.0
+        q = w.q_row(i)
+        q.fill(0.0)
+        q[w.tokens[i]] = 1.0
 
     def _lookup(self, w: Work, f: int) -> None:
         """Prompt lookup after the sequence and its forced tokens; a
         constrained sequence keeps the longest part its grammar allows."""
         seq = w.seq
+        assert seq.ngram is not None and seq.rng_draft is not None  # an n-gram route's sequence has its drafter
         d = seq.ngram.propose(seq.seq + list(w.forced), w.gamma - f, seq.params, seq.rng_draft)
         n = f
         c = seq.constraint
         for t in d.tokens[:w.gamma - f].tolist():
             if c is not None:
-                c.fill_mask(w.masks[n])
+                c.fill_mask(w.mask_row(n))
                 if c.consume((t,)) != 1:
                     break
             w.tokens[n] = t
@@ -200,8 +212,11 @@ class StepCore:
         """Draft-model passes until every work's draft is full: each pass
         takes in a work's tokens its cache lacks (catch-up and forced ones
         included) and samples its next draft token."""
+        draft = self.draft
+        assert draft is not None  # propose drafts only with a draft model
         filled = {id(w): len(w.forced) for w in drafting}  # draft rows known
-        fed = {id(w): None for w in drafting}  # draft rows in the draft's cache (None: none yet)
+        # draft rows in the draft's cache (None: none yet)
+        fed: dict[int, Optional[int]] = {id(w): None for w in drafting}
         first = True
         while True:
             live = [w for w in drafting if w.gamma > filled[id(w)] and not w.seq.finished]
@@ -209,15 +224,15 @@ class StepCore:
             for w in live:
                 toks = w.tokens[fed[id(w)] or 0:filled[id(w)]].tolist()
                 if fed[id(w)] is None:
-                    toks = w.seq.seq[self.draft.n_past(w.seq.slot):] + toks
+                    toks = w.seq.seq[draft.n_past(w.seq.held_slot):] + toks
                 fed[id(w)] = filled[id(w)]
-                parts.append(Rows(w.seq.slot, toks, 1))
+                parts.append(Rows(w.seq.held_slot, toks, 1))
             if not parts:
                 break
             first = False
             t0 = time.perf_counter()
             try:
-                rows = self.draft.decode(parts)
+                rows = draft.decode(parts)
             except SpecDecError as exc:  # the draft failed: these sequences keep what they have
                 log.warning("draft pass failed (%s); %d sequences step without more draft", exc, len(live))
                 for w in live:
@@ -226,6 +241,7 @@ class StepCore:
             dt = time.perf_counter() - t0
             self.observer.draft_pass(sum(len(p.tokens) for p in parts), dt)
             for w, r in zip(live, rows[len(parts) - len(live):]):
+                assert r is not None  # every live part asked for a row
                 w.draft_seconds += dt
                 filled[id(w)] = self._sample_draft(w, filled[id(w)], r)
             if not live:
@@ -243,11 +259,12 @@ class StepCore:
         seq = w.seq
         c = seq.constraint
         try:
+            assert self.draft_vocab is not None and seq.rng_draft is not None  # a draft model drafts
             if c is not None:
-                c.fill_mask(w.masks[i])
+                c.fill_mask(w.mask_row(i))
             masked = c is not None and self.mask_draft
             changes = seq.changes(w.tokens, 1, first=i, masks=w.masks if masked else None)
-            t = self.draft_vocab.sample_into(rows.view()[0], seq.params, seq.rng_draft, w.probs[i], changes)
+            t = self.draft_vocab.sample_into(rows.view()[0], seq.params, seq.rng_draft, w.q_row(i), changes)
         except InvalidLogitsError as exc:
             self._fail(seq, InvalidLogitsError(
                 f"the draft model produced invalid logits{self._names[1]} for request {seq.id} drafting "
@@ -272,7 +289,7 @@ class StepCore:
             return i
         w.consumed = i
         for t in c.forced_tokens(w.gamma - i) if not c.ended else ():
-            c.fill_mask(w.masks[i])
+            c.fill_mask(w.mask_row(i))
             c.consume((t,))
             w.tokens[i] = t
             self._one_hot(w, i)
@@ -291,7 +308,7 @@ class StepCore:
         parts = list(prefill)
         for w in works:
             toks = [w.seq.seq[-1]] + (w.tokens[:w.gamma].tolist() if w.gamma else [])
-            parts.append(Rows(w.seq.slot, toks, w.gamma + 1))
+            parts.append(Rows(w.seq.held_slot, toks, w.gamma + 1))
         if not parts:
             return 0
         n_rows = sum(len(p.tokens) for p in parts)
@@ -312,6 +329,7 @@ class StepCore:
             if r is not None:
                 emitted += self._first_token(part, r, dt)
         for w, r in zip(works, rows[len(prefill):]):
+            assert r is not None  # a work's part asks for its rows
             emitted += self._verify_one(w, r, dt)
         return emitted
 
@@ -324,6 +342,7 @@ class StepCore:
         t0 = time.perf_counter()
         self._ban_eog(seq, rows)
         try:
+            assert seq.rng_verify is not None  # seeded on admission
             masks = None
             if seq.constraint is not None:
                 masks = seq.mask_rows(1)
@@ -357,7 +376,9 @@ class StepCore:
         t0 = time.perf_counter()
         self._ban_eog(seq, rows)
         c = seq.constraint
+        alphas: tuple[float, ...]
         try:
+            assert seq.rng_verify is not None  # seeded on admission
             logits = rows.view()
             changes = seq.changes(w.tokens[:w.gamma], w.gamma + 1, masks=w.masks if c is not None else None)
             if w.gamma == 0:
@@ -384,9 +405,10 @@ class StepCore:
         t_sample = time.perf_counter() - t0
         # Every cache keeps only a prefix of the sequence: rejected drafts go,
         # and so do draft tokens of a step whose draft was abandoned.
-        self.target.truncate(seq.slot, n_old + n_acc)
+        slot = seq.held_slot
+        self.target.truncate(slot, n_old + n_acc)
         if self.draft is not None:
-            self.draft.truncate(seq.slot, min(self.draft.n_past(seq.slot), n_old + n_acc))
+            self.draft.truncate(slot, min(self.draft.n_past(slot), n_old + n_acc))
         if seq.ngram is not None:
             seq.ngram.rollback(n_old + n_acc)
         f = len(w.forced)
@@ -402,6 +424,7 @@ class StepCore:
         stats.sampling_seconds += t_sample
         stats.forced += n_free_accepted
         if w.gamma > len(free):
+            assert w.route is not None  # a work that drafted has a route
             stats.drafted += w.gamma - len(free)
             stats.accepted += n_acc - n_free_accepted
             stats.alpha_sum += float(sum(w.drafted_alphas))

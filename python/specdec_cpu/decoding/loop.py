@@ -159,7 +159,7 @@ class StepLoop:
             self.metrics.tokens_generated += emitted
             self.metrics.record_rate(emitted, dt)
         if self.step_trace is not None:
-            self._trace(t_step, works, prefill, catch_up, planned_rate, emitted)
+            self._trace(self.step_trace, t_step, works, prefill, catch_up, planned_rate, emitted)
         return emitted
 
     def _prefill_parts(self, n_decoding: int) -> list[Rows]:
@@ -173,13 +173,13 @@ class StepLoop:
         for seq in self.active:
             if seq.prefilled or budget <= 0:
                 continue
-            have = self.target.n_past(seq.slot)
+            have = self.target.n_past(seq.held_slot)
             n = min(len(seq.seq) - held - have, budget)
             if n > 0:
                 # The chunk that ends the prompt also asks for the last row's
                 # logits: the first token is sampled from the prompt's own pass.
                 last = have + n == len(seq.seq) and self.first_token_from_prompt
-                parts.append(Rows(seq.slot, seq.seq[have:have + n], 1 if last else 0))
+                parts.append(Rows(seq.held_slot, seq.seq[have:have + n], 1 if last else 0))
                 budget -= n
         return parts
 
@@ -201,13 +201,13 @@ class StepLoop:
         works, catch_up = [], []
         for s, c, d in zip(decoding, cands, decisions):
             works.append(Work(s, route=d.route, gamma=d.gamma, decision=d, forced=c.forced[:d.forced]))
-            have = self.draft.n_past(s.slot) if self.draft is not None else 0
+            have = self.draft.n_past(s.held_slot) if self.draft is not None else 0
             if d.catch_up:
-                catch_up.append(Rows(s.slot, s.seq[have:have + d.catch_up]))
+                catch_up.append(Rows(s.held_slot, s.seq[have:have + d.catch_up]))
             elif timing and not d.gamma and s.gamma == "auto" and have < len(s.seq) - 1:
                 # The draft's cost is unknown: its next token is one row of a draft
                 # pass as drafting runs it (with logits), which times T_draft(1).
-                catch_up.append(Rows(s.slot, s.seq[have:have + 1], 1))
+                catch_up.append(Rows(s.held_slot, s.seq[have:have + 1], 1))
                 timing, timed = False, True
         return works, cands, catch_up, timed
 
@@ -218,7 +218,7 @@ class StepLoop:
             forced = s.constraint.forced_tokens(room)  # drafts that cost no pass (the state does not move)
         lookup = s.ngram
         match = lookup.match(s.seq + forced if forced else s.seq) if lookup is not None and room > len(forced) else None
-        lag = len(s.seq) - self.draft.n_past(s.slot) if self.draft is not None else None
+        lag = len(s.seq) - self.draft.n_past(s.held_slot) if self.draft is not None else None
         remaining = min(s.max_tokens - s.stats.tokens, self.target.n_ctx - len(s.seq))
         return Candidate(plan=s.plan, gamma=s.gamma, room=room, remaining=remaining,
                          constrained=s.constraint is not None, match=match,
@@ -226,6 +226,7 @@ class StepLoop:
 
     def _start_decoding(self, seq: Sequence) -> None:
         seq.prefilled = True
+        assert seq.admitted is not None  # set on admission
         seq.stats.prompt_seconds = time.perf_counter() - seq.admitted
         if seq.ngram is not None:
             if seq.ngram.unwrap_lines:
@@ -252,7 +253,7 @@ class StepLoop:
             self.metrics.target_seconds += seconds
         held = 0 if self.first_token_from_prompt else 1
         for seq in self.active:  # a prompt that went in whole: the sequence decodes from now on
-            if not seq.prefilled and self.target.n_past(seq.slot) >= len(seq.seq) - held:
+            if not seq.prefilled and self.target.n_past(seq.held_slot) >= len(seq.seq) - held:
                 self._start_decoding(seq)
 
     def verified(self, work: Work, sampling_seconds: float) -> None:
@@ -278,13 +279,13 @@ class StepLoop:
         return None
 
     # ------------------------------------------------------------ tracing
-    def _trace(self, t_step: float, works: list[Work], prefill: list[Rows], catch_up: list[Rows],
-               planned_rate: float, emitted: int) -> None:
+    def _trace(self, trace: StepTrace, t_step: float, works: list[Work], prefill: list[Rows],
+               catch_up: list[Rows], planned_rate: float, emitted: int) -> None:
         """Hand the step's record to the step trace (a failing trace is dropped, not the decoder)."""
         prompt_rows = sum(len(p.tokens) for p in prefill)
         passes, self._passes = self._passes or ([], []), None
         try:
-            self.step_trace(StepRecord(
+            trace(StepRecord(
                 start=t_step, seconds=time.perf_counter() - t_step,
                 gammas=tuple(w.gamma for w in works), routes=tuple(w.route for w in works),
                 probes=tuple(w.decision.probe for w in works),

@@ -30,7 +30,7 @@ class Request(Sequence):
     def __init__(self, prompt: list[int], **kwargs: Any) -> None:
         super().__init__(prompt, **kwargs)
         self.outbox: "queue.SimpleQueue[object]" = queue.SimpleQueue()
-        self.wakeup: Optional[Callable[[], None]] = None  # an async reader's doorbell (thread-safe)
+        self.wakeup: Optional[Callable[[], object]] = None  # an async reader's doorbell (thread-safe)
         self.done = threading.Event()
 
     def deliver(self, piece: str) -> None:

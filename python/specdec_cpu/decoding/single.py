@@ -13,7 +13,7 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Generator, Optional, Union
 from typing import Sequence as Seq
 
 from ..core.one_sequence import OneSequenceLM
@@ -67,6 +67,9 @@ class SpeculativeDecoder(DecoderFront):
     kernel ISA and CPU, a fixed γ (or greedy decoding) and the same cache
     history, e.g. a fresh or ``reset()`` decoder (docs/math.md §9).
     """
+
+    _target_lm: OneSequenceLM  # a one-sequence view of each model (resynced after an interrupted call)
+    _draft_lm: Optional[OneSequenceLM]
 
     def __init__(self, target: CausalLM, tokenizer: Tokenizer, draft: Optional[CausalLM] = None, *,
                  gamma: GammaSetting = "auto", gamma_max: int = 12, seed: Optional[int] = None,
@@ -228,6 +231,7 @@ class SpeculativeDecoder(DecoderFront):
                 pass
         finally:
             pieces.close()  # after a KeyboardInterrupt between two steps: release the decoder now
+        assert run.result is not None  # the run has ended
         return generation_or_raise(run.result, timeout)
 
     def stream(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
@@ -354,7 +358,7 @@ class _Run:
     def result(self) -> Optional[Generation]:
         return self.seq.result
 
-    def iterate(self) -> Iterator[str]:
+    def iterate(self) -> Generator[str, None, None]:
         gen = self._generate()
         self._gen = weakref.ref(gen)
         return gen
@@ -367,7 +371,7 @@ class _Run:
         if not self.seq.finished:  # closed before it started
             self.seq.finish("cancelled")
 
-    def _generate(self) -> Iterator[str]:
+    def _generate(self) -> Generator[str, None, None]:
         dec, seq = self.dec, self.seq
         active = dec._active
         if active is not None and active.thread == threading.get_ident():

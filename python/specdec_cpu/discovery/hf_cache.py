@@ -75,7 +75,7 @@ def scan(root: Path) -> Iterator[ModelEntry]:
         return
     for repo_dir in repos:
         repo_id = "/".join(repo_dir.name.split("--")[1:])
-        seen = set()
+        seen: set[str] = set()
         for snapshot in _snapshots(repo_dir):
             links = [(rel, path) for rel, path in _gguf_links(snapshot) if rel not in seen]
             seen.update(rel for rel, _ in links)

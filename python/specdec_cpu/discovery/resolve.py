@@ -83,7 +83,7 @@ def _usable_first(matches: List[ModelEntry]) -> List[ModelEntry]:
 
 
 def _close(query: str, catalog: Catalog) -> List[str]:
-    names = {}
+    names: dict[str, str] = {}  # lower-cased name or file -> the entry's name
     for e in catalog.entries:
         for n in (e.name, e.file):
             if n:

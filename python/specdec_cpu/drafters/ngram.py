@@ -304,6 +304,7 @@ class NgramDrafter:
         m = self.index.find(self.candidates, self.max_match, base if prefer else 0)
         if m is not None:
             other = self.index.find(self.candidates, self.max_match, 0 if prefer else base)
+            assert other is not None  # the same occurrences as m's, only ties broken the other way
             if other.length == m.length and (other.position < base) != (m.position < base):
                 self._contest = (len(seq), m.position, other.position)
         return m

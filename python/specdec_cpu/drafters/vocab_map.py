@@ -52,14 +52,16 @@ class DraftVocab:
         none of the draft's ids possible (a grammar forcing a token a cut
         draft lacks: nothing can be drafted there)."""
         n = self.n_columns
-        changes = self.columns(changes)
-        if changes is None:
+        draft_changes = self.columns(changes)
+        if draft_changes is None:
             return -1
         if self._direct:  # no copy: q goes straight into the row
-            return sampling.sample_into(logits[:n], params, rng, q_row[:n], changes)
-        column = sampling.sample_into(logits[:n], params, rng, self._scratch, changes)
+            return sampling.sample_into(logits[:n], params, rng, q_row[:n], draft_changes)
+        scratch = self._scratch
+        assert scratch is not None  # a cut draft's q is sampled into it
+        column = sampling.sample_into(logits[:n], params, rng, scratch, draft_changes)
         for first_id, first_col, length in self.runs:
-            q_row[first_id:first_id + length] = self._scratch[first_col:first_col + length]
+            q_row[first_id:first_id + length] = scratch[first_col:first_col + length]
         return int(self.ids[column])
 
     def columns(self, changes: sampling.Changes) -> "sampling.Changes | None":

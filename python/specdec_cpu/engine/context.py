@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence, cast
 
 import numpy as np
 
@@ -23,7 +23,7 @@ _SEQ = 0  # the one sequence every context holds
 # (avoids building a ctypes pointer object per call).  They are made from the
 # public functions' addresses, so llama_cpp's own prototypes stay untouched.
 _get_logits_ith_addr = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(
-    ctypes.cast(lib.llama_get_logits_ith, ctypes.c_void_p).value
+    cast(int, ctypes.cast(lib.llama_get_logits_ith, ctypes.c_void_p).value)  # a function's address: never NULL
 )
 
 _KV_TYPES = {"f32": 0, "f16": 1}  # ggml_type of the KV cache
@@ -267,9 +267,9 @@ class LlamaContext(Closable):
                 return self._copy_rows(ctx, first, m)
         self._logits_addr = addr
         self._logits_rows = n_logits
-        view = np.frombuffer(
-            (ctypes.c_float * (n_logits * self._n_vocab)).from_address(addr), dtype=np.float32
-        ).reshape(n_logits, self._n_vocab)
+        buf = (ctypes.c_float * (n_logits * self._n_vocab)).from_address(addr)
+        # numpy's stubs do not see a ctypes array's buffer protocol
+        view = np.frombuffer(buf, dtype=np.float32).reshape(n_logits, self._n_vocab)  # type: ignore[call-overload]
         view.flags.writeable = False
         return view
 
@@ -289,7 +289,8 @@ class LlamaContext(Closable):
         out = np.empty((stop - first, self._n_vocab), dtype=np.float32)
         for i in range(first, stop):
             addr = _get_logits_ith_addr(ctx, i)
-            out[i - first] = np.frombuffer((ctypes.c_float * self._n_vocab).from_address(addr), dtype=np.float32)
+            row = (ctypes.c_float * self._n_vocab).from_address(addr)
+            out[i - first] = np.frombuffer(row, dtype=np.float32)  # type: ignore[call-overload]  # as above
         return out
 
     def _decode(self, ctx: int, arr: np.ndarray, start: int, stop: int, n_past: int, n_logits: int) -> None:
@@ -302,6 +303,7 @@ class LlamaContext(Closable):
         if n_logits:
             out[m - n_logits:m] = 1
         batch = self._batch
+        assert batch is not None  # made by __init__, freed by close
         batch.n_tokens = m
         rc = int(lib.llama_decode(ctx, batch))
         if rc != 0:

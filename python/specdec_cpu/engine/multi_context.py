@@ -70,7 +70,8 @@ class LogitRows:
 
     def _rows(self) -> np.ndarray:
         buf = (ctypes.c_float * (self.n_rows * self.n_vocab)).from_address(self.address)
-        return np.frombuffer(buf, dtype=np.float32).reshape(self.n_rows, self.n_vocab)
+        # numpy's stubs do not see a ctypes array's buffer protocol
+        return np.frombuffer(buf, dtype=np.float32).reshape(self.n_rows, self.n_vocab)  # type: ignore[call-overload]
 
 
 class LlamaMultiContext(Closable):

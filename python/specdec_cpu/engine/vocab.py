@@ -258,6 +258,8 @@ def check_vocab_compatible(target: "LlamaWeights", draft: "LlamaWeights") -> Non
             f"draft {draft.path} is {VOCAB_TYPE_NAMES.get(d_type, d_type)}"
         )
     source = draft.source_ids
+    a: Optional[int]
+    b: Optional[int]
     for what, fn in (("BOS", lib.llama_vocab_bos), ("EOS", lib.llama_vocab_eos)):
         a, b = int(fn(tv)), int(fn(dv))
         a = a if a >= 0 else None

@@ -33,7 +33,7 @@ class LlamaWeights(Closable):
         self._model: Optional[int] = None
         self._contexts: "weakref.WeakSet[_Context]" = weakref.WeakSet()
         self._lock = threading.Lock()
-        self._token_texts = None  # filled lazily by vocab.token_texts
+        self._token_texts: Optional[list[bytes]] = None  # filled lazily by vocab.token_texts
         if isinstance(n_gpu_layers, bool) or not isinstance(n_gpu_layers, int):
             raise TypeError(f"n_gpu_layers must be an int, got {n_gpu_layers!r}")
         self._path = check_gguf_file(path)

@@ -36,11 +36,13 @@ WARM_TOKENS = 32
 
 
 class _Stats(Protocol):
-    mean_alpha: float
+    @property
+    def mean_alpha(self) -> float: ...
 
 
 class _Generation(Protocol):
-    stats: _Stats
+    @property
+    def stats(self) -> _Stats: ...
 
 
 class CalibratableDecoder(Protocol):
@@ -127,7 +129,7 @@ def calibrate(
     rows_max = gamma_max + 1 if batch <= 1 else max(gamma_max + 1, BATCH_ROWS)
     covered = cached is not None and cached.k_max >= rows_max and (
         batch <= 1 or decoder.draft is None or len(cached.draft_batch_ms or ()) >= batch)
-    if covered:
+    if cached is not None and covered:
         if cached.sampling == sampling and cached.alpha is not None:
             return cached
         model = dataclasses.replace(cached, sampling=sampling,
@@ -233,7 +235,8 @@ def measure_alpha(decoder: CalibratableDecoder, params: SamplingParams,
     for prompt in (SAMPLE_PROMPTS if prompts is None else prompts):
         gen = decoder.generate(prompt, max_tokens=n_tokens, params=params, gamma=4)
         a = gen.stats.mean_alpha
-        if a is not None and 0.0 <= a <= 1.0 and getattr(gen.stats, "alpha_rows", 1):
+        rows = getattr(gen.stats, "alpha_rows", 1)  # a stand-in decoder's stats may not count rows
+        if a is not None and 0.0 <= a <= 1.0 and rows:
             values.append(float(a))
     return statistics.fmean(values) if values else None
 

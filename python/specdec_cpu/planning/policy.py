@@ -202,7 +202,7 @@ class DraftPolicy:
         plans = [self._options(c, d, len(cands), fixed_rows, explore=i == explorer and not again)
                  for i, (c, d) in enumerate(zip(cands, decisions))]
         choice = self.planner.plan(plans, fixed_rows)
-        if again and choice[explorer][0] != MODEL:
+        if again and explorer is not None and choice[explorer][0] != MODEL:
             decisions[explorer] = d = Decision(batch=len(cands))
             plans[explorer] = self._options(cands[explorer], d, len(cands), fixed_rows, explore=True)
             if d.explore:
@@ -315,7 +315,9 @@ class DraftPolicy:
         drafting += [i for i in forced if i not in drafting]
         any_chunk = False
         for i in drafting:
-            c, lag = cands[i], cands[i].draft_lag - 1
+            c = cands[i]
+            assert c.draft_lag is not None  # a lagging sequence's lag is measured: it has a draft model
+            lag = c.draft_lag - 1
             if budget <= 0:
                 break
             if not isinstance(c.gamma, int) and i not in forced:

@@ -25,7 +25,7 @@ from typing import Callable, NamedTuple, Union
 import numpy as np
 from numpy.typing import ArrayLike
 
-VerifyCost = Union[float, Callable[[int], float], ArrayLike]
+VerifyCost = Union[float, Callable[[float], float], ArrayLike]  # a callable gets an int k where k is whole
 
 __all__ = [
     "PlanRow",
@@ -268,7 +268,7 @@ def _real(name: str, value: ArrayLike) -> np.ndarray:
     return arr
 
 
-def _scalar_arg(name: str, value: object) -> float:
+def _scalar_arg(name: str, value: ArrayLike) -> float:
     arr = _unit(name, value) if name == "alpha" else _nonneg(name, value)
     if arr.ndim != 0:
         raise TypeError(f"{name} must be a scalar here, got an array of shape {arr.shape}")
