@@ -354,6 +354,41 @@ def test_eos_where_nothing_can_follow(bpe):
     assert allowed(state) == {99}
 
 
+def test_end_of_generation_ids_read_as_text_only_end_a_complete_output(tiny_dir):
+    """A model whose FIM tokens are end-of-generation ids stored as normal
+    tokens, so plain text to the grammar (Qwen2.5-Coder's GGUF stores them
+    as control tokens, which the grammar never allows): inside a JSON string
+    llguidance's own mask allows them, as text that fits, while its matcher
+    refuses them and emitting one would end the output mid-string.  The
+    mask allows every EOS id exactly where the grammar accepts, as consume
+    does (a disagreement once let the verify accept a draft token the
+    grammar's state had refused, and failed the request)."""
+    from tiny_gguf import write_tiny_model
+
+    path = tiny_dir / "fim_eog.gguf"
+    if not path.exists():
+        write_tiny_model(path, n_vocab=384, seed=0, n_layer=2, fim=("pre", "suf", "mid", "pad", "rep", "sep"))
+    v = Vocab(str(path))
+    try:
+        as_text = sorted(t for t in v.eos if t not in v.special)
+        assert as_text, "the FIM end-of-generation ids must be text to the grammar, or this tests nothing"
+        rng = random.Random(8)
+        for grammar in (Grammar.json_schema({"type": "object"}), Grammar.json_schema(PERSON)):
+            state = v.state(grammar)
+            for text in ('{"name": "ab', '{"name": "a b c'):
+                inside = v.state(grammar)
+                assert inside.consume(v.tok.tokenize(text, add_special=False)) > 0
+                assert not inside.accepting and not allowed(inside) & v.eos
+            for _ in range(40):
+                mask = allowed(state)
+                for e in sorted(v.eos):
+                    assert (e in mask) == (state.copy().consume([e]) == 1) == state.accepting
+                if state.accepting:
+                    break
+                state.consume([rng.choice(sorted(mask))])
+    finally:
+        v.weights.close()
+
 # ---------------------------------------------------------------------------
 # grammars and errors
 # ---------------------------------------------------------------------------

@@ -126,6 +126,25 @@ def test_stop_token_ids_end_the_generation_and_min_tokens_holds_them_off() -> No
         dec.generate(PROMPT, params=SamplingParams(logit_bias={6: 1.0}))
 
 
+@pytest.mark.parametrize("extra", [{"min_tokens": 16}, {"ignore_eos": True}], ids=["min_tokens", "ignore_eos"])
+def test_a_complete_grammar_output_ends_before_min_tokens(tiny_target, tiny_draft, extra) -> None:
+    """A grammar's end outranks min_tokens and ignore_eos: once the output is
+    a complete document its mask allows only the end ids, which those would
+    ban, leaving no token at all (the request failed with "every token is
+    masked").  There the ends stay allowed, the same for p and q."""
+    from specdec_cpu import Grammar
+
+    dec = SpeculativeDecoder.from_gguf(tiny_target, tiny_draft, gamma=3, n_ctx=256, n_threads=1, calibration=None)
+    try:
+        for seed in range(6):
+            gen = dec.generate("answer:", max_tokens=40, grammar=Grammar.regex("(yes|no)"),
+                               params=SamplingParams(temperature=1.0, seed=seed, **extra))
+            assert gen.text in ("yes", "no") and gen.finish_reason == "stop", gen
+        assert gen.stats.drafted > 0 or gen.stats.forced > 0
+    finally:
+        dec.close()
+
+
 def test_penalty_rows_follow_the_draft_prefix() -> None:
     """Unit check of the sparse rows: row j counts the output and draft[:j]."""
     params = SamplingParams(presence_penalty=1.0, frequency_penalty=0.5, repeat_penalty=2.0, repeat_last_n=2,

@@ -310,6 +310,11 @@ def test_openapi_documents_every_status_and_the_constraints(server) -> None:
             if status != "200":
                 assert entry["content"]["application/json"]["schema"]["$ref"] == error_ref
         assert set(responses["200"]["content"]) == {"application/json", "text/event-stream"}
+        # each streamed event: its data a chunk (or an error) as JSON, or the last "[DONE]"
+        data = responses["200"]["content"]["text/event-stream"]["schema"]["properties"]["data"]["anyOf"]
+        chunk = "#/components/schemas/" + ("ChatCompletionChunk" if "chat" in path else "CompletionChunk")
+        assert data[0] == {"const": "[DONE]"} and data[1]["contentMediaType"] == "application/json"
+        assert data[1]["contentSchema"]["anyOf"] == [{"$ref": chunk}, {"$ref": error_ref}]
     assert "422" not in json.dumps(doc) or '"422"' not in json.dumps(doc)
     metrics = paths["/metrics"]["get"]["responses"]["200"]["content"]
     assert list(metrics) == ["text/plain"]
@@ -325,7 +330,8 @@ def test_openapi_documents_every_status_and_the_constraints(server) -> None:
     temp = completion["temperature"]["anyOf"][0]
     assert temp["minimum"] == 0 and temp["maximum"] == 2
     assert completion["stop"]["anyOf"][1]["maxItems"] == 16
-    assert completion["n"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 16}
+    # n: at most 4 choices per sequence the server decodes at once (2 here)
+    assert completion["n"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 8}
     assert completion["presence_penalty"]["anyOf"][0] == {"type": "number", "minimum": -2, "maximum": 2}
     assert completion["logprobs"]["anyOf"][0] == {"type": "integer", "minimum": 0, "maximum": 5}
     bias = completion["logit_bias"]["anyOf"][0]["additionalProperties"]
@@ -338,6 +344,8 @@ def test_openapi_documents_every_status_and_the_constraints(server) -> None:
     assert "suffix" in completion and "best_of" in completion
     infill = schemas["InfillRequest"]["properties"]
     assert {"input_prefix", "input_suffix", "input_extra", "prompt", "n_probs"} <= set(infill)
+    assert infill["n"]["anyOf"][0]["maximum"] == 1
+    assert {"ChatCompletionChunk", "CompletionChunk", "InfillPartial"} <= set(schemas)
     assert set(paths["/infill"]["post"]["responses"]) == set(paths["/v1/completions"]["post"]["responses"])
     assert schemas["CompletionRequest"].get("additionalProperties") is False
     assert schemas["ChatCompletionRequest"]["properties"]["messages"]["minItems"] == 1

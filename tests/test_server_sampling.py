@@ -268,8 +268,9 @@ def test_stop_token_ids_end_the_output_and_min_tokens_delays_them(server) -> Non
 BAD = [
     ({"presence_penalty": 2.5}, "presence_penalty", "less than or equal to 2"),
     ({"frequency_penalty": -2.01}, "frequency_penalty", "greater than or equal to -2"),
-    ({"repeat_penalty": 0}, "repeat_penalty", "greater than 0"),
-    ({"repetition_penalty": -1}, "repetition_penalty", "greater than 0"),
+    ({"repeat_penalty": 0}, "repeat_penalty", "greater than or equal to 0.001"),
+    ({"repetition_penalty": -1}, "repetition_penalty", "greater than or equal to 0.001"),
+    ({"repeat_penalty": 1e218}, "repeat_penalty", "less than or equal to 1000"),
     ({"repeat_penalty": 1.1, "repetition_penalty": 1.2}, "repetition_penalty", "give one"),
     ({"repeat_last_n": -2}, "repeat_last_n", "greater than or equal to -1"),
     ({"logit_bias": {"abc": 1}}, "logit_bias", "'abc'"),
@@ -290,7 +291,18 @@ BAD = [
     ({"n": 9}, "n", "limit of 8"),
     ({"n": 2, "best_of": 3}, "best_of", "best_of=3"),
     ({"best_of": 2}, "best_of", "equal to n"),
+    ({"max_tokens": 4.5}, "max_tokens", "valid integer"),
+    ({"max_tokens": "4"}, "max_tokens", "valid integer"),
+    ({"top_k": 2**31}, "top_k", "less than or equal to 1073741824"),
+    ({"stop_token_ids": [2**31 - 2]}, "stop_token_ids", "2**30"),
 ]
+
+
+def test_integral_numbers_are_integers(server) -> None:
+    """JSON Schema's integer admits 4.0, and clients that build bodies from floats send it."""
+    body = completion(server, max_tokens=4.0, n=2.0, top_k=5.0, seed=7.0, temperature=1.0)
+    assert len(body["choices"]) == 2 and body["usage"]["completion_tokens"] <= 8
+    assert ok(server.post("/detokenize", {"tokens": [104.0, 105]}))["content"]
 
 
 @pytest.mark.parametrize("extra, param, words", BAD, ids=[f"{b[1]}:{b[2]}" for b in BAD])

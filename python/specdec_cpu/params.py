@@ -9,6 +9,12 @@ from typing import Any, Mapping, Optional, Tuple, Union, cast
 #: OpenAI's limits for the penalties and for one logit bias.
 PENALTY_LIMIT = 2.0
 BIAS_LIMIT = 100.0
+#: Token counts (top_k, repeat_last_n, min_tokens) beyond any vocabulary or
+#: context mean the same as this; the kernels take them as 32-bit ints.
+COUNT_LIMIT = 2**30
+#: repeat_penalty is kept in [1/limit, limit]: its scale of a logit (the
+#: penalty or its inverse) must stay a normal float32; no use needs more.
+REPEAT_PENALTY_LIMIT = 1000.0
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,7 @@ class SamplingParams:
             every token the output holds so far (OpenAI's).
         frequency_penalty: in [-2, 2]; subtracted per occurrence in the
             output so far (OpenAI's).
-        repeat_penalty: > 0, 1 is off; a token among the last
+        repeat_penalty: in [0.001, 1000], 1 is off; a token among the last
             ``repeat_last_n`` tokens (prompt included) has a positive logit
             divided by it and a negative one multiplied (llama.cpp's).
         repeat_last_n: the window of ``repeat_penalty``; 0 is off, -1 the
@@ -86,8 +92,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int):
             raise TypeError(f"top_k must be an int >= 0 (0 means off), got {self.top_k!r}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 means off), got {self.top_k}")
+        if not 0 <= self.top_k <= COUNT_LIMIT:
+            raise ValueError(f"top_k must be in [0, 2**30] (0 means off), got {self.top_k}")
         _check_real("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1] (1 means off), got {self.top_p}")
@@ -106,8 +112,8 @@ class SamplingParams:
             if not -PENALTY_LIMIT <= getattr(self, name) <= PENALTY_LIMIT:
                 raise ValueError(f"{name} must be in [-2, 2] (0 means off), got {getattr(self, name)}")
         _check_real("repeat_penalty", self.repeat_penalty)
-        if self.repeat_penalty <= 0:
-            raise ValueError(f"repeat_penalty must be > 0 (1 means off), got {self.repeat_penalty}")
+        if not 1 / REPEAT_PENALTY_LIMIT <= self.repeat_penalty <= REPEAT_PENALTY_LIMIT:
+            raise ValueError(f"repeat_penalty must be in [0.001, 1000] (1 means off), got {self.repeat_penalty}")
         _check_int("repeat_last_n", self.repeat_last_n, -1, "(0 means off, -1 the whole sequence)")
         _check_int("min_tokens", self.min_tokens, 0, "")
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
@@ -140,9 +146,9 @@ class SamplingParams:
 
 def _check_int(name: str, value: object, low: int, meaning: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int >= {low} {meaning}".rstrip() + f", got {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low} {meaning}".rstrip() + f", got {value}")
+        raise TypeError(f"{name} must be an int in [{low}, 2**30] {meaning}".rstrip() + f", got {value!r}")
+    if not low <= value <= COUNT_LIMIT:
+        raise ValueError(f"{name} must be in [{low}, 2**30] {meaning}".rstrip() + f", got {value}")
 
 
 def _bias_pairs(bias: Any) -> Optional[Tuple[Tuple[int, float], ...]]:

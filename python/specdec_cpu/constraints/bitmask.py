@@ -20,7 +20,7 @@ from typing import Iterable
 
 import numpy as np
 
-__all__ = ["n_words", "allocate", "allowed_ids", "to_bool", "from_ids", "check_row"]
+__all__ = ["n_words", "allocate", "allowed_ids", "to_bool", "from_ids", "check_row", "set_ids"]
 
 
 def n_words(n_vocab: int) -> int:
@@ -69,3 +69,14 @@ def from_ids(ids: Iterable[int], n_vocab: int, dtype: "np.dtype | type" = np.int
         raise ValueError(f"token ids must be in [0, {n_vocab})")
     flags[idx] = 1
     return np.packbits(flags, bitorder="little").view(dtype).copy()
+
+
+def set_ids(row: np.ndarray, ids: Iterable[int], allowed: bool) -> None:
+    """Allow (``allowed``) or forbid each of ``ids`` in ``row``, in place."""
+    words = row.view(np.uint32)
+    for t in ids:
+        bit = np.uint32(1 << (int(t) & 31))
+        if allowed:
+            words[int(t) >> 5] |= bit
+        else:
+            words[int(t) >> 5] &= ~bit

@@ -99,6 +99,12 @@ class ConstraintState:
         self._check()
         self._m.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
         self._check()
+        # An end-of-generation id that llguidance reads as text (one a GGUF stores as a normal
+        # token rather than a control token, as some FIM tokens are) is allowed by its mask wherever
+        # that text fits, inside a JSON string for one, though its matcher refuses it there and
+        # emitting it ends the output.  EOS ids are allowed exactly where the grammar accepts, so
+        # that mask and consume agree.
+        bitmask.set_ids(row, self._compiled.eos_ids, self.accepting or self.finished)
 
     def mask(self) -> np.ndarray:
         """A new int32 row for the next position (see :meth:`fill_mask`)."""

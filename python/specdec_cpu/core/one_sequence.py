@@ -31,10 +31,13 @@ class ArrayRows:
     def view(self) -> np.ndarray:
         return self._array
 
-    def mask_columns(self, ids: np.ndarray) -> None:
+    def mask_columns(self, ids: np.ndarray, rows: Optional[Sequence[int]] = None) -> None:
         if not self._array.flags.writeable:  # a view of the model's own buffer: copy once
             self._array = self._array.copy()
-        self._array[:, ids] = -np.inf
+        if rows is None:
+            self._array[:, ids] = -np.inf
+        else:
+            self._array[np.ix_(np.asarray(rows, dtype=np.int64), ids)] = -np.inf
 
 
 class OneSequenceLM:

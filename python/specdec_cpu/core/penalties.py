@@ -11,6 +11,11 @@ recent window of prompt and output for ``repeat_penalty``) and builds the
 ``sampling.Changes.sparse`` rows for any prefix of a draft: per row, each
 affected id once, with ``scale_pos``/``scale_neg`` (repeat penalty) and
 ``add`` (presence, frequency, bias, and −inf for a ban).
+
+A grammar's end outranks ``min_tokens`` (and ``ignore_eos``): at a
+position where its mask allows nothing but end ids, the output is a
+complete document and only an end may follow, so the ends stay allowed
+there.  The rule is a function of the prefix, the same for p and q.
 """
 
 from __future__ import annotations
@@ -22,7 +27,19 @@ import numpy as np
 
 from ..params import SamplingParams
 
-__all__ = ["Penalties"]
+__all__ = ["Penalties", "id_bits", "allows_only"]
+
+
+def id_bits(ids: Iterable[int], n_words: int) -> np.ndarray:
+    """A uint32 bitmask row of ``n_words`` words with exactly ``ids`` set (layout: constraints/bitmask.py)."""
+    bits = np.zeros(n_words * 32, dtype=np.uint8)
+    bits[np.fromiter((int(t) for t in ids), dtype=np.int64)] = 1
+    return np.packbits(bits, bitorder="little").view(np.uint32)
+
+
+def allows_only(mask_row: np.ndarray, bits: np.ndarray) -> bool:
+    """Whether every id the mask row allows is set in ``bits`` (same layout)."""
+    return not np.any(mask_row.view(np.uint32) & ~bits)
 
 
 class Penalties:
@@ -42,6 +59,7 @@ class Penalties:
                                         maxlen=last_n if last_n > 0 else None)
         self._bias = dict(params.logit_bias or ())
         self._end_ids = sorted(set(int(t) for t in end_ids) | set(params.stop_token_ids))
+        self._end_bits: Optional[np.ndarray] = None  # _end_ids as a mask row, once a grammar's rows come
 
     def append(self, tokens: Iterable[int]) -> None:
         """The sequence emitted ``tokens``."""
@@ -51,12 +69,19 @@ class Penalties:
             if self._repeat:
                 self.window.append(t)
 
-    def rows(self, draft: Sequence[int] | np.ndarray, k: int, first: int = 0) -> tuple:
+    def rows(self, draft: Sequence[int] | np.ndarray, k: int, first: int = 0,
+             masks: Optional[np.ndarray] = None) -> tuple:
         """The sparse changes of rows ``first .. first + k - 1``, row j
         continuing the output followed by ``draft[:j]`` (as
-        ``sampling.Changes.sparse``)."""
+        ``sampling.Changes.sparse``); ``masks`` (a grammar's rows of the
+        same positions, if any) say where only an end may follow."""
         draft = [int(t) for t in draft[:first + k - 1]]
-        out: List[tuple] = [self._row(draft[:j]) for j in range(first, first + k)]
+        ended = [False] * k
+        if masks is not None and self.n_output + len(draft) < self.params.min_tokens:
+            if self._end_bits is None:
+                self._end_bits = id_bits(self._end_ids, masks.shape[1])
+            ended = [allows_only(masks[j], self._end_bits) for j in range(k)]
+        out: List[tuple] = [self._row(draft[:j], ended[j - first]) for j in range(first, first + k)]
         offsets = np.zeros(k + 1, dtype=np.int64)
         offsets[1:] = np.cumsum([len(r[0]) for r in out])
         if not out or offsets[-1] == 0:
@@ -66,7 +91,7 @@ class Penalties:
         return (offsets, cat[0].astype(np.int32), cat[1].astype(np.float32), cat[2].astype(np.float32),
                 cat[3].astype(np.float32))
 
-    def _row(self, extra: List[int]) -> tuple:
+    def _row(self, extra: List[int], ended: bool = False) -> tuple:
         p = self.params
         counts = self.output
         if extra:
@@ -76,7 +101,7 @@ class Penalties:
         if p.presence_penalty or p.frequency_penalty:
             for t, c in counts.items():
                 add[t] = add.get(t, 0.0) - p.presence_penalty - p.frequency_penalty * c
-        if self.n_output + len(extra) < p.min_tokens:
+        if self.n_output + len(extra) < p.min_tokens and not ended:
             for t in self._end_ids:
                 add[t] = -np.inf
         repeated: Optional[set] = None

@@ -73,8 +73,8 @@ class LogitRowsView(Protocol):
     def view(self) -> np.ndarray:
         """A ``(n_rows, n_vocab)`` float32 C-contiguous array over the rows."""
 
-    def mask_columns(self, ids: np.ndarray) -> None:
-        """Set columns ``ids`` of every row to −∞ (banned before sampling)."""
+    def mask_columns(self, ids: np.ndarray, rows: Optional[Sequence[int]] = None) -> None:
+        """Set columns ``ids`` of ``rows`` (default: every row) to −∞ (banned before sampling)."""
 
 
 @runtime_checkable

@@ -154,7 +154,7 @@ class Sequence:
         the grammar's mask rows (``masks``, filled by the core) and the
         penalties' sparse rows."""
         mask = None if masks is None else masks[first:first + k]
-        sparse = None if self.penalties is None else self.penalties.rows(draft, k, first)
+        sparse = None if self.penalties is None else self.penalties.rows(draft, k, first, mask)
         if mask is None and sparse is None:
             return sampling.NO_CHANGES
         return sampling.Changes(mask, sparse)

@@ -51,6 +51,7 @@ from .. import sampling
 from ..drafters.vocab_map import DraftVocab
 from ..errors import InvalidLogitsError, SpecDecError
 from .logprobs import row_logprobs
+from .penalties import allows_only, id_bits
 from .protocols import LogitRowsView, Rows, SequenceLM, Tokenizer, eog_id_array
 from .sequence import Sequence
 
@@ -137,6 +138,7 @@ class StepCore:
                             if draft is not None else None)
         self._names = tuple(f" ({n})" if n else "" for n in names)
         self._eog: Optional[np.ndarray] = None  # the target's end-of-generation ids, once a sequence bans them
+        self._eog_bits: Optional[np.ndarray] = None  # the same as a mask row
         #: Whether a constrained sequence's draft samples under the grammar's mask (always, but for
         #: measuring what the mask buys: bench/structured.py turns it off; the output stays exact).
         self.mask_draft = True
@@ -340,13 +342,13 @@ class StepCore:
         if seq is None or seq.finished:
             return 0
         t0 = time.perf_counter()
-        self._ban_eog(seq, rows)
         try:
             assert seq.rng_verify is not None  # seeded on admission
             masks = None
             if seq.constraint is not None:
                 masks = seq.mask_rows(1)
                 seq.constraint.fill_mask(masks[0])
+            self._ban_eog(seq, rows, masks)
             changes = seq.changes((), 1, masks=masks)
             logits = rows.view()
             token = sampling.sample(logits[0], seq.params, seq.rng_verify, changes.row(0))
@@ -374,11 +376,11 @@ class StepCore:
         stats = seq.stats
         n_old = len(seq.seq)
         t0 = time.perf_counter()
-        self._ban_eog(seq, rows)
         c = seq.constraint
         alphas: tuple[float, ...]
         try:
             assert seq.rng_verify is not None  # seeded on admission
+            self._ban_eog(seq, rows, w.masks if c is not None else None)
             logits = rows.view()
             changes = seq.changes(w.tokens[:w.gamma], w.gamma + 1, masks=w.masks if c is not None else None)
             if w.gamma == 0:
@@ -444,12 +446,22 @@ class StepCore:
                                        None if changes.sparse is None else _first_rows(changes.sparse, k))
         return row_logprobs(logits, tokens, seq.logprobs, seq.logprob_mode, seq.params, changes)
 
-    def _ban_eog(self, seq: Sequence, rows: LogitRowsView) -> None:
-        """A sequence with ``ignore_eos``: its target rows give the end-of-generation ids probability 0."""
-        if seq.params.ignore_eos:
-            if self._eog is None:
-                self._eog = eog_id_array(self.tokenizer, self.target.n_vocab)
+    def _ban_eog(self, seq: Sequence, rows: LogitRowsView, masks: Optional[np.ndarray] = None) -> None:
+        """A sequence with ``ignore_eos``: its target rows give the end-of-generation ids probability 0,
+        but for rows where a grammar's mask (``masks``) allows nothing else (core/penalties.py)."""
+        if not seq.params.ignore_eos:
+            return
+        if self._eog is None:
+            self._eog = eog_id_array(self.tokenizer, self.target.n_vocab)
+        if masks is None:
             rows.mask_columns(self._eog)
+            return
+        if self._eog_bits is None:
+            self._eog_bits = id_bits(self._eog, masks.shape[1])
+        n_rows = rows.view().shape[0]
+        banned = [i for i in range(n_rows) if not allows_only(masks[i], self._eog_bits)]
+        if banned:
+            rows.mask_columns(self._eog, banned)
 
     # ------------------------------------------------------------ emitting
     def emit(self, seq: Sequence, new: List[int], logprobs: Optional[list] = None) -> int:

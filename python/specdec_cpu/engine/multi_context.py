@@ -62,11 +62,14 @@ class LogitRows:
         arr.flags.writeable = False
         return arr
 
-    def mask_columns(self, ids: np.ndarray) -> None:
-        """Set columns ``ids`` of every row to −∞ in llama.cpp's buffer (a
-        token banned before sampling; the rows are rewritten by the next
-        ``decode``)."""
-        self._rows()[:, ids] = -np.inf
+    def mask_columns(self, ids: np.ndarray, rows: Optional[Sequence[int]] = None) -> None:
+        """Set columns ``ids`` of ``rows`` (default: every row) to −∞ in
+        llama.cpp's buffer (a token banned before sampling; the rows are
+        rewritten by the next ``decode``)."""
+        if rows is None:
+            self._rows()[:, ids] = -np.inf
+        else:
+            self._rows()[np.ix_(np.asarray(rows, dtype=np.int64), ids)] = -np.inf
 
     def _rows(self) -> np.ndarray:
         buf = (ctypes.c_float * (self.n_rows * self.n_vocab)).from_address(self.address)

@@ -171,8 +171,13 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
                            expose_headers=["Retry-After", "x-specdec-replica"], max_age=600)
     app.state.specdec = state
     install_error_handlers(app)
-    docs.install_openapi(app, lambda: state.decoder.n_vocab if state.decoder is not None else None,
-                         api_key=options.api_key is not None)
+    def live_bounds() -> Optional[docs.LiveBounds]:
+        dec = state.decoder
+        if dec is None:
+            return None
+        return docs.LiveBounds(n_vocab=dec.n_vocab, max_choices=dec.max_sequences * CHOICES_PER_SEQUENCE)
+
+    docs.install_openapi(app, live_bounds, api_key=options.api_key is not None)
 
     def authorized(request: Request) -> None:
         if options.api_key is None:
@@ -230,7 +235,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         return metrics_response(state.decoder, metrics_labels)
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)], summary="A completion of a prompt",
-              responses={**docs.JSON_OR_STREAM(docs.Completion), **GENERATION_ERRORS})
+              responses={**docs.JSON_OR_STREAM(docs.Completion, [docs.CompletionChunk]), **GENERATION_ERRORS})
     async def completions(body: CompletionRequest, request: Request) -> Response:
         dec = ready_decoder()
         _check_model(body.model, options)
@@ -249,7 +254,8 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
                                state, chat=False, echo=echo)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)], summary="The next turn of a chat",
-              responses={**docs.JSON_OR_STREAM(docs.ChatCompletion), **GENERATION_ERRORS})
+              responses={**docs.JSON_OR_STREAM(docs.ChatCompletion, [docs.ChatCompletionChunk]),
+                         **GENERATION_ERRORS})
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         dec = ready_decoder()
         _check_model(body.model, options)
@@ -260,12 +266,11 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
 
     @app.post("/infill", dependencies=[Depends(authorized)],
               summary="Fill in the middle between input_prefix and input_suffix (llama-server's)",
-              responses={**docs.JSON_OR_STREAM(docs.InfillResult), **GENERATION_ERRORS})
+              responses={**docs.JSON_OR_STREAM(docs.InfillResult, [docs.InfillPartial, docs.InfillResult], done=False),
+                         **GENERATION_ERRORS})
     async def infill(body: InfillRequest, request: Request) -> Response:
         dec = ready_decoder()
         _check_model(body.model, options)
-        if body.choices != 1:
-            raise RequestError(400, "/infill generates one completion: n must be 1", param="n")
         spec = output_spec(body, chat=False)
         extra = [chunk.model_dump() for chunk in body.input_extra or ()]
         ids = _infill_ids(dec, body.input_prefix, body.input_suffix, extra, param="input_suffix")

@@ -2,7 +2,9 @@
 
 Pydantic models validate every field (a bad value is a 400 that names the
 field) and are what ``/openapi.json`` documents, constraints included.
-Fields are strict JSON types (``"0.5"`` is not a number).  Every sampling
+Fields are strict JSON types (``"0.5"`` is not a number), read as JSON
+Schema reads them: a number with no fractional part (``4.0``) is an integer.
+Every sampling
 field takes ``null`` for its default, as llama-server and vLLM do; the
 fields the server knows but does not honour, and the harmless ones it
 ignores, come from :mod:`.unsupported`; any other field is refused.
@@ -18,12 +20,12 @@ from typing_extensions import Annotated
 
 from ..core.logprobs import MAX_TOP_LOGPROBS
 from ..core.request_args import GAMMA_LIMIT
-from ..params import BIAS_LIMIT, PENALTY_LIMIT, SamplingParams
+from ..params import BIAS_LIMIT, COUNT_LIMIT, PENALTY_LIMIT, REPEAT_PENALTY_LIMIT, SamplingParams
 from . import unsupported
 from .errors import RequestError
 
 __all__ = ["ChatCompletionRequest", "CompletionRequest", "InfillRequest", "RequestError", "MAX_STOP", "MAX_CHOICES",
-           "chat_messages"]
+           "chat_messages", "JsonInt", "integral"]
 
 MAX_STOP = 16  # Continue and other code assistants send long stop lists (OpenAI: 4)
 MAX_CHOICES = 16  # n; the decoder may allow fewer (a few per sequence it decodes at once)
@@ -31,6 +33,22 @@ MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs (OpenAI's limit)
 MAX_TOKEN_ID = 2**31 - 1  # the live schema narrows it to the model's vocabulary (openapi.py)
 
 _STRICT = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+
+def integral(value: Any) -> Any:
+    """``4.0`` as ``4``: JSON does not tell the two apart, JSON Schema's
+    ``integer`` admits both, and clients that build bodies from floats send
+    the former; anything else passes unchanged, for the strict check after."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+#: An integer field as JSON Schema defines one (``4`` or ``4.0``; not ``"4"``, ``4.5`` or ``true``).  Its
+#: bounds go before it, ``Annotated[int, Field(ge=0), AS_INT]``: after it, pydantic leaves them out of
+#: the JSON schema it documents (it still checks them).
+AS_INT = BeforeValidator(integral)
+JsonInt = Annotated[int, AS_INT]
 
 
 # ---------------------------------------------------------------------------
@@ -59,6 +77,7 @@ Stop = Annotated[Any, BeforeValidator(_stop), WithJsonSchema({
 
 
 def _gamma(value: Any) -> Union[str, int, None]:
+    value = integral(value)
     if value is None or value == "auto":
         return value
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= GAMMA_LIMIT:
@@ -83,6 +102,7 @@ def _prompt(value: Any) -> Union[str, List[int]]:
     if isinstance(value, list):
         if not value:
             raise ValueError("must not be empty")
+        value = [integral(x) for x in value]
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
             raise ValueError("must be a string, a list of one string, or a list of token ids (integers)")
         if any(x < 0 for x in value):
@@ -99,6 +119,7 @@ Prompt = Annotated[Any, BeforeValidator(_prompt), WithJsonSchema({
 
 
 def _n_predict(value: Any) -> Optional[int]:
+    value = integral(value)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not (value == -1 or value >= 1):
@@ -136,7 +157,7 @@ LogitBias = Annotated[Any, BeforeValidator(_logit_bias), WithJsonSchema({
     "description": "Token id (a string) -> bias in [-100, 100] added to its logit (-100 practically bans it, "
                    "100 practically forces it)"})]
 
-TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID), AS_INT]
 
 
 def _content(value: Any) -> Any:
@@ -178,7 +199,10 @@ class JsonSchemaFormat(BaseModel):
 class ResponseFormat(BaseModel):
     """OpenAI's ``response_format`` (and llama-server's ``schema`` beside ``json_object``)."""
 
-    model_config = _STRICT
+    # type json_schema needs json_schema: stated in the document too
+    model_config = ConfigDict(**_STRICT, json_schema_extra={"allOf": [
+        {"if": {"properties": {"type": {"const": "json_schema"}}, "required": ["type"]},
+         "then": {"required": ["json_schema"], "properties": {"json_schema": {"type": "object"}}}}]})
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: Optional[JsonSchemaFormat] = None
@@ -230,7 +254,7 @@ class NamedToolChoice(BaseModel):
 class FunctionCallIn(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
-    name: str
+    name: str = Field(min_length=1)
     arguments: Union[str, Dict[str, Any]] = "{}"
 
 
@@ -288,13 +312,16 @@ class _Common(BaseModel):
     model_config = _STRICT
 
     model: Optional[str] = Field(default=None, description="The served model's id (GET /v1/models)")
-    max_tokens: Optional[int] = Field(default=None, ge=1, description="Capped at what the context leaves")
+    max_tokens: Optional[Annotated[int, Field(ge=1), AS_INT]] = Field(
+        default=None, description="Capped at what the context leaves")
     n_predict: NPredict = None
     temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0, description="Default 1; 0 is greedy")
     top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0, description="Default 1 (off)")
-    top_k: Optional[int] = Field(default=None, ge=-1, description="0 or -1: off (default)")
+    top_k: Optional[Annotated[int, Field(ge=-1, le=COUNT_LIMIT), AS_INT]] = Field(
+        default=None, description="0 or -1: off (default)")
     min_p: Optional[float] = Field(default=None, ge=0.0, lt=1.0, description="Default 0 (off)")
-    seed: Optional[int] = Field(default=None, ge=-1, lt=2**63, description="-1 or null: a random seed")
+    seed: Optional[Annotated[int, Field(ge=-1, lt=2**63), AS_INT]] = Field(
+        default=None, description="-1 or null: a random seed")
     stop: Stop = None
     stream: Optional[bool] = None
     stream_options: Optional[StreamOptions] = None
@@ -303,26 +330,29 @@ class _Common(BaseModel):
     response_format: Optional[ResponseFormat] = None
     grammar: Optional[str] = Field(default=None, min_length=1, description="A llama.cpp GBNF grammar")
     json_schema: Optional[Dict[str, Any]] = Field(default=None, description="llama-server: a JSON schema")
-    n: Optional[int] = Field(default=None, ge=1, le=MAX_CHOICES, description=(
+    n: Optional[Annotated[int, Field(ge=1, le=MAX_CHOICES), AS_INT]] = Field(default=None, description=(
         f"Choices to generate (default 1, at most {MAX_CHOICES}, or fewer if the server decodes few sequences "
         "at once); they share the prompt's cache"))
-    best_of: Optional[int] = Field(default=None, ge=1, description="Only equal to n (or 1): no choice is dropped")
+    best_of: Optional[Annotated[int, Field(ge=1), AS_INT]] = Field(
+        default=None, description="Only equal to n (or 1): no choice is dropped")
     presence_penalty: Optional[float] = Field(default=None, ge=-PENALTY_LIMIT, le=PENALTY_LIMIT, description=(
         "Subtracted from the logit of every token the output already holds (default 0)"))
     frequency_penalty: Optional[float] = Field(default=None, ge=-PENALTY_LIMIT, le=PENALTY_LIMIT, description=(
         "Subtracted from a token's logit per occurrence in the output so far (default 0)"))
-    repeat_penalty: Optional[float] = Field(default=None, gt=0.0, description=(
+    repeat_penalty: Optional[float] = Field(default=None, ge=1 / REPEAT_PENALTY_LIMIT, le=REPEAT_PENALTY_LIMIT,
+                                            description=(
         "llama-server's: a token among the last repeat_last_n (prompt included) has a positive logit divided "
         "by it, a negative one multiplied (default 1: off)"))
-    repetition_penalty: Optional[float] = Field(default=None, gt=0.0, description="vLLM's name for repeat_penalty")
-    repeat_last_n: Optional[int] = Field(default=None, ge=-1, description=(
+    repetition_penalty: Optional[float] = Field(default=None, ge=1 / REPEAT_PENALTY_LIMIT, le=REPEAT_PENALTY_LIMIT,
+                                                description="vLLM's name for repeat_penalty")
+    repeat_last_n: Optional[Annotated[int, Field(ge=-1, le=COUNT_LIMIT), AS_INT]] = Field(default=None, description=(
         "The window of repeat_penalty (default 64; 0: off, -1: the whole sequence)"))
     logit_bias: LogitBias = None
-    min_tokens: Optional[int] = Field(default=None, ge=0, description=(
+    min_tokens: Optional[Annotated[int, Field(ge=0, le=COUNT_LIMIT), AS_INT]] = Field(default=None, description=(
         "End-of-generation tokens and stop_token_ids are banned until the output has this many tokens"))
     stop_token_ids: Optional[List[TokenId]] = Field(default=None, description=(
         "Token ids that end the output as the end-of-generation token does"))
-    n_probs: Optional[int] = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, description=(
+    n_probs: Optional[Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), AS_INT]] = Field(default=None, description=(
         "llama-server's: report log-probabilities with this many alternatives per token"))
     logprob_mode: Optional[Literal["model", "sampling"]] = Field(default=None, description=(
         "Extension: which distribution logprobs report. 'model' (default, as OpenAI and vLLM): the model's "
@@ -339,6 +369,13 @@ class _Common(BaseModel):
         if len({v for _, v in repeat}) > 1:
             raise RequestError(400, "conflicting repeat_penalty and repetition_penalty: give one",
                                param="repetition_penalty")
+        try:
+            return self._params(repeat)
+        except (TypeError, ValueError) as exc:  # bounds the schema leaves to SamplingParams (token ids, say)
+            name = str(exc).split(" ", 1)[0]
+            raise RequestError(400, str(exc), param=name if name in type(self).model_fields else None) from None
+
+    def _params(self, repeat: List[Any]) -> SamplingParams:
         return SamplingParams(temperature=1.0 if self.temperature is None else self.temperature,
                               top_k=0 if self.top_k in (None, -1) else self.top_k,
                               top_p=1.0 if self.top_p is None else self.top_p,
@@ -400,7 +437,8 @@ class _CompletionBase(_Common):
     suffix: Optional[str] = Field(default=None, description=(
         "Fill in the middle: the text after the completion (the prompt is the text before it); needs a model "
         "with fill-in-the-middle tokens"))
-    logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS, description=(
+    logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_COMPLETION_LOGPROBS), AS_INT]] = Field(
+        default=None, description=(
         "Report each token's log-probability and this many alternatives (the legacy shape: tokens, "
         "token_logprobs, top_logprobs, text_offset); see logprob_mode"))
 
@@ -415,7 +453,7 @@ class _ChatBase(_Common):
     """``POST /v1/chat/completions``."""
 
     messages: List[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Optional[int] = Field(default=None, ge=1)
+    max_completion_tokens: Optional[Annotated[int, Field(ge=1), AS_INT]] = Field(default=None)
     tools: Optional[List[Tool]] = None
     tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
     parallel_tool_calls: Optional[bool] = Field(default=None, description="Default true")
@@ -423,7 +461,7 @@ class _ChatBase(_Common):
         default=None, description="Extra variables of the chat template (e.g. enable_thinking)")
     logprobs: Optional[bool] = Field(default=None, description=(
         "Report each output token's log-probability (choices[].logprobs.content); see logprob_mode"))
-    top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS, description=(
+    top_logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), AS_INT]] = Field(default=None, description=(
         "With logprobs: this many most likely alternatives per token"))
 
     def top_logprobs_count(self) -> Optional[int]:
@@ -451,6 +489,8 @@ class _InfillBase(_Common):
         "Other files for context, before the prefix"))
     prompt: Optional[str] = Field(default=None, description="Text the middle starts with (after the FIM middle "
                                                             "token)")
+    n: Optional[Annotated[int, Field(ge=1, le=1), AS_INT]] = Field(default=None, description=(
+        "One completion per request (1)"))
 
     def top_logprobs_count(self) -> Optional[int]:
         return self.n_probs or None

@@ -4,22 +4,29 @@ The response models below document the bodies the routes answer with (the
 routes return them as plain JSON; the tests check the two agree).  The
 document is the one FastAPI derives from the routes, then:
 
+* the models of streamed events are added to its components (FastAPI
+  documents only what routes return as JSON);
 * FastAPI's 422 entries are dropped (a bad body is a 400 here, in OpenAI's
   error shape, which every route documents with its other statuses);
-* once the model is loaded, token ids are bounded by its vocabulary;
+* once the model is loaded, token ids are bounded by its vocabulary, and
+  ``n`` by the sequences the server decodes at once;
 * with an API key, the bearer scheme is declared on the routes that need it.
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Literal, Optional
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, Field
+from pydantic.json_schema import models_json_schema
 
-__all__ = ["install_openapi", "EVENT_STREAM", "JSON_OR_STREAM"]
+from .errors import ErrorResponse
+
+__all__ = ["install_openapi", "JSON_OR_STREAM", "LiveBounds"]
 
 #: the routes anyone may call without the key
 OPEN_PATHS = ("/health",)
@@ -190,17 +197,108 @@ class InfillResult(BaseModel):
     completion_probabilities: Optional[List[Dict[str, Any]]] = Field(default=None, description="With n_probs")
 
 
-EVENT_STREAM = {"text/event-stream": {"schema": {
-    "type": "string", "description": "Server-sent events: one JSON chunk per decoder step, then `data: [DONE]`"}}}
+class ToolCallFunctionDelta(BaseModel):
+    name: Optional[str] = None
+    arguments: Optional[str] = Field(default=None, description="The next piece of the arguments' JSON text")
 
 
-def JSON_OR_STREAM(model: type) -> Dict[int | str, Dict[str, Any]]:
-    """A 200 that is ``model`` as JSON, or server-sent events with ``stream: true``."""
+class ToolCallDelta(BaseModel):
+    index: int
+    id: Optional[str] = None
+    type: Optional[Literal["function"]] = None
+    function: Optional[ToolCallFunctionDelta] = None
+
+
+class ChatDelta(BaseModel):
+    role: Optional[Literal["assistant"]] = None
+    content: Optional[str] = None
+    tool_calls: Optional[List[ToolCallDelta]] = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    finish_reason: Optional[FinishReason]
+    logprobs: Optional[ChatLogprobs] = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One event of a chat stream (with ``include_usage``: a last one with no choices, and ``usage``)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: List[ChatChunkChoice]
+    usage: Optional[Usage] = None
+
+
+class CompletionChunkChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: Optional[FinishReason]
+    logprobs: Optional[CompletionLogprobs] = None
+
+
+class CompletionChunk(BaseModel):
+    """One event of a completions stream (with ``include_usage``: a last one with no choices, and ``usage``)."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: List[CompletionChunkChoice]
+    usage: Optional[Usage] = None
+
+
+class InfillPartial(BaseModel):
+    """A streamed ``/infill`` event before the last (``stop`` false): the next piece of the middle."""
+
+    index: int
+    content: str
+    tokens: List[int]
+    stop: Literal[False]
+    id_slot: int
+    tokens_predicted: int
+    tokens_evaluated: int
+    completion_probabilities: Optional[List[Dict[str, Any]]] = Field(default=None, description="With n_probs")
+
+
+#: Models that only streamed events use: added to the document's components.
+_EVENT_MODELS: List[type] = [ChatCompletionChunk, CompletionChunk, InfillPartial, ErrorResponse]
+
+
+def _ref(model: type) -> Dict[str, str]:
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def JSON_OR_STREAM(model: type, events: List[type], done: bool = True) -> Dict[int | str, Dict[str, Any]]:
+    """A 200 that is ``model`` as JSON or, with ``stream: true``, server-sent
+    events whose data are one of ``events`` as JSON (an error body if the
+    generation fails mid-stream) and, if ``done``, a last ``[DONE]``.  The
+    schema describes one event, as OpenAPI 3.1 reads an event stream's."""
+    data: Dict[str, Any] = {"type": "string", "contentMediaType": "application/json",
+                            "contentSchema": {"anyOf": [_ref(m) for m in [*events, ErrorResponse]]}}
+    if done:
+        data = {"anyOf": [{"const": "[DONE]"}, data]}
+    last = ", then `[DONE]`" if done else ""
+    event = {"type": "object", "required": ["data"], "properties": {"data": data},
+             "description": f"One server-sent event: a JSON chunk per decoder step{last}"}
     return {200: {"model": model, "description": "The completion (JSON), or its stream with `stream: true`",
-                  "content": EVENT_STREAM}}
+                  "content": {"text/event-stream": {"schema": event}}}}
 
 
-def install_openapi(app: FastAPI, n_vocab: Callable[[], Optional[int]], api_key: bool) -> None:
+@dataclass(frozen=True)
+class LiveBounds:
+    """The loaded model's limits, which the document states once it is loaded."""
+
+    n_vocab: int
+    max_choices: int  # the most ``n`` a request may ask for
+
+
+def install_openapi(app: FastAPI, live_bounds: Callable[[], Optional[LiveBounds]], api_key: bool) -> None:
     """Serve the document described above from ``app.openapi``."""
     base: Dict[str, Any] = {}
     live: Dict[str, Any] = {}
@@ -209,11 +307,11 @@ def install_openapi(app: FastAPI, n_vocab: Callable[[], Optional[int]], api_key:
         if not base:
             base.update(_cleaned(get_openapi(title=app.title, version=app.version, summary=app.summary,
                                              description=app.description, routes=app.routes), api_key))
-        vocab = n_vocab()
-        if vocab is None:
+        bounds = live_bounds()
+        if bounds is None:
             return base
         if not live:  # the model's bounds, once it is loaded
-            live.update(_with_vocab(copy.deepcopy(base), vocab))
+            live.update(_with_bounds(copy.deepcopy(base), bounds))
         return live
 
     app.openapi = openapi
@@ -225,23 +323,28 @@ def _cleaned(doc: Dict[str, Any], api_key: bool) -> Dict[str, Any]:
             op.get("responses", {}).pop("422", None)
             if api_key and path not in OPEN_PATHS:
                 op["security"] = [{"bearer": []}]
-    schemas = doc.get("components", {}).get("schemas", {})
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     for name in ("HTTPValidationError", "ValidationError"):
         schemas.pop(name, None)
+    _, events = models_json_schema([(m, "serialization") for m in _EVENT_MODELS],
+                                   ref_template="#/components/schemas/{model}")
+    for name, schema in events.get("$defs", {}).items():
+        schemas.setdefault(name, schema)
     if api_key:
         doc.setdefault("components", {}).setdefault("securitySchemes", {})["bearer"] = {
             "type": "http", "scheme": "bearer", "description": "--api-key"}
     return doc
 
 
-def _with_vocab(doc: Dict[str, Any], n_vocab: int) -> Dict[str, Any]:
-    """Every token id's ``maximum`` (MAX_TOKEN_ID in the models) becomes ``n_vocab - 1``."""
-    from .openai_schema import MAX_TOKEN_ID
+def _with_bounds(doc: Dict[str, Any], bounds: LiveBounds) -> Dict[str, Any]:
+    """Every token id's ``maximum`` (MAX_TOKEN_ID in the models) becomes
+    ``n_vocab - 1``, and ``n``'s (MAX_CHOICES) the server's own limit."""
+    from .openai_schema import MAX_CHOICES, MAX_TOKEN_ID
 
     def walk(node: Any) -> None:
         if isinstance(node, dict):
             if node.get("type") == "integer" and node.get("maximum") == MAX_TOKEN_ID:
-                node["maximum"] = n_vocab - 1
+                node["maximum"] = bounds.n_vocab - 1
             for value in node.values():
                 walk(value)
         elif isinstance(node, list):
@@ -249,4 +352,8 @@ def _with_vocab(doc: Dict[str, Any], n_vocab: int) -> Dict[str, Any]:
                 walk(value)
 
     walk(doc)
+    for schema in doc.get("components", {}).get("schemas", {}).values():
+        for choice in schema.get("properties", {}).get("n", {}).get("anyOf", []):
+            if choice.get("maximum") == MAX_CHOICES:
+                choice["maximum"] = min(MAX_CHOICES, bounds.max_choices)
     return doc

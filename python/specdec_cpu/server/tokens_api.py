@@ -16,7 +16,7 @@ from fastapi import Depends, FastAPI
 from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import RequestError, error_responses
-from .openai_schema import MAX_TOKEN_ID
+from .openai_schema import MAX_TOKEN_ID, JsonInt
 
 __all__ = ["add_token_routes", "detokenize"]
 
@@ -44,7 +44,7 @@ class TokenizeResponse(BaseModel):
 class DetokenizeRequest(BaseModel):
     model_config = _STRICT
 
-    tokens: List[int] = Field(json_schema_extra={"items": {"type": "integer", "minimum": 0,
+    tokens: List[JsonInt] = Field(json_schema_extra={"items": {"type": "integer", "minimum": 0,
                                                            "maximum": MAX_TOKEN_ID}})
 
 

@@ -1,0 +1,174 @@
+"""The server against its own contract, checked by a client no one here wrote.
+
+schemathesis reads ``/openapi.json`` and generates requests for every
+operation in it: valid ones (which must be accepted) and invalid ones (which
+must be refused with a 4xx).  Every answer is checked against the document:
+no 5xx, a documented status code and content type, a body that matches the
+documented schema.  Generation runs through the real step with speculation
+on (a fixed gamma with a draft model), and the last test asserts drafting
+happened, so the requests exercised the speculative path, not only the
+validators.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import httpx
+import pytest
+
+schemathesis = pytest.importorskip("schemathesis")
+pytest.importorskip("fastapi")
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+from schemathesis import checks  # noqa: E402
+from server_thread import ThreadServer  # noqa: E402
+
+N_CTX = 512
+N_VOCAB = 384
+GAMMA = 2
+#: Generated cases per operation and mode.  The suite's are the same every
+#: run; SPECDEC_FUZZ_EXAMPLES=500 (say) fuzzes harder, with fresh cases.
+EXAMPLES = int(os.environ.get("SPECDEC_FUZZ_EXAMPLES", "12"))
+DERANDOMIZE = "SPECDEC_FUZZ_EXAMPLES" not in os.environ
+
+
+@pytest.fixture(scope="module")
+def live_server(tiny_dir, tiny_draft):
+    """A tiny target with fill-in-the-middle tokens (so that ``/infill`` and
+    ``suffix`` are served) and a draft sharing its vocabulary."""
+    from tiny_gguf import write_tiny_model
+
+    from specdec_cpu import BatchedDecoder
+    from specdec_cpu.server.openai_app import ServerOptions
+
+    path = tiny_dir / "fim_contract.gguf"
+    if not path.exists():
+        write_tiny_model(path, n_vocab=N_VOCAB, seed=0, n_layer=2, fim=("pre", "suf", "mid", "pad", "rep", "sep"))
+
+    def load():
+        return BatchedDecoder.from_gguf(str(path), tiny_draft, max_sequences=2, n_ctx=N_CTX, n_threads=1,
+                                        gamma=GAMMA)
+
+    with ThreadServer(load, ServerOptions(model_name="tiny")) as s:
+        yield s
+
+
+#: Every operation the document must hold; a new endpoint joins this list,
+#: so that it is fuzzed too (the first test fails until it does).  Invalid
+#: requests are generated for those with a body (the others take no input).
+OPERATIONS = [
+    "GET /health", "GET /metrics", "GET /v1/models", "POST /v1/completions", "POST /v1/chat/completions",
+    "POST /infill", "POST /tokenize", "POST /detokenize",
+]
+
+
+@pytest.fixture(scope="module")
+def api_schema(live_server):
+    return schemathesis.openapi.from_url(live_server.url + "/openapi.json")
+
+
+def test_the_document_lists_every_operation(api_schema) -> None:
+    listed = sorted(result.ok().label for result in api_schema.get_all_operations())
+    assert listed == sorted(OPERATIONS)
+
+
+# schemathesis' own pytest plugin (``from_fixture``) does not run under
+# pytest 9, so each operation's cases are drawn from its strategies here.
+@pytest.mark.parametrize("label, mode", [(op, "positive") for op in OPERATIONS]
+                         + [(op, "negative") for op in OPERATIONS if op.startswith("POST")])
+def test_every_operation_keeps_the_documented_contract(api_schema, label: str, mode: str) -> None:
+    """Valid requests must be accepted and answered as documented; invalid
+    ones refused with a documented 4xx, never a 5xx."""
+    from hypothesis import given
+
+    operation = api_schema.find_operation_by_label(label)
+    strategy = operation.as_strategy(generation_mode=schemathesis.GenerationMode(mode))
+
+    @given(case=strategy)
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=DERANDOMIZE,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
+    def check(case) -> None:
+        if mode == "positive":
+            valid_beyond_the_schema(case.body)
+        response = case.call(timeout=120)
+        excluded = []
+        if response.status_code == 400 and "context_length_exceeded" in response.text:
+            # A prompt's length in tokens is no property JSON Schema can bound.
+            excluded = [checks.positive_data_acceptance]
+        try:
+            case.validate_response(response, excluded_checks=excluded)
+        except BaseException:
+            print("DEBUG BODY", json.dumps(case.body)[:600], case.query)
+            raise
+
+    check()
+
+
+#: Fields that name the same thing: a request gives one of each group.
+GIVE_ONE = [("max_completion_tokens", "max_tokens", "n_predict"), ("repeat_penalty", "repetition_penalty"),
+            ("logprobs", "n_probs"), ("response_format", "json_schema", "grammar")]
+ANY_OBJECT = {"type": "object"}
+
+
+def valid_beyond_the_schema(body) -> None:
+    """Make a schema-valid request valid where JSON Schema cannot say what
+    is: one field of each group of synonyms, ``best_of`` equal to ``n``, and
+    a valid grammar or JSON schema where one is passed as data, ``min_tokens``
+    within the output limit, ``tool_choice`` naming an offered tool, tools of distinct names,
+    ``logit_bias`` keys (strings) that are token ids of the vocabulary, a
+    text prompt with ``suffix``, chat's ``top_logprobs`` with ``logprobs``.  Their
+    refusals are tested in test_server_sampling.py and test_server_structured.py."""
+    if not isinstance(body, dict):
+        return
+    for group in GIVE_ONE:
+        given = [name for name in group if body.get(name) is not None]
+        for name in given[1:]:
+            del body[name]
+    if body.get("suffix") and not isinstance(body.get("prompt"), str):  # the text before the middle
+        body["prompt"] = "def f(x):"
+    if body.get("top_logprobs") is not None and "messages" in body:
+        body["logprobs"] = True
+    if body.get("best_of") is not None:
+        body["best_of"] = body.get("n") or 1
+    if isinstance(body.get("grammar"), str):
+        body["grammar"] = 'root ::= "yes" | "no"'
+    if body.get("json_schema") is not None:
+        body["json_schema"] = ANY_OBJECT
+    limit = next((body[k] for k in ("max_completion_tokens", "max_tokens", "n_predict") if body.get(k)), 16)
+    if body.get("min_tokens") is not None:
+        body["min_tokens"] = min(body["min_tokens"], limit if limit > 0 else 16)
+    if isinstance(body.get("logit_bias"), dict):  # ids within the vocabulary
+        body["logit_bias"] = {k: v for k, v in body["logit_bias"].items() if int(k) < N_VOCAB}
+    tools = body.get("tools")
+    if isinstance(tools, list):  # distinct names
+        names_seen: set = set()
+        tools[:] = [t for t in tools if not (isinstance(t, dict) and isinstance(t.get("function"), dict))
+                    or t["function"].get("name") not in names_seen and not names_seen.add(t["function"].get("name"))]
+    for tool in tools or []:
+        if isinstance(tool, dict) and isinstance(tool.get("function"), dict) and "parameters" in tool["function"]:
+            tool["function"]["parameters"] = ANY_OBJECT
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) or choice == "required":
+        names = [t["function"]["name"] for t in tools or [] if isinstance(t, dict)]
+        body["tool_choice"] = {"type": "function", "function": {"name": names[0]}} if names else "none"
+    fmt = body.get("response_format")
+    if isinstance(fmt, dict):
+        if fmt.get("schema") is not None:
+            fmt["schema"] = ANY_OBJECT
+        if isinstance(fmt.get("json_schema"), dict) and fmt["json_schema"].get("schema") is not None:
+            fmt["json_schema"]["schema"] = ANY_OBJECT
+
+
+def test_the_generated_requests_were_speculated(live_server) -> None:
+    """Runs after the contract checks (same module): the draft proposed
+    tokens and some were accepted, so the step ran with speculation."""
+    text = httpx.get(live_server.url + "/metrics", timeout=10).text
+    drafted = accepted = 0.0
+    for line in text.splitlines():
+        if line.startswith("specdec_drafted_tokens_total"):
+            drafted = float(line.split()[-1])
+        elif line.startswith("specdec_accepted_tokens_total"):
+            accepted = float(line.split()[-1])
+    assert drafted > 0 and accepted > 0, text
