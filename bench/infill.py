@@ -124,6 +124,7 @@ def run(args) -> Dict[str, Any]:
         "tokens": TOKENS, "cases": [{k: c[k] for k in ("name", "middle")} for c in cases], "runs": [],
         "complete": False}
     out = args.output_dir / "infill_results.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         _say("loading our decoders and starting the llama-servers")
         ours = {"ours-model": Ours(target, draft, False, "auto", args.threads),

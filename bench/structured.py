@@ -160,6 +160,7 @@ def run(args) -> Dict[str, Any]:
         "machine": machine_info(args.threads), "versions": versions(peer_paths), "engines": engines,
         "settings": args.settings, "blocks": args.blocks, "max_tokens": MAX_TOKENS, "runs": [], "complete": False}
     out = args.output_dir / "structured_results.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         _say("loading our decoders and starting the llama-servers")
         ours = {"ours-auto": Ours(target, draft, "auto", args.threads),
