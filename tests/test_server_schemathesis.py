@@ -99,8 +99,8 @@ def test_every_operation_keeps_the_documented_contract(api_schema, label: str, m
             excluded = [checks.positive_data_acceptance]
         try:
             case.validate_response(response, excluded_checks=excluded)
-        except BaseException:
-            print("DEBUG BODY", json.dumps(case.body)[:600], case.query)
+        except BaseException:  # schemathesis' own reproduction masks token-like fields ("[Filtered]")
+            print("request body:", json.dumps(case.body))
             raise
 
     check()
@@ -116,10 +116,11 @@ def valid_beyond_the_schema(body) -> None:
     """Make a schema-valid request valid where JSON Schema cannot say what
     is: one field of each group of synonyms, ``best_of`` equal to ``n``, and
     a valid grammar or JSON schema where one is passed as data, ``min_tokens``
-    within the output limit, ``tool_choice`` naming an offered tool, tools of distinct names,
-    ``logit_bias`` keys (strings) that are token ids of the vocabulary, a
-    text prompt with ``suffix``, chat's ``top_logprobs`` with ``logprobs``.  Their
-    refusals are tested in test_server_sampling.py and test_server_structured.py."""
+    within the output limit, ``tool_choice`` naming an offered tool, tools of
+    distinct names, ``logit_bias`` keys that are token ids of the vocabulary,
+    a text prompt with ``suffix``, chat's ``top_logprobs`` with ``logprobs``.
+    Their refusals are tested in test_server_sampling.py and
+    test_server_structured.py."""
     if not isinstance(body, dict):
         return
     for group in GIVE_ONE:
@@ -142,10 +143,16 @@ def valid_beyond_the_schema(body) -> None:
     if isinstance(body.get("logit_bias"), dict):  # ids within the vocabulary
         body["logit_bias"] = {k: v for k, v in body["logit_bias"].items() if int(k) < N_VOCAB}
     tools = body.get("tools")
-    if isinstance(tools, list):  # distinct names
-        names_seen: set = set()
-        tools[:] = [t for t in tools if not (isinstance(t, dict) and isinstance(t.get("function"), dict))
-                    or t["function"].get("name") not in names_seen and not names_seen.add(t["function"].get("name"))]
+    if isinstance(tools, list):  # distinct names: the first tool of each name stays
+        seen: set = set()
+        kept = []
+        for tool in tools:
+            fn = tool.get("function") if isinstance(tool, dict) else None
+            name = fn.get("name") if isinstance(fn, dict) else None
+            if name not in seen or not isinstance(name, str):
+                kept.append(tool)
+            seen.add(name)
+        tools[:] = kept
     for tool in tools or []:
         if isinstance(tool, dict) and isinstance(tool.get("function"), dict) and "parameters" in tool["function"]:
             tool["function"]["parameters"] = ANY_OBJECT

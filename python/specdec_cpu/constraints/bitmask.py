@@ -20,7 +20,7 @@ from typing import Iterable
 
 import numpy as np
 
-__all__ = ["n_words", "allocate", "allowed_ids", "to_bool", "from_ids", "check_row", "set_ids"]
+__all__ = ["n_words", "allocate", "allowed_ids", "to_bool", "from_ids", "check_row", "set_ids", "allows_only"]
 
 
 def n_words(n_vocab: int) -> int:
@@ -80,3 +80,8 @@ def set_ids(row: np.ndarray, ids: Iterable[int], allowed: bool) -> None:
             words[int(t) >> 5] |= bit
         else:
             words[int(t) >> 5] &= ~bit
+
+
+def allows_only(row: np.ndarray, ids_row: np.ndarray) -> bool:
+    """Whether every id ``row`` allows is one ``ids_row`` allows (same layout)."""
+    return not np.any(row.view(np.uint32) & ~ids_row.view(np.uint32))

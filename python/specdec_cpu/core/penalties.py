@@ -25,21 +25,10 @@ from typing import Deque, Iterable, List, Optional, Sequence
 
 import numpy as np
 
+from ..constraints import bitmask
 from ..params import SamplingParams
 
-__all__ = ["Penalties", "id_bits", "allows_only"]
-
-
-def id_bits(ids: Iterable[int], n_words: int) -> np.ndarray:
-    """A uint32 bitmask row of ``n_words`` words with exactly ``ids`` set (layout: constraints/bitmask.py)."""
-    bits = np.zeros(n_words * 32, dtype=np.uint8)
-    bits[np.fromiter((int(t) for t in ids), dtype=np.int64)] = 1
-    return np.packbits(bits, bitorder="little").view(np.uint32)
-
-
-def allows_only(mask_row: np.ndarray, bits: np.ndarray) -> bool:
-    """Whether every id the mask row allows is set in ``bits`` (same layout)."""
-    return not np.any(mask_row.view(np.uint32) & ~bits)
+__all__ = ["Penalties"]
 
 
 class Penalties:
@@ -79,8 +68,8 @@ class Penalties:
         ended = [False] * k
         if masks is not None and self.n_output + len(draft) < self.params.min_tokens:
             if self._end_bits is None:
-                self._end_bits = id_bits(self._end_ids, masks.shape[1])
-            ended = [allows_only(masks[j], self._end_bits) for j in range(k)]
+                self._end_bits = bitmask.from_ids(self._end_ids, masks.shape[1] * 32, np.uint32)
+            ended = [bitmask.allows_only(masks[j], self._end_bits) for j in range(k)]
         out: List[tuple] = [self._row(draft[:j], ended[j - first]) for j in range(first, first + k)]
         offsets = np.zeros(k + 1, dtype=np.int64)
         offsets[1:] = np.cumsum([len(r[0]) for r in out])

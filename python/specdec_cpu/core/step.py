@@ -48,10 +48,10 @@ from typing import Sequence as Seq
 import numpy as np
 
 from .. import sampling
+from ..constraints import bitmask
 from ..drafters.vocab_map import DraftVocab
 from ..errors import InvalidLogitsError, SpecDecError
 from .logprobs import row_logprobs
-from .penalties import allows_only, id_bits
 from .protocols import LogitRowsView, Rows, SequenceLM, Tokenizer, eog_id_array
 from .sequence import Sequence
 
@@ -457,9 +457,9 @@ class StepCore:
             rows.mask_columns(self._eog)
             return
         if self._eog_bits is None:
-            self._eog_bits = id_bits(self._eog, masks.shape[1])
+            self._eog_bits = bitmask.from_ids(self._eog, masks.shape[1] * 32, np.uint32)
         n_rows = rows.view().shape[0]
-        banned = [i for i in range(n_rows) if not allows_only(masks[i], self._eog_bits)]
+        banned = [i for i in range(n_rows) if not bitmask.allows_only(masks[i], self._eog_bits)]
         if banned:
             rows.mask_columns(self._eog, banned)
 

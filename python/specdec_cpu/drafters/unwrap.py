@@ -11,11 +11,18 @@ be followed across the joins.
 
 from __future__ import annotations
 
-from typing import Sequence
-
-from ..core.protocols import Tokenizer
+from typing import Protocol, Sequence
 
 __all__ = ["unwrapped_lines", "unwrapped_reference"]
+
+
+class TextTokenizer(Protocol):
+    """What unwrapping needs of a tokenizer (core.protocols.Tokenizer has it;
+    drafters sit below core, so they name only these two methods)."""
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
+
+    def token_bytes(self, token: int) -> bytes: ...
 
 
 def unwrapped_lines(text: str) -> list[str]:
@@ -44,7 +51,7 @@ def unwrapped_lines(text: str) -> list[str]:
     return out
 
 
-def unwrapped_reference(tokens: Sequence[int], tokenizer: Tokenizer) -> list[list[int]]:
+def unwrapped_reference(tokens: Sequence[int], tokenizer: TextTokenizer) -> list[list[int]]:
     """The unwrapped lines of the text ``tokens`` spell, as token ids: what
     :meth:`NgramDrafter.set_reference` takes."""
     text = b"".join(tokenizer.token_bytes(int(t)) for t in tokens).decode("utf-8", "replace")
