@@ -27,6 +27,7 @@ from specdec_cpu import (
     SpecDecError,
     SpeculativeDecoder,
 )
+from specdec_cpu.decoding.request import Request
 from specdec_cpu.decoding.step_trace import StepRecord
 from specdec_cpu.planning.policy import CATCH_UP_LIMIT, EXPLORE_ROWS, INVESTMENT_GAIN, PROBE_GAMMA
 
@@ -110,6 +111,24 @@ def test_bad_requests_are_refused_before_they_run(batched) -> None:
     after = batched.metrics()
     assert after.requests == before.requests and after.active_sequences == 0
     assert batched.generate("hi", max_tokens=3, params=GREEDY).tokens  # still serving
+
+
+def test_the_metrics_count_a_request_before_its_caller_wakes(batched, monkeypatch) -> None:
+    """A client that reads the metrics right after its answer sees its request
+    counted and its sequence free: both are updated before the caller wakes."""
+    wait_idle(batched)
+    before = sum(batched.metrics().requests.values())
+    seen = []
+    wake = Request.finish
+
+    def finish_and_look(req: Request, *args, **kwargs) -> None:
+        seen.append(batched.metrics())  # what the caller would read the moment it wakes
+        wake(req, *args, **kwargs)
+
+    monkeypatch.setattr(Request, "finish", finish_and_look)
+    batched.generate("hello world", max_tokens=3, params=GREEDY)
+    assert seen and seen[0].active_sequences == 0
+    assert sum(seen[0].requests.values()) == before + 1
 
 
 def test_one_requests_nan_logits_do_not_disturb_the_others(tiny_target, tiny_nan_target, tiny_draft) -> None:

@@ -114,9 +114,13 @@ class StepLoop:
                 if self.draft is not None:
                     self.draft.clear(seq.slot)
             self.slots.release(seq.slot)
+        # Counted before the caller wakes: a client that reads the metrics
+        # right after its answer sees its request ended and its sequence free.
+        failed = error is not None and not isinstance(error, DecoderClosedError)
+        self.metrics.count_request("error" if failed else seq.stats.finish_reason or reason or "cancelled")
+        with self.metrics.lock():
+            self.metrics.active_sequences = len(self.active)
         seq.finish(reason, error)
-        self.metrics.count_request("error" if error is not None and not isinstance(error, DecoderClosedError)
-                                   else seq.stats.finish_reason or "cancelled")
         if self.on_end is not None:
             self.on_end(seq)
 
@@ -310,7 +314,7 @@ def fail_all(loop: StepLoop, sequences: Seq[Sequence], failure: Optional[str]) -
         if seq in loop.active:
             loop.end(seq, "cancelled", err)
         elif not seq.finished:
-            seq.finish("cancelled", err)
             loop.metrics.count_request("cancelled")
+            seq.finish("cancelled", err)
             if loop.on_end is not None:
                 loop.on_end(seq)

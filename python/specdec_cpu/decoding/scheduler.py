@@ -117,9 +117,13 @@ class Scheduler:
             due = [r for r in self._waiting if r.stop_reason(now) is not None]
             for req in due:
                 self._waiting.remove(req)
-        for req in due:
-            req.finish(req.stop_reason(now))
-            self.metrics.count_request(req.stats.finish_reason or "cancelled")
+        if not due:
+            return
+        self._publish_gauges()
+        for req in due:  # counted before the caller wakes (StepLoop.end)
+            reason = req.stop_reason(now)
+            self.metrics.count_request(req.stats.finish_reason or reason or "cancelled")
+            req.finish(reason)
 
     def _admit(self) -> None:
         loop = self.loop
@@ -132,8 +136,8 @@ class Scheduler:
                 loop.admit(req)
             except Exception as exc:  # it alone fails; an uncaught error here would leave its caller waiting
                 log.exception("admitting request %d failed", req.id)
-                req.finish(None, SpecDecError(f"request {req.id} could not start: {exc!r}"))
                 self.metrics.count_request("error")
+                req.finish(None, SpecDecError(f"request {req.id} could not start: {exc!r}"))
         self._publish_gauges()
 
     def _next_ready(self) -> Optional[Request]:
