@@ -136,6 +136,7 @@ def run(args) -> Dict[str, Any]:
         "pair": args.pair, "pair_label": label, "tokens": args.tokens, "threads": args.threads,
         "blocks": args.blocks, "settings": args.settings, "n_ctx": N_CTX, "runs": [], "complete": False}
     out = args.output_dir / "ab_results.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     own_dir = args.calibration_dir is None
     cal_dir = Path(tempfile.mkdtemp(prefix="ab-calibration-")) if own_dir else args.calibration_dir
     os.environ["SPECDEC_CALIBRATION_DIR"] = str(cal_dir)  # every engine's (the workers inherit it)

@@ -729,6 +729,7 @@ def _fmt(x: Optional[float], digits: int = 1) -> str:
 
 
 def _save(results: Dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1))
 
 
