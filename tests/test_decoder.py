@@ -205,6 +205,28 @@ def test_a_cold_first_draft_pass_does_not_stop_drafting() -> None:
     assert gammas[:2] == [0, 0] and max(gammas[2:6]) >= 2, gammas
 
 
+def test_a_cold_first_prompt_pass_does_not_stop_drafting() -> None:
+    """The prompt's pass is a process's first: it may pay for weights not yet
+    in the page cache or a first call's setup (one took 2.5 s against 0.44 s
+    warm).  The verify-sized rows at the end of the prompt then go in as a
+    pass of their own, which times the counts drafting would use warm, so a
+    memory-bound pair drafts within a few steps instead of reading a
+    verify of k rows off a cold slope, and a compute-bound one still never
+    drafts."""
+    prompt = [1, 2, 3, 4, 5, 6, 7, 0] * 5
+
+    def first_generation(target_kw, draft_kw):
+        target = RowCostLM(V, order=2, seed=1, cold=0.4, **target_kw)
+        draft = RowCostLM(V, order=2, table=target.table, **draft_kw)  # accepted every time
+        dec = SpeculativeDecoder(target, ByteTokenizer(), draft, gamma="auto", seed=0)
+        return dec.generate(prompt, max_tokens=40, params=T1).stats.gammas
+
+    memory = first_generation(dict(base=0.010, per_row=0.0002), dict(base=0.001, per_row=0.0005))
+    assert max(memory[:6]) >= 2 and max(memory) >= 6, memory
+    compute = first_generation(dict(base=0.002, per_row=0.010), dict(base=0.001, per_row=0.007))
+    assert set(compute) == {0}, compute
+
+
 def test_pass_times_settle_on_the_lower_of_two_first_readings() -> None:
     from specdec_cpu.planning.pass_times import PassTimes
 

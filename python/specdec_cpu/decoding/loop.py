@@ -174,11 +174,15 @@ class StepLoop:
         budget = min(budget, self.target.n_batch - n_decoding)
         parts: list[Rows] = []
         held = 0 if self.first_token_from_prompt else 1  # prompt tokens left to the first step
+        timing = self.policy.verify_rows_untimed()
         for seq in self.active:
             if seq.prefilled or budget <= 0:
                 continue
             have = self.target.n_past(seq.held_slot)
-            n = min(len(seq.seq) - held - have, budget)
+            left = len(seq.seq) - held - have
+            n = min(left, budget)
+            if timing and seq.gamma == "auto" and left - n < timing < left:
+                n = left - timing  # the last rows go in as a verify-sized pass of their own: it times v(k) warm
             if n > 0:
                 # The chunk that ends the prompt also asks for the last row's
                 # logits: the first token is sampled from the prompt's own pass.

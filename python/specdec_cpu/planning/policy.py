@@ -409,6 +409,18 @@ class DraftPolicy:
         if not explored:
             self.planner.observe_balance(batch, drafting or caught_up, emitted, seconds)
 
+    def verify_rows_untimed(self) -> int:
+        """Rows of the longest verify pass while the target's time for that
+        many rows is not settled (else 0): the loop then takes in the last
+        rows of a γ=auto sequence's prompt as a pass of their own.  The
+        prompt's first pass may be a process's first, cold (weights not yet
+        in the page cache, a first call's setup: one 56-row pass took 2.5 s
+        against 0.44 s warm), and a verify read off its slope would never
+        look worth drafting; a pass the size drafting uses, run warm, times
+        what every plan compares (docs/planning.md §4)."""
+        rows = min(self.gamma_max + 1, self.planner.max_rows)
+        return 0 if rows < 2 or self.planner.target.settled(rows) else rows
+
     def draft_unmeasured(self) -> bool:
         """Whether the draft model's one-row pass time is not settled (no
         calibration, fewer than two readings: the first may be cold): the
