@@ -8,6 +8,7 @@ which links them.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -54,6 +55,37 @@ def publish(study: str, results: Dict[str, Any], render: Callable[[Dict[str, Any
     write_section(results_md, section, heading, after)
     print(f"wrote {path} and the '{heading}' section of {results_md}", file=sys.stderr)
     return section
+
+
+def say(text: str) -> None:
+    """A progress line on stderr, with the time."""
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def command_line(prog: str, argv: Optional[Sequence[str]]) -> str:
+    """How a study was run, as results record it: ``prog`` and its arguments (``sys.argv``'s by default)."""
+    from .engines.base import quote
+
+    return " ".join([prog, *(quote(a) for a in (sys.argv[1:] if argv is None else argv))])
+
+
+@functools.lru_cache(maxsize=1)
+def pair_tokenizer() -> Any:
+    """The demo pair's vocabulary (read from the draft file: smaller, the same vocabulary)."""
+    from specdec_cpu.demo_models import ensure_model
+    from specdec_cpu.engine import LlamaTokenizer, LlamaWeights
+
+    from .suite import Q4_0
+
+    return LlamaTokenizer(LlamaWeights(str(ensure_model(Q4_0))))
+
+
+def redact_calibration(data: Dict[str, Any]) -> Dict[str, Any]:
+    """A calibration record with its model files named, not where this machine keeps them."""
+    for role in ("target", "draft"):
+        if isinstance(data.get(role), dict) and data[role].get("path"):
+            data[role]["path"] = f"<cache>/models/{Path(data[role]['path']).name}"
+    return data
 
 
 def link(path: Path, results_md: Path = RESULTS_MD) -> str:
@@ -169,14 +201,14 @@ def versions(peer_paths: Optional[Dict[str, Path]]) -> Dict[str, Any]:
 
     import specdec_cpu
 
-    from . import peers
+    from .engines.llama_cli import LLAMA_CPP_PYTHON_VERSION
 
     out: Dict[str, Any] = {
         "specdec_cpu": getattr(specdec_cpu, "__version__", "?"),
         "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
         "numpy": numpy.__version__,
         "peers_built_from": f"vendored llama.cpp of the llama-cpp-python "
-                            f"{peers.LLAMA_CPP_PYTHON_VERSION} sdist",
+                            f"{LLAMA_CPP_PYTHON_VERSION} sdist",
     }
     try:
         import matplotlib

@@ -53,9 +53,17 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from .ab import PAIRS, request_of, worker
-from .common import baseline_versions, bootstrap_ci, machine_info, publish, redact_baseline, results_dir, versions
+from .common import (
+    baseline_versions,
+    bootstrap_ci,
+    machine_info,
+    pair_tokenizer,
+    publish,
+    redact_baseline,
+    results_dir,
+    versions,
+)
 from .prompts import PROMPTS
-from .serving import _tokenizer
 from .suite import SETTINGS
 
 SECTION = "## First use"
@@ -95,7 +103,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     order = [(side, e) for side in sides for e in ENGINES]
     for block in range(args.blocks):
         prompt = PROMPTS[block % len(PROMPTS)]
-        request = request_of(_tokenizer().chat_prompt(prompt.messages()), setting, args.seed + block)
+        request = request_of(pair_tokenizer().chat_prompt(prompt.messages()), setting, args.seed + block)
         for p, (target, draft) in files.items():
             turn = order[block % len(order):] + order[:block % len(order)]
             for pos, (side, engine) in enumerate(turn):
