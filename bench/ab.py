@@ -45,19 +45,19 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
 from .common import (
-    CpuMeter,
     baseline_python,
     baseline_versions,
-    load_average,
     machine_info,
     median,
     pair_tokenizer,
     paired_ratios,
+    paired_run,
     publish,
     ratio_text,
     redact_baseline,
     redact_calibration,
     results_dir,
+    rotated,
     say,
     versions,
 )
@@ -146,16 +146,11 @@ def run(args) -> Dict[str, Any]:
                 prompt = PROMPTS[b % len(PROMPTS)]
                 text = pair_tokenizer().chat_prompt(prompt.messages())
                 seed = args.seed + block
-                order = ENGINES[block % len(ENGINES):] + ENGINES[:block % len(ENGINES)]
-                for pos, engine in enumerate(order):
-                    meter, load, t0 = CpuMeter(), load_average(), time.perf_counter()
-                    try:
-                        rec = run_engine(engine, args, target, draft, text, setting, seed)
-                    except (RuntimeError, llama_cli.PeerRunError, subprocess.TimeoutExpired, ValueError) as exc:
-                        rec = {"error": f"{type(exc).__name__}: {str(exc).strip()[:300]}", "tps": None}
-                    rec.update(engine=engine, setting=sid, block=block, prompt=prompt.name, seed=seed, position=pos,
-                               run_s=time.perf_counter() - t0, others_cores=meter.others(),
-                               load_1min=load[0] if load else None)
+                for pos, engine in enumerate(rotated(ENGINES, block)):
+                    rec = paired_run(lambda: run_engine(engine, args, target, draft, text, setting, seed),
+                                     (RuntimeError, llama_cli.PeerRunError, subprocess.TimeoutExpired, ValueError),
+                                     engine=engine, setting=sid, block=block, prompt=prompt.name, seed=seed,
+                                     position=pos)
                     results["runs"].append(rec)
                     say(f"{sid} block {block} ({prompt.name}) {engine:13s} " + (
                         f"ERROR {rec['error']}" if rec.get("error") else

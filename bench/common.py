@@ -136,6 +136,27 @@ def paired_ratios(runs: Sequence[Dict[str, Any]], a: str, b: str, setting: str, 
     return [d[a] / d[b] for d in by_block.values() if a in d and b in d]
 
 
+def rotated(engines: Sequence[Any], block: int) -> List[Any]:
+    """The engines in the order of one block: rotated by one from block to
+    block, so that a change of machine load hits every engine alike."""
+    k = block % len(engines)
+    return list(engines[k:]) + list(engines[:k])
+
+
+def paired_run(run: Callable[[], Dict[str, Any]], errors: Tuple[type, ...], **fields: Any) -> Dict[str, Any]:
+    """One engine's run in a block: ``run()``'s record (or the error it raised,
+    of ``errors``, with ``tps`` None), then ``fields``, its wall time and the
+    CPU others used meanwhile."""
+    meter, load, t0 = CpuMeter(), load_average(), time.perf_counter()
+    try:
+        rec = run()
+    except errors as exc:
+        rec = {"error": f"{type(exc).__name__}: {str(exc).strip()[:300]}", "tps": None}
+    rec.update(fields, run_s=time.perf_counter() - t0, others_cores=meter.others(),
+               load_1min=load[0] if load else None)
+    return rec
+
+
 def ratio_text(ratios: Sequence[float]) -> str:
     """The median ratio and its bootstrap 95% interval, as a table cell."""
     if not ratios:

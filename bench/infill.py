@@ -35,14 +35,14 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from .common import (
-    CpuMeter,
-    load_average,
     machine_info,
     median,
     paired_ratios,
+    paired_run,
     publish,
     ratio_text,
     results_dir,
+    rotated,
     say,
     versions,
 )
@@ -149,16 +149,10 @@ def run(args) -> Dict[str, Any]:
             for e in engines:  # warm-up, not recorded
                 one(e, cases[0], 0)
             for block, case in enumerate(cases):
-                order = engines[block % len(engines):] + engines[:block % len(engines)]
-                for pos, e in enumerate(order):
-                    meter, load, t0 = CpuMeter(), load_average(), time.perf_counter()
-                    try:
-                        rec = one(e, case, args.seed + block)
-                    except (RuntimeError, llama_server.PeerRunError, ValueError) as exc:
-                        rec = {"error": f"{type(exc).__name__}: {str(exc)[:300]}", "tps": None}
-                    rec.update(engine=e, setting="t0", block=block, prompt=case["name"], position=pos,
-                               run_s=time.perf_counter() - t0, others_cores=meter.others(),
-                               load_1min=load[0] if load else None)
+                for pos, e in enumerate(rotated(engines, block)):
+                    rec = paired_run(lambda: one(e, case, args.seed + block),
+                                     (RuntimeError, llama_server.PeerRunError, ValueError),
+                                     engine=e, setting="t0", block=block, prompt=case["name"], position=pos)
                     results["runs"].append(rec)
                     say(f"block {block} ({case['name']}) {e:14s} " + (
                         f"ERROR {rec['error']}" if rec.get("error") else

@@ -44,6 +44,7 @@ from .common import (
     machine_info,
     results_dir,
     results_md_for,
+    rotated,
     versions,
     wait_until_quiet,
 )
@@ -601,12 +602,10 @@ def run_suite(args: argparse.Namespace, command: str) -> Dict[str, Any]:
                     text = plain_decoder(group).chat_prompt(prompt.messages())
                     for rep in range(args.repeats):
                         seed = args.seed + block
-                        n = len(group.engines)
-                        order = [group.engines[(block + i) % n] for i in range(n)]
                         block_runs = []
                         prime(group, text)
                         quiet = wait_until_quiet(progress, wait_budget) if args.wait else None
-                        for pos, engine in enumerate(order):
+                        for pos, engine in enumerate(rotated(group.engines, block)):
                             load = load_average()
                             server = group.servers.get(engine.id)
                             meter = CpuMeter([server.pid] if server is not None else [])

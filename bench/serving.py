@@ -57,6 +57,7 @@ from .common import (
     redact_baseline,
     redact_calibration,
     results_dir,
+    rotated,
     say,
     versions,
     write_section,
@@ -286,8 +287,7 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
                             continue
                         block += 1
                         prompts = chat_prompts(k, f"{block}")
-                        order = engines[block % len(engines):] + engines[:block % len(engines)]
-                        for e in order:
+                        for e in rotated(engines, block):
                             if e.alone:
                                 load(e)
                             run = run_once(e, prompts, SETTINGS[sid], args.tokens, arrival, args.stagger,

@@ -39,14 +39,14 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
 from .common import (
-    CpuMeter,
-    load_average,
     machine_info,
     median,
     paired_ratios,
+    paired_run,
     publish,
     ratio_text,
     results_dir,
+    rotated,
     say,
     versions,
 )
@@ -189,17 +189,11 @@ def run(args) -> Dict[str, Any]:
                     name, instruction, schema = WORKLOAD[b % len(WORKLOAD)]
                     text = tok.chat_prompt([{"role": "user", "content": instruction}])
                     seed = args.seed + block
-                    order = engines[block % len(engines):] + engines[:block % len(engines)]
-                    for pos, e in enumerate(order):
-                        meter, load, t0 = CpuMeter(), load_average(), time.perf_counter()
-                        try:
-                            rec = (ours[e].run(text, schema, temperature, top_p, seed) if e in ours
-                                   else server_run(servers[e], text, schema, temperature, top_p, seed))
-                        except (RuntimeError, llama_server.PeerRunError, ValueError) as exc:
-                            rec = {"error": f"{type(exc).__name__}: {str(exc)[:300]}", "tps": None}
-                        rec.update(engine=e, setting=sid, block=block, prompt=name, seed=seed, position=pos,
-                                   run_s=time.perf_counter() - t0, others_cores=meter.others(),
-                                   load_1min=load[0] if load else None)
+                    for pos, e in enumerate(rotated(engines, block)):
+                        rec = paired_run(lambda: (ours[e].run(text, schema, temperature, top_p, seed) if e in ours
+                                                  else server_run(servers[e], text, schema, temperature, top_p, seed)),
+                                         (RuntimeError, llama_server.PeerRunError, ValueError),
+                                         engine=e, setting=sid, block=block, prompt=name, seed=seed, position=pos)
                         results["runs"].append(rec)
                         say(f"{sid} block {block} ({name}) {e:18s} " + (
                             f"ERROR {rec['error']}" if rec.get("error") else

@@ -100,10 +100,6 @@ class Engine:
     server_args: Tuple[str, ...] = ()  # further llama-server flags (n-gram sizes)
     uses_draft_model: bool = False  # loads the pair's draft model
 
-    @property
-    def family_id(self) -> str:
-        return self.family or self.id
-
 
 #: --spec-draft-n-max values every draft-model peer of llama.cpp is run with
 #: (their default is 3); ``--peer-draft-max`` changes the list.

@@ -32,7 +32,7 @@ import tarfile
 import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, TextIO, Union
 
@@ -325,13 +325,6 @@ class PeerResult:
     text: str = ""
     stdout: str = field(default="", repr=False)
     stderr: str = field(default="", repr=False)
-
-    def to_dict(self, raw: bool = False) -> dict:
-        d = asdict(self)
-        if not raw:
-            d.pop("stdout")
-            d.pop("stderr")
-        return d
 
     @property
     def command_line(self) -> str:

@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 from contextlib import ExitStack, contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -164,32 +164,9 @@ def _http(method: str, url: str, path: str, body: Optional[dict] = None,
 
 
 @contextmanager
-def llama_server(
-    model: PathLike,
-    *,
-    draft: Optional[PathLike] = None,
-    spec_type: Optional[Union[str, Sequence[str]]] = None,
-    draft_max: Optional[int] = None,
-    draft_min: Optional[int] = None,
-    parallel: int = 1,
-    ctx: int = 2048,
-    threads: int = 2,
-    threads_batch: Optional[int] = None,
-    threads_draft: Optional[int] = None,
-    threads_batch_draft: Optional[int] = None,
-    kv_unified: Optional[bool] = None,
-    temp: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    min_p: float = 0.0,
-    seed: int = 1234,
-    extra_args: Sequence[str] = (),
-    host: str = "127.0.0.1",
-    startup_timeout: float = 180.0,
-    stop_timeout: float = 15.0,
-    die_with_parent: Optional[bool] = None,
-    binary: Optional[PathLike] = None,
-) -> Iterator[ServerURL]:
+def llama_server(model: PathLike, *, host: str = "127.0.0.1", startup_timeout: float = 180.0,
+                 stop_timeout: float = 15.0, die_with_parent: Optional[bool] = None,
+                 **options: Any) -> Iterator[ServerURL]:
     """Run ``llama-server`` for the length of a ``with`` block; yields its base URL.
 
     ::
@@ -197,6 +174,8 @@ def llama_server(
         with llama_server(target, draft=draft, draft_max=8, parallel=4, ctx=4096) as url:
             r = server_complete(url, prompt, 128, temperature=1.0, seed=1)
             print(r.tokens_per_s, r.acceptance, url.log_tail(5))
+
+    ``options`` are those of :func:`server_command`:
 
     - ``model``: the target GGUF.  ``draft``: a draft GGUF (``-md``); with a
       draft and no ``spec_type`` the server runs ``--spec-type draft-simple``
@@ -242,12 +221,7 @@ def llama_server(
     last_error: Optional[BaseException] = None
     for attempt in range(3):
         port = free_port(host)
-        cmd = server_command(
-            model, port=port, host=host, draft=draft, spec_type=spec_type, draft_max=draft_max,
-            draft_min=draft_min, parallel=parallel, ctx=ctx, threads=threads,
-            threads_batch=threads_batch, threads_draft=threads_draft,
-            threads_batch_draft=threads_batch_draft, kv_unified=kv_unified, temp=temp,
-            top_k=top_k, top_p=top_p, min_p=min_p, seed=seed, extra_args=extra_args, binary=binary)
+        cmd = server_command(model, port=port, host=host, **options)
         log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -373,13 +347,6 @@ class ServerCompletion:
         """Time to first token (streaming): request sent -> first token event received."""
         return self.arrival_s[0] if self.arrival_s else None
 
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d.pop("response")
-        d["acceptance"] = self.acceptance
-        d["ttft_s"] = self.ttft_s
-        return d
-
 
 def completion_request(
     prompt: Union[str, Sequence[int]],
@@ -423,25 +390,12 @@ def completion_request(
     return body
 
 
-def server_complete(
-    url: str,
-    prompt: Union[str, Sequence[int]],
-    n_predict: int = 128,
-    *,
-    temperature: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    min_p: float = 0.0,
-    seed: int = 1234,
-    stream: bool = False,
-    cache_prompt: bool = True,
-    extra: Optional[Dict[str, Any]] = None,
-    timeout: Optional[float] = 600.0,
-    endpoint: str = "/completion",
-) -> ServerCompletion:
+def server_complete(url: str, prompt: Union[str, Sequence[int]], n_predict: int = 128, *,
+                    timeout: Optional[float] = 600.0, endpoint: str = "/completion",
+                    **request: Any) -> ServerCompletion:
     """Send one ``/completion`` request to a llama-server at ``url`` and wait for the answer.
 
-    Arguments are those of :func:`completion_request`; ``endpoint="/infill"``
+    ``request``: the keyword arguments of :func:`completion_request`; ``endpoint="/infill"``
     sends a fill-in-the-middle request (its ``input_prefix``,
     ``input_suffix`` and ``input_extra`` in ``extra``, the prompt empty).  ``stream=True`` reads
     the server-sent events as they come and records, for every token, its
@@ -454,9 +408,8 @@ def server_complete(
     Raises :class:`PeerRunError` on an HTTP error status, an error event or a
     response without ``timings``.
     """
-    body = completion_request(prompt, n_predict, temperature=temperature, top_k=top_k, top_p=top_p,
-                              min_p=min_p, seed=seed, stream=stream, cache_prompt=cache_prompt,
-                              extra=extra)
+    body = completion_request(prompt, n_predict, **request)
+    stream = body["stream"]
     host_port = url.split("://", 1)[-1].rstrip("/")
     conn = http.client.HTTPConnection(host_port, timeout=timeout)
     t0 = time.perf_counter()
