@@ -47,6 +47,7 @@ from typing import Any, Dict, Optional, Sequence
 from .common import (
     baseline_python,
     baseline_versions,
+    fmt,
     machine_info,
     median,
     pair_tokenizer,
@@ -154,8 +155,8 @@ def run(args) -> Dict[str, Any]:
                     results["runs"].append(rec)
                     say(f"{sid} block {block} ({prompt.name}) {engine:13s} " + (
                         f"ERROR {rec['error']}" if rec.get("error") else
-                        f"{rec['tps']:6.2f} tok/s  wall {_fmt(rec.get('wall_s'), 2)} s  mean γ "
-                        f"{_fmt(rec.get('mean_gamma'), 2)}  α {_fmt(rec.get('mean_alpha'), 3)}"))
+                        f"{rec['tps']:6.2f} tok/s  wall {fmt(rec.get('wall_s'), 2)} s  mean γ "
+                        f"{fmt(rec.get('mean_gamma'), 2)}  α {fmt(rec.get('mean_alpha'), 3)}"))
                 block += 1
                 out.write_text(json.dumps(results, indent=1))
         results["complete"] = True
@@ -171,10 +172,6 @@ def run(args) -> Dict[str, Any]:
 # ---------------------------------------------------------------------------
 # report
 # ---------------------------------------------------------------------------
-
-
-def _fmt(x: Optional[float], digits: int = 1) -> str:
-    return "–" if x is None else f"{x:.{digits}f}"
 
 
 def render(results: Dict[str, Any], data: str = "ab_results.json") -> str:
@@ -222,10 +219,10 @@ def render(results: Dict[str, Any], data: str = "ab_results.json") -> str:
             if not rs:
                 continue
             med = lambda k: median(r.get(k) for r in rs)  # noqa: E731
-            drafted = (f"{_fmt(med('drafted'), 0)} / {_fmt(med('accepted'), 0)}"
+            drafted = (f"{fmt(med('drafted'), 0)} / {fmt(med('accepted'), 0)}"
                        if e.endswith("auto") else "–")
-            L.append(f"| {SETTINGS[sid].label} | {e} | {_fmt(med('tps'), 2)} | {_fmt(med('wall_s'), 2)} | "
-                     f"{_fmt(med('mean_gamma'), 2)} | {_fmt(med('mean_alpha'), 3)} | {drafted} |")
+            L.append(f"| {SETTINGS[sid].label} | {e} | {fmt(med('tps'), 2)} | {fmt(med('wall_s'), 2)} | "
+                     f"{fmt(med('mean_gamma'), 2)} | {fmt(med('mean_alpha'), 3)} | {drafted} |")
     return "\n".join(L) + "\n"
 
 

@@ -103,6 +103,11 @@ def median(xs: Iterable[Optional[float]]) -> Optional[float]:
     return statistics.median(v) if v else None
 
 
+def fmt(x: Optional[float], digits: int = 1) -> str:
+    """A table cell: ``x`` to ``digits`` decimals, "–" for None."""
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
 def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,
                  seed: int = BOOTSTRAP_SEED) -> Optional[Tuple[float, float]]:
     """Percentile bootstrap interval of the median of ``values`` (blocks resampled

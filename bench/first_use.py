@@ -56,6 +56,7 @@ from .ab import PAIRS, request_of, worker
 from .common import (
     baseline_versions,
     bootstrap_ci,
+    fmt,
     machine_info,
     pair_tokenizer,
     publish,
@@ -171,10 +172,6 @@ def _ratio(xs: Sequence[float]) -> str:
     return f"{statistics.median(xs):.2f}×" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
 
 
-def _f(x: Optional[float], digits: int = 1) -> str:
-    return "–" if x is None else f"{x:.{digits}f}"
-
-
 def render(results: Dict[str, Any], data: str = "first_use_results.json") -> str:
     runs = results["runs"]
     blocks = sorted({r["block"] for r in runs})
@@ -207,10 +204,10 @@ def render(results: Dict[str, Any], data: str = "first_use_results.json") -> str
             said = _med(_measured(r) for r in fresh)
             first8 = _med(statistics.fmean(r["first_gammas"]) for r in fresh if r.get("first_gammas"))
             per = lambda a, b: [e[a] / e[b] for e in effs if a in e and b in e]  # noqa: E731
-            L.append(f"| {PAIRS[p][0]} | {SIDES[side]} | {_f(cost, 2)}" + (f" [{said:.2f}]" if said else "")
-                     + f" | {_f(_med(r['wall_s'] for r in fresh), 2)} | {_f(_med(e.get('fresh') for e in effs))} | "
-                     f"{_f(_med(e.get('best fixed γ') for e in effs))} | {_f(_med(e.get('plain') for e in effs))} | "
-                     f"{_ratio(per('fresh', 'best fixed γ'))} | {_ratio(per('fresh', 'plain'))} | {_f(first8)} |")
+            L.append(f"| {PAIRS[p][0]} | {SIDES[side]} | {fmt(cost, 2)}" + (f" [{said:.2f}]" if said else "")
+                     + f" | {fmt(_med(r['wall_s'] for r in fresh), 2)} | {fmt(_med(e.get('fresh') for e in effs))} | "
+                     f"{fmt(_med(e.get('best fixed γ') for e in effs))} | {fmt(_med(e.get('plain') for e in effs))} | "
+                     f"{_ratio(per('fresh', 'best fixed γ'))} | {_ratio(per('fresh', 'plain'))} | {fmt(first8)} |")
     if "baseline" in sides:
         L += ["", "| pair | fresh tok/s, this checkout / previous main |", "|---|---|"]
         for p in results["pairs"]:

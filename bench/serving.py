@@ -49,6 +49,7 @@ from .common import (
     baseline_python,
     baseline_versions,
     bootstrap_ci,
+    fmt,
     link,
     machine_info,
     median,
@@ -298,7 +299,7 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
                             run.update(k=k, setting=sid, arrival=arrival, block=block, repeat=rep)
                             results["runs"].append(run)
                             say(f"K={k} {sid} {arrival} block {block}: {e.id:13s} "
-                                 f"{_fmt(run['agg_tps'])} tok/s, TTFT p50 {_fmt(run['ttft_p50'], 2)} s"
+                                 f"{fmt(run['agg_tps'])} tok/s, TTFT p50 {fmt(run['ttft_p50'], 2)} s"
                                  + (f"  ERRORS {run['errors'][:1]}" if run["errors"] else ""))
                         _save(results, args.output)
         finally:
@@ -311,10 +312,6 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
         results["finished"] = finished
     _save(results, args.output)
     return results
-
-
-def _fmt(x: Optional[float], digits: int = 1) -> str:
-    return "–" if x is None else f"{x:.{digits}f}"
 
 
 def _save(results: Dict[str, Any], path: Path) -> None:
@@ -420,10 +417,10 @@ def render(results, data_dir: Path = SERVING, results_md: Path = RESULTS_MD) -> 
                 L.append(
                     f"| {k} | {e} | " + (f"{tps[0]:.1f} – **{statistics.median(tps):.1f}** – {tps[-1]:.1f}"
                                          if tps else "failed")
-                    + f" | {_fmt(med('ttft_p50'), 2)} / {_fmt(med('ttft_p95'), 2)}"
-                    + f" | {_fmt(_ms(med('itl_p50')), 0)} / {_fmt(_ms(med('itl_p95')), 0)}"
-                    + f" | {_fmt(st('tokens_per_pass'), 2)} | {_fmt(st('rows_per_pass'), 1)}"
-                    + f" | {_fmt(st('acceptance'), 2)} | {ratio_text(vs0) if e != 'batched-g0' else '1.00×'} |")
+                    + f" | {fmt(med('ttft_p50'), 2)} / {fmt(med('ttft_p95'), 2)}"
+                    + f" | {fmt(_ms(med('itl_p50')), 0)} / {fmt(_ms(med('itl_p95')), 0)}"
+                    + f" | {fmt(st('tokens_per_pass'), 2)} | {fmt(st('rows_per_pass'), 1)}"
+                    + f" | {fmt(st('acceptance'), 2)} | {ratio_text(vs0) if e != 'batched-g0' else '1.00×'} |")
             L.append("")
     if mode == "direct":
         L += goals(results, ks, settings, arrivals)
@@ -655,9 +652,9 @@ def where_time_goes(results, ks, settings, arrivals) -> List[str]:
                 st = lambda key: median([r["stats"].get(key) for r in rs])  # noqa: E731
                 L.append(f"| {SETTINGS[sid].label} | {arrival} | {k} | {_pctx(share('target_s'))} | "
                          f"{_pctx(share('draft_s'))} | {_pctx(share('sampling_s'))} | "
-                         f"{_pctx(share('scheduler_s'))} | {_fmt(st('rows_per_pass'), 1)} | "
-                         f"{_fmt(st('tokens_per_pass'), 2)} | {_fmt(st('drafted'), 0)} | "
-                         f"{_fmt(st('mean_alpha'), 3)} |")
+                         f"{_pctx(share('scheduler_s'))} | {fmt(st('rows_per_pass'), 1)} | "
+                         f"{fmt(st('tokens_per_pass'), 2)} | {fmt(st('drafted'), 0)} | "
+                         f"{fmt(st('mean_alpha'), 3)} |")
     return L + [""]
 
 
