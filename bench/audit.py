@@ -68,12 +68,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from .common import RESULTS_MD, results_dir, say, versions, write_section
 from .common import command_line as common_command_line
 from .engines import llama_cli
-from .engines.base import META_FIELDS, N_CTX, AuditEngine, Ctx, Job, Sample
+from .engines.base import META_FIELDS, N_CTX, Ctx, Engine, Job, Sample
 from .engines.llama_cli import SpeculativeTool
 from .engines.llama_cpp_python import LcpPromptLookup
-from .engines.llama_server import ServerEngine
-from .engines.ours_batched import OursBatchedAudit
-from .engines.ours_single import OursSingleAudit
+from .engines.llama_server import LlamaServer
+from .engines.ours_batched import OursBatched
+from .engines.ours_single import OursSingle
 from .prompts import PROMPTS as SUITE_PROMPTS
 from .serving import USER_PROMPTS
 from .suite import F32, Q4_0, SETTINGS, Setting
@@ -231,17 +231,24 @@ class Jobs:
 # engines
 # ---------------------------------------------------------------------------
 
-ENGINES: Dict[str, Callable[[], AuditEngine]] = {
-    "ours-g4": lambda: OursSingleAudit(DRAFT_MAX),
-    "ours-auto": lambda: OursSingleAudit("auto"),
-    "ours-batched-auto": lambda: OursBatchedAudit(True, False, "auto"),
-    "ours-ngram": lambda: OursBatchedAudit(False, True, "auto"),
-    "ours-plain": lambda: OursBatchedAudit(False, False, 0, control=True),
+_AT_ONCE = "{parallel} sequences at once"
+ENGINES: Dict[str, Callable[[], Engine]] = {
+    "ours-g4": lambda: OursSingle(DRAFT_MAX, id="ours-g4", label=f"ours, SpeculativeDecoder γ={DRAFT_MAX}"),
+    "ours-auto": lambda: OursSingle("auto", id="ours-auto", label="ours, SpeculativeDecoder γ=auto"),
+    "ours-batched-auto": lambda: OursBatched("auto", id="ours-batched-auto",
+                                             label=f"ours, BatchedDecoder, draft model, γ=auto, {_AT_ONCE}"),
+    "ours-ngram": lambda: OursBatched("auto", draft=False, ngram=True, id="ours-ngram",
+                                      label=f"ours, BatchedDecoder, n-gram lookup (no draft model), {_AT_ONCE}"),
+    "ours-plain": lambda: OursBatched(0, draft=False, control=True, id="ours-plain",
+                                      label=f"ours, BatchedDecoder, plain (γ=0), {_AT_ONCE}"),
     "llama-speculative": lambda: SpeculativeTool("speculative", DRAFT_MAX),
     "llama-speculative-simple": lambda: SpeculativeTool("speculative-simple", DRAFT_MAX),
-    "llama-server-md": lambda: ServerEngine(True),
+    "llama-server-md": lambda: LlamaServer(
+        DRAFT_MAX, id="llama-server-md",
+        label=f"llama.cpp llama-server -md --spec-type draft-simple (draft-n-max {DRAFT_MAX}, {{parallel}} slots)"),
     "lcp-pld": LcpPromptLookup,
-    "llama-server-plain": lambda: ServerEngine(False),
+    "llama-server-plain": lambda: LlamaServer(None, id="llama-server-plain", control=True,
+                                              label="llama.cpp llama-server, no draft ({parallel} slots)"),
 }
 
 #: Rough generation rates at 2 threads on the 2-core reference machine (tokens/s,
@@ -355,7 +362,7 @@ def _save_progress(path: Path, key: Dict[str, Any], samples: Sequence[Sample], *
     os.replace(tmp, progress)
 
 
-def run_engine_setting(engine: AuditEngine, setting: Setting, setting_index: int, ctx: Ctx, model, args,
+def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx: Ctx, model, args,
                        out_dir: Path) -> Dict[str, Any]:
     """Generate rounds of sequences until ``args.tokens`` positions are audited; score as we go.
 
@@ -552,7 +559,7 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
     t_start = time.monotonic() - (old.get("duration_seconds") or 0 if done else 0)
     model = TargetModel(target, n_threads=args.threads)
     try:
-        ctx = Ctx(target, draft, args.threads, args.parallel, args.max_tokens, model.tokenizer, DRAFT_MAX)
+        ctx = Ctx(target, draft, args.threads, args.parallel, args.max_tokens, model.tokenizer)
         for eid in args.engines:
             todo = [s for s in args.settings if (eid, s) not in done]
             for s in args.settings:
@@ -564,7 +571,7 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
             engine = ENGINES[eid]()
             t0 = time.monotonic()
             try:
-                engine.start(ctx)
+                engine.start_audit(ctx)
             except Exception as exc:  # noqa: BLE001 - record and go on with the other engines
                 say(f"{eid}: could not start: {exc}")
                 results["errors"].append(f"{eid}: could not start: {str(exc).splitlines()[0][:300]}")

@@ -63,7 +63,7 @@ from .common import (
     versions,
     write_section,
 )
-from .engines.base import Request, StreamEngine
+from .engines.base import Engine, Request
 from .engines.llama_cpp_python import LcpServer
 from .engines.llama_server import LlamaServer
 from .engines.ours_batched import OpenAIServer, OursBatched
@@ -119,7 +119,7 @@ USER_PROMPTS = (
 
 
 AB_ENGINE = "ours-baseline"
-ENGINES: Dict[str, Callable[[], StreamEngine]] = {
+ENGINES: Dict[str, Callable[[], Engine]] = {
     "batched-auto": lambda: OursBatched("auto"),
     "batched-g0": lambda: OursBatched(0),
     # the draft cut to its common vocabulary (engine/vocab_cut.py): cheaper draft passes
@@ -157,7 +157,7 @@ RAY_ENGINES = ("bare-t1", "ray-1", "ray-2")
 # ---------------------------------------------------------------------------
 
 
-def run_once(engine: StreamEngine, prompts: Sequence[str], setting: Setting, max_tokens: int, arrival: str,
+def run_once(engine: Engine, prompts: Sequence[str], setting: Setting, max_tokens: int, arrival: str,
              stagger: float, seed: int, ignore_eos: bool = False) -> Dict[str, Any]:
     """K client threads (one per prompt), started together or staggered."""
     recs = [Request(stream=i, sent=0.0) for i in range(len(prompts))]
@@ -265,7 +265,7 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
             results["engines"][e.id] = e.label
         started = []
 
-        def load(e: StreamEngine) -> None:
+        def load(e: Engine) -> None:
             say(f"K={k}: loading {e.label}")
             started.append(e)
             e.start(k, args.threads)

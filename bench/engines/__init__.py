@@ -11,12 +11,12 @@ studies drive them through.
 - ``llama_cpp_python``: llama-cpp-python's ``Llama`` (plain or with prompt
   lookup) and its server.
 
-``base`` holds what the adapters share: the serving interface
-(:class:`~bench.engines.base.StreamEngine`, a :class:`~bench.engines.base.Request`
-per streamed request) and the exactness audit's
-(:class:`~bench.engines.base.AuditEngine`, a :class:`~bench.engines.base.Sample`
-per :class:`~bench.engines.base.Job`).  The suite (bench/run.py) calls the
-engines' functions directly: ``llama_cli.run_plain`` / ``run_speculative``,
-``llama_server.run_server``, ``llama_cpp_python.LcpRunner`` and
-``ours_single.generation_record``.
+``base`` holds what the adapters share: the one interface the studies drive
+an engine through (:class:`~bench.engines.base.Engine`: started for K
+sequences at once, it serves the serving studies one streamed
+:class:`~bench.engines.base.Request` per client, and the exactness audit one
+:class:`~bench.engines.base.Sample` per :class:`~bench.engines.base.Job`).
+The suite (bench/run.py) calls the engines' functions directly:
+``llama_cli.run_plain`` / ``run_speculative``, ``llama_server.run_server``,
+``llama_cpp_python.LcpRunner`` and ``ours_single.generation_record``.
 """

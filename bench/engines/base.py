@@ -1,13 +1,17 @@
-"""What the engine adapters share: the two interfaces the studies drive them
-through, and what goes in and comes out of each.
+"""What the engine adapters share: the one interface the studies drive them
+through, and what goes in and comes out of it.
 
-- :class:`StreamEngine` serves one streamed request per client thread
-  (bench/serving.py, bench/layer_latency.py): ``start(k, threads)`` loads it
-  for K concurrent streams, ``request`` fills a :class:`Request` with what the
-  client saw (arrival of every piece, tokens).
-- :class:`AuditEngine` generates whole sequences whose sampled token ids the
-  exactness audit scores (bench/audit.py): ``start(ctx)`` with a :class:`Ctx`,
+An :class:`Engine` is started for K sequences at once (``start(k, threads)``)
+and then serves
+
+- streamed requests, one per client thread (bench/serving.py,
+  bench/layer_latency.py): ``request`` fills a :class:`Request` with what the
+  client saw (arrival of every piece, tokens);
+- or whole sequences whose sampled token ids the exactness audit scores
+  (bench/audit.py): ``start_audit(ctx)`` with a :class:`Ctx`, then
   ``run(jobs, setting)`` returns one :class:`Sample` per :class:`Job`.
+
+An engine implements what its studies use; the rest raises NotImplementedError.
 """
 
 from __future__ import annotations
@@ -88,36 +92,6 @@ def params(setting: Any, seed: int, ignore_eos: bool) -> Any:
     return dataclasses.replace(setting.params(seed), ignore_eos=ignore_eos)
 
 
-class StreamEngine:
-    """One way of serving K streams.  Subclasses load in ``start`` and serve
-    one request per client thread in ``request``."""
-
-    id = "?"
-    label = "?"
-    #: loaded only for its own runs (started before each, stopped after), so
-    #: that no other engine of its kind is loaded beside it
-    alone = False
-
-    def start(self, k: int, threads: int) -> None:
-        raise NotImplementedError
-
-    def request(self, prompt: str, setting: Any, max_tokens: int, seed: int, rec: Request,
-                t0: float, ignore_eos: bool = False) -> None:
-        """Serve one request, filling ``rec``; ``ignore_eos``: end-of-generation
-        tokens banned, so that the answer runs to ``max_tokens``."""
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        pass
-
-    def mark(self) -> None:
-        """A run starts now (engines whose ``stats`` count from here)."""
-
-    def stats(self) -> Dict[str, Any]:
-        """Counters since the last call (engines that have them)."""
-        return {}
-
-
 # ---------------------------------------------------------------------------
 # audited sequences (audit)
 # ---------------------------------------------------------------------------
@@ -188,7 +162,6 @@ class Ctx:
     parallel: int
     max_tokens: int
     tokenizer: Any  # specdec_cpu.engine.LlamaTokenizer of the target
-    draft_max: int = 4  # draft length of every engine with a draft model
 
     def is_eog(self, t: int) -> bool:
         return self.tokenizer.is_eog(t)
@@ -197,31 +170,66 @@ class Ctx:
         return b"".join(self.tokenizer.token_bytes(int(t)) for t in ids)
 
 
-class AuditEngine:
-    """One way of generating.  ``run`` returns one Sample per job, in job order:
-    ``parallel`` jobs at once (one client thread each), each by ``one``."""
+class Engine:
+    """One engine, as the studies drive it (see the module docstring)."""
 
     id = "?"
     label = "?"
+    #: serving: loaded only for its own runs (started before each, stopped
+    #: after), so that no other engine of its kind is loaded beside it
+    alone = False
+    #: audit: the sampler chain the engine applies, where the ids come from,
+    #: whether it is a control (plain decoding)
     chain = FIRST
     ids_from = "?"
     control = False
-    parallel = 1  # sequences generated at once
+    #: audit: generates ``ctx.parallel`` sequences at once (else one)
+    batched = False
+    parallel = 1
 
-    def start(self, ctx: Ctx) -> None:
+    def start(self, k: int, threads: int) -> None:
+        """Load for ``k`` concurrent sequences of ``threads`` threads."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        pass
+
+    # serving ---------------------------------------------------------------
+
+    def request(self, prompt: str, setting: Any, max_tokens: int, seed: int, rec: Request,
+                t0: float, ignore_eos: bool = False) -> None:
+        """Serve one request, filling ``rec``; ``ignore_eos``: end-of-generation
+        tokens banned, so that the answer runs to ``max_tokens``."""
+        raise NotImplementedError
+
+    def mark(self) -> None:
+        """A run starts now (engines whose ``stats`` count from here)."""
+
+    def stats(self) -> Dict[str, Any]:
+        """Counters since the last call (engines that have them)."""
+        return {}
+
+    # audit -----------------------------------------------------------------
+
+    def start_audit(self, ctx: Ctx) -> None:
+        """Start for the audit: ``ctx.parallel`` sequences at once if ``batched``
+        (its ``{parallel}`` filled into the label), else one."""
         self.ctx = ctx
+        self.parallel = ctx.parallel if self.batched else 1
+        self.label = self.label.replace("{parallel}", str(self.parallel))
+        self.start(self.parallel, ctx.threads)
 
     def run(self, jobs: List[Job], setting: Any) -> List[Sample]:
+        """One Sample per job, in job order: ``parallel`` jobs at once (one client thread each)."""
         if self.parallel == 1:
             return [self.one(job, setting) for job in jobs]
         with ThreadPoolExecutor(self.parallel) as pool:
             return list(pool.map(lambda job: self.one(job, setting), jobs))
 
     def one(self, job: Job, setting: Any) -> Sample:
+        """Generate one audited sequence."""
         raise NotImplementedError
 
-    def stop(self) -> None:
-        pass
-
     def command(self) -> str:
+        """How the audit ran the engine (one line for the report)."""
         return ""

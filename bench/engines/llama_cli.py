@@ -38,7 +38,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, TextIO, Union
 
 from specdec_cpu.paths import cache_dir
 
-from .base import N_CTX, AuditEngine, Ctx, Job, Sample, cut, quote, short_paths
+from .base import N_CTX, Ctx, Engine, Job, Sample, cut, quote, short_paths
 
 try:
     import fcntl
@@ -622,12 +622,12 @@ def run_speculative(
 # ---------------------------------------------------------------------------
 
 
-class SpeculativeTool(AuditEngine):
+class SpeculativeTool(Engine):
     """llama.cpp's ``llama-speculative`` / ``llama-speculative-simple``, one process per sequence,
     ids read from their ``-lv 5`` debug log."""
 
     def __init__(self, variant: str, draft_max: int = 4) -> None:
-        self.variant = variant
+        self.variant, self.draft_max = variant, draft_max
         self.id = f"llama-{variant}"
         self.label = f"llama.cpp llama-{variant} (draft-n-max {draft_max})"
         if variant == "speculative":
@@ -637,15 +637,14 @@ class SpeculativeTool(AuditEngine):
             self.ids_from = ("debug log (`-lv 5`): each round's `draft candidate 0, pos i: ID` lines and "
                              "`accepted N/M draft tokens, the last target token is: (ID)`")
 
-    def start(self, ctx: Ctx) -> None:
-        super().start(ctx)
+    def start(self, k: int, threads: int) -> None:
         self.exe = ensure_peers()[self.variant]
         self._last_cmd: List[str] = []
 
     def cmd(self, job: Job, setting) -> List[str]:
         return speculative_command(
             self.ctx.target, self.ctx.draft, job.text, self.ctx.max_tokens, self.ctx.threads, setting.temperature,
-            setting.top_k, setting.top_p, job.seed, min_p=setting.min_p, draft_max=self.ctx.draft_max, draft_min=0,
+            setting.top_k, setting.top_p, job.seed, min_p=setting.min_p, draft_max=self.draft_max, draft_min=0,
             variant=self.variant, ctx=N_CTX, binary=self.exe) + ["-lv", "5"]
 
     def run(self, jobs, setting):

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .base import LAST, N_CTX, AuditEngine, Ctx, Sample, pair_paths
+from .base import LAST, N_CTX, Engine, Sample, pair_paths
 from .ours_batched import OpenAIServer
 
 
@@ -95,7 +95,7 @@ class LcpRunner:
             pass
 
 
-class LcpPromptLookup(AuditEngine):
+class LcpPromptLookup(Engine):
     """Audit: ``Llama`` with ``LlamaPromptLookupDecoding`` (its default 10 tokens)."""
 
     id = "lcp-pld"
@@ -103,9 +103,8 @@ class LcpPromptLookup(AuditEngine):
     chain = LAST
     ids_from = "the ids `Llama.generate` yields"
 
-    def start(self, ctx: Ctx) -> None:
-        super().start(ctx)
-        self.runner = LcpRunner(ctx.target, ctx.threads, N_CTX)
+    def start(self, k: int, threads: int) -> None:
+        self.runner = LcpRunner(self.ctx.target, threads, N_CTX)
         self.runner.llm.draft_model = self.runner._pld(max_ngram_size=2, num_pred_tokens=10)
 
     def one(self, job, setting):

@@ -7,8 +7,8 @@ draft model (``-md`` with ``--spec-type draft-simple``) or draftless with its
 n-gram ``--spec-type`` modes.  :func:`llama_server` runs one,
 :func:`server_complete` sends it one ``/completion`` request (whole or
 streamed, with per-token arrival times); :func:`run_server` is the suite's
-record of one request, :class:`LlamaServer` the serving study's adapter and
-:class:`ServerEngine` the exactness audit's.
+record of one request, :class:`LlamaServer` the adapter of the serving study
+and of the exactness audit.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from .base import N_CTX, AuditEngine, Ctx, Job, Sample, StreamEngine, cut, pair_paths, quote, short_paths
+from .base import N_CTX, Engine, Job, Sample, cut, pair_paths, quote, short_paths
 from .llama_cli import SAMPLER_CHAIN, PathLike, PeerResult, PeerRunError, ensure_peers, sampling_args
 
 #: llama-server's speculative types that need no draft model (this llama.cpp
@@ -537,14 +537,18 @@ def start_servers(stack: ExitStack, target: PathLike, draft: PathLike, draft_max
     return servers
 
 
-class LlamaServer(StreamEngine):
-    """Serving: llama-server --parallel K, plain or with a draft model (-md)."""
+class LlamaServer(Engine):
+    """llama-server --parallel K, plain or with a draft model (-md)."""
 
-    def __init__(self, draft_max: Optional[int] = None) -> None:
-        self.draft_max = draft_max
-        self.id = "server-plain" if draft_max is None else f"server-md{draft_max}"
-        self.label = ("llama-server --parallel K" if draft_max is None
-                      else f"llama-server --parallel K -md (draft-n-max {draft_max})")
+    ids_from = "`tokens` of the `/completion` answer (`return_tokens`)"
+    batched = True
+
+    def __init__(self, draft_max: Optional[int] = None, *, id: Optional[str] = None, label: Optional[str] = None,
+                 control: bool = False) -> None:
+        self.draft_max, self.control = draft_max, control
+        self.id = id or ("server-plain" if draft_max is None else f"server-md{draft_max}")
+        self.label = label or ("llama-server --parallel K" if draft_max is None
+                               else f"llama-server --parallel K -md (draft-n-max {draft_max})")
         self._stack: Optional[ExitStack] = None
 
     def start(self, k: int, threads: int) -> None:
@@ -552,7 +556,8 @@ class LlamaServer(StreamEngine):
         self._stack = ExitStack()
         self.url = self._stack.enter_context(llama_server(
             target, draft=draft if self.draft_max is not None else None, draft_max=self.draft_max,
-            draft_min=0 if self.draft_max is not None else None, parallel=k, ctx=N_CTX * k, threads=threads))
+            draft_min=0 if self.draft_max is not None else None, parallel=k, ctx=N_CTX * k, threads=threads,
+            startup_timeout=600.0))
 
     def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False):
         t_sent = time.perf_counter()
@@ -565,34 +570,6 @@ class LlamaServer(StreamEngine):
             rec.first = (t_sent - t0) + arrivals[0]
         rec.tokens = int(r.n_predicted)
 
-    def stop(self) -> None:
-        if self._stack is not None:
-            self._stack.close()
-            self._stack = None
-
-
-class ServerEngine(AuditEngine):
-    """Audit: llama-server with ``parallel`` slots, with a draft model (-md) or without (control)."""
-
-    ids_from = "`tokens` of the `/completion` answer (`return_tokens`)"
-
-    def __init__(self, draft: bool) -> None:
-        self.use_draft = draft
-        self.control = not draft
-        self.id = "llama-server-md" if draft else "llama-server-plain"
-
-    def start(self, ctx: Ctx) -> None:
-        super().start(ctx)
-        self.parallel = ctx.parallel
-        self.label = (f"llama.cpp llama-server -md --spec-type draft-simple (draft-n-max {ctx.draft_max}, "
-                      f"{ctx.parallel} slots)" if self.use_draft
-                      else f"llama.cpp llama-server, no draft ({ctx.parallel} slots)")
-        self._stack = ExitStack()
-        self.url = self._stack.enter_context(llama_server(
-            str(ctx.target), draft=str(ctx.draft) if self.use_draft else None,
-            draft_max=ctx.draft_max if self.use_draft else None, draft_min=0 if self.use_draft else None,
-            parallel=ctx.parallel, ctx=N_CTX * ctx.parallel, threads=ctx.threads, startup_timeout=600.0))
-
     def one(self, job: Job, setting) -> Sample:
         r = server_complete(self.url, list(job.ids), self.ctx.max_tokens, temperature=setting.temperature,
                             top_k=setting.top_k, top_p=setting.top_p, min_p=setting.min_p, seed=job.seed,
@@ -604,7 +581,9 @@ class ServerEngine(AuditEngine):
                       drafted=r.draft_n or 0, accepted=r.draft_n_accepted or 0)
 
     def stop(self) -> None:
-        self._stack.close()
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
 
     def command(self) -> str:
         cmd = list(self.url.command)

@@ -2,9 +2,9 @@
 called directly or behind our HTTP server (``specdec-cpu serve``, optionally
 through Ray Serve) driven with the official ``openai`` client.
 
-:class:`OursBatched` and :class:`OpenAIServer` are the serving study's
-adapters (bench/serving.py, bench/layer_latency.py); :class:`OursBatchedAudit`
-is the exactness audit's.
+:class:`OursBatched` is the adapter of the serving studies (bench/serving.py,
+bench/layer_latency.py) and of the exactness audit; :class:`OpenAIServer` the
+serving studies'.
 """
 
 from __future__ import annotations
@@ -17,18 +17,27 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..common import BENCH
-from .base import N_CTX, AuditEngine, Ctx, StreamEngine, consume, pair_paths, params
+from .base import N_CTX, Engine, consume, pair_paths, params
 from .llama_server import free_port
 from .ours_single import sample_of
 
 
-class OursBatched(StreamEngine):
-    """Serving: BatchedDecoder (γ auto, or a fixed γ such as 0: continuous batching alone)."""
+class OursBatched(Engine):
+    """BatchedDecoder: K sequences share every target pass (γ auto, or a fixed
+    γ such as 0: continuous batching alone), with the draft model, n-gram
+    lookup, both or neither."""
 
-    def __init__(self, gamma: Any, draft_vocab: Optional[int] = None) -> None:
-        self.gamma, self.draft_vocab = gamma, draft_vocab
-        self.id = ("batched-auto" if gamma == "auto" else f"batched-g{gamma}") + ("-cut" if draft_vocab else "")
-        self.label = f"ours, BatchedDecoder γ={gamma}" + (f", draft cut to {draft_vocab} ids" if draft_vocab else "")
+    ids_from = "`Generation.tokens`"
+    batched = True
+
+    def __init__(self, gamma: Any = "auto", draft_vocab: Optional[int] = None, *, draft: bool = True,
+                 ngram: bool = False, control: bool = False, id: Optional[str] = None,
+                 label: Optional[str] = None) -> None:
+        self.gamma, self.draft_vocab, self.control = gamma, draft_vocab, control
+        self.use_draft, self.ngram = draft, ngram
+        self.id = id or ("batched-auto" if gamma == "auto" else f"batched-g{gamma}") + ("-cut" if draft_vocab else "")
+        self.label = label or (f"ours, BatchedDecoder γ={gamma}"
+                               + (f", draft cut to {draft_vocab} ids" if draft_vocab else ""))
         self.dec = None
         self._last = None
         #: a JSON-lines file for the decoder's step records (--trace-steps), and the run they belong to
@@ -43,8 +52,9 @@ class OursBatched(StreamEngine):
         if self.trace_path is not None:
             self._trace = open(self.trace_path, "a")
             step_trace = self._write_step
-        self.dec = BatchedDecoder.from_gguf(*pair_paths(), max_sequences=k,
-                                            n_ctx=N_CTX, n_threads=threads, gamma=self.gamma,
+        target, draft = pair_paths()
+        self.dec = BatchedDecoder.from_gguf(target, draft if self.use_draft else None, ngram=self.ngram,
+                                            max_sequences=k, n_ctx=N_CTX, n_threads=threads, gamma=self.gamma,
                                             step_trace=step_trace, draft_vocab=self.draft_vocab)
         self._last = self.dec.metrics()
 
@@ -80,6 +90,10 @@ class OursBatched(StreamEngine):
             "step_s": m.step_seconds - last.step_seconds,
         }
 
+    def one(self, job, setting):
+        gen = self.dec.generate(list(job.ids), max_tokens=self.ctx.max_tokens, params=setting.params(job.seed))
+        return sample_of(job, gen, self.ctx)
+
     def stop(self) -> None:
         if self.dec is not None:
             self.dec.close()
@@ -87,6 +101,13 @@ class OursBatched(StreamEngine):
         if self._trace is not None:
             self._trace.close()
             self._trace = None
+
+    def command(self) -> str:
+        draft = "Q4_0" if self.use_draft else "None"
+        return (f"BatchedDecoder.from_gguf(F32, {draft}, ngram={self.ngram}, gamma={self.gamma!r}, "
+                f"max_sequences={self.parallel}, n_ctx={N_CTX}, n_threads={self.ctx.threads}), "
+                f"{self.parallel} client threads calling .generate(prompt_ids, max_tokens={self.ctx.max_tokens}, "
+                "params=SamplingParams(temperature, top_p, seed))")
 
 
 def _thread_cpu(pid: int, tid: int) -> float:
@@ -110,7 +131,7 @@ def _raylet_running() -> bool:
     return False
 
 
-class OpenAIServer(StreamEngine):
+class OpenAIServer(Engine):
     """Serving: a server process driven with the official ``openai`` client
     (streamed /v1/completions with the templated prompt): ours (``specdec-cpu
     serve``, optionally through Ray Serve; llama-cpp-python's server is a
@@ -259,43 +280,3 @@ class OpenAIServer(StreamEngine):
             except Exception:
                 self.proc.kill()
         self.proc = None
-
-
-class OursBatchedAudit(AuditEngine):
-    """Audit: BatchedDecoder: ``parallel`` sequences share every target pass (exact too)."""
-
-    ids_from = "`Generation.tokens`"
-
-    def __init__(self, draft: bool, ngram: bool, gamma: Any, control: bool = False) -> None:
-        self.use_draft, self.ngram, self.gamma, self.control = draft, ngram, gamma, control
-        if ngram:
-            self.id, what = "ours-ngram", "n-gram lookup (no draft model)"
-        elif gamma == 0:
-            self.id, what = "ours-plain", "plain (γ=0)"
-        else:
-            self.id, what = f"ours-batched-{gamma}", f"draft model, γ={gamma}"
-        self.label = f"ours, BatchedDecoder, {what}"
-
-    def start(self, ctx: Ctx) -> None:
-        from specdec_cpu import BatchedDecoder
-
-        super().start(ctx)
-        self.parallel = ctx.parallel
-        self.label += f", {ctx.parallel} sequences at once"
-        self.dec = BatchedDecoder.from_gguf(str(ctx.target), str(ctx.draft) if self.use_draft else None,
-                                            ngram=self.ngram, gamma=self.gamma, max_sequences=ctx.parallel,
-                                            n_ctx=N_CTX, n_threads=ctx.threads)
-
-    def one(self, job, setting):
-        gen = self.dec.generate(list(job.ids), max_tokens=self.ctx.max_tokens, params=setting.params(job.seed))
-        return sample_of(job, gen, self.ctx)
-
-    def stop(self) -> None:
-        self.dec.close()
-
-    def command(self) -> str:
-        draft = "Q4_0" if self.use_draft else "None"
-        return (f"BatchedDecoder.from_gguf(F32, {draft}, ngram={self.ngram}, gamma={self.gamma!r}, "
-                f"max_sequences={self.parallel}, n_ctx={N_CTX}, n_threads={self.ctx.threads}), "
-                f"{self.parallel} client threads calling .generate(prompt_ids, max_tokens={self.ctx.max_tokens}, "
-                "params=SamplingParams(temperature, top_p, seed))")

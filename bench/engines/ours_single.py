@@ -2,8 +2,8 @@
 and ``DecoderPool`` (K of them, one per request).
 
 :func:`generation_record` is the suite's record of one generation;
-:class:`OursSingle` and :class:`OursPool` are the serving study's adapters,
-:class:`OursSingleAudit` the exactness audit's.  (bench/ab_worker.py runs the
+:class:`OursSingle` the adapter of the serving study and the exactness audit,
+:class:`OursPool` the serving study's.  (bench/ab_worker.py runs the
 same decoder out of process, under another checkout's Python.)
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict
 
-from .base import N_CTX, AuditEngine, Ctx, Job, Sample, StreamEngine, consume, cut, pair_paths, params
+from .base import N_CTX, Ctx, Engine, Job, Sample, consume, cut, pair_paths, params
 
 
 def generation_record(gen: Any) -> Dict[str, Any]:
@@ -42,23 +42,39 @@ def generation_record(gen: Any) -> Dict[str, Any]:
     }
 
 
-class OursSingle(StreamEngine):
-    """Serving: SpeculativeDecoder (one conversation; K = 1 only): the single-stream reference."""
+class OursSingle(Engine):
+    """SpeculativeDecoder, one conversation at a time (serving: K = 1 only, the single-stream reference)."""
 
-    id, label = "single-auto", "ours, SpeculativeDecoder γ=auto"
+    ids_from = "`Generation.tokens`"
+
+    def __init__(self, gamma: Any = "auto", *, id: str = "single-auto",
+                 label: str = "ours, SpeculativeDecoder γ=auto") -> None:
+        self.gamma, self.id, self.label = gamma, id, label
 
     def start(self, k, threads):
         from specdec_cpu import SpeculativeDecoder
 
-        self.dec = SpeculativeDecoder.from_gguf(*pair_paths(), n_ctx=N_CTX, n_threads=threads)
+        self.dec = SpeculativeDecoder.from_gguf(*pair_paths(), gamma=self.gamma, n_ctx=N_CTX, n_threads=threads)
 
     def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False):
         s = self.dec.stream(prompt, max_tokens=max_tokens, params=params(setting, seed, ignore_eos))
         consume(s, rec, time.perf_counter(), t0)
         rec.tokens = len(s.result.tokens)
 
+    def one(self, job, setting):
+        gen = self.dec.generate(list(job.ids), max_tokens=self.ctx.max_tokens, params=setting.params(job.seed))
+        return sample_of(job, gen, self.ctx)
 
-class OursPool(StreamEngine):
+    def stop(self) -> None:
+        self.dec.close()
+
+    def command(self) -> str:
+        return (f"SpeculativeDecoder.from_gguf(F32, Q4_0, gamma={self.gamma!r}, n_ctx={N_CTX}, "
+                f"n_threads={self.ctx.threads}).generate(prompt_ids, max_tokens={self.ctx.max_tokens}, "
+                "params=SamplingParams(temperature, top_p, seed))")
+
+
+class OursPool(Engine):
     """Serving: DecoderPool(K): one context per request, its cores shared out."""
 
     id, label = "pool-auto", "ours, DecoderPool(K) γ=auto"
@@ -84,33 +100,3 @@ def sample_of(job: Job, gen: Any, ctx: Ctx) -> Sample:
     tokens, cut_eog = cut(list(gen.tokens), ctx.max_tokens, ctx.is_eog)
     return Sample(job.index, job.prompt, job.text, job.seed, tokens, st.finish_reason == "stop" or cut_eog,
                   produced=len(gen.tokens), drafted=st.drafted, accepted=st.accepted, passes=st.steps)
-
-
-class OursSingleAudit(AuditEngine):
-    """Audit: SpeculativeDecoder (one sequence at a time), fixed γ or auto."""
-
-    ids_from = "`Generation.tokens`"
-
-    def __init__(self, gamma: Any) -> None:
-        self.gamma = gamma
-        self.id = f"ours-g{gamma}" if gamma != "auto" else "ours-auto"
-        self.label = f"ours, SpeculativeDecoder γ={gamma}"
-
-    def start(self, ctx: Ctx) -> None:
-        from specdec_cpu import SpeculativeDecoder
-
-        super().start(ctx)
-        self.dec = SpeculativeDecoder.from_gguf(str(ctx.target), str(ctx.draft), gamma=self.gamma, n_ctx=N_CTX,
-                                                n_threads=ctx.threads)
-
-    def one(self, job, setting):
-        gen = self.dec.generate(list(job.ids), max_tokens=self.ctx.max_tokens, params=setting.params(job.seed))
-        return sample_of(job, gen, self.ctx)
-
-    def stop(self) -> None:
-        self.dec.close()
-
-    def command(self) -> str:
-        return (f"SpeculativeDecoder.from_gguf(F32, Q4_0, gamma={self.gamma!r}, n_ctx={N_CTX}, "
-                f"n_threads={self.ctx.threads}).generate(prompt_ids, max_tokens={self.ctx.max_tokens}, "
-                "params=SamplingParams(temperature, top_p, seed))")
