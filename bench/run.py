@@ -62,7 +62,7 @@ from .suite import (
     Q4_0,
     QUICK,
     SETTINGS,
-    Engine,
+    EngineSpec,
     Pair,
     Setting,
 )
@@ -198,7 +198,7 @@ def _is_f32(target: str) -> bool:
     return target.endswith("f32")
 
 
-def estimate_run(target: str, engine: Engine, tokens: int) -> float:
+def estimate_run(target: str, engine: EngineSpec, tokens: int) -> float:
     """Rough seconds of one run on an idle 2-core machine (only for the ETA)."""
     f32 = _is_f32(target)
     tps = 14.0 if f32 else 40.0
@@ -235,7 +235,7 @@ class Group:
     target: str
     target_path: Path
     pairs: List[Pair]
-    engines: List[Engine]
+    engines: List[EngineSpec]
     decoders: Dict[str, Any] = field(default_factory=dict)  # role -> SpeculativeDecoder
     draft_paths: Dict[str, Optional[Path]] = field(default_factory=dict)  # role -> draft file
     cost_models: Dict[str, Any] = field(default_factory=dict)  # role -> CostModel (current setting)
@@ -244,7 +244,7 @@ class Group:
     stack: ExitStack = field(default_factory=ExitStack)  # stops the servers
     errors: List[str] = field(default_factory=list)  # peers that could not be started
 
-    def pair_ids_of(self, engine: Engine) -> List[str]:
+    def pair_ids_of(self, engine: EngineSpec) -> List[str]:
         if engine.id in (CONTROL, BASELINE):
             return [p.id for p in self.pairs]
         return [p.id for p in self.pairs
@@ -329,7 +329,7 @@ def load_group(group: Group, args: argparse.Namespace, progress: Progress) -> No
                  f"{f', {len(group.servers)} llama-server(s)' if group.servers else ''})")
 
 
-def start_server(group: Group, engine: Engine, args: argparse.Namespace):
+def start_server(group: Group, engine: EngineSpec, args: argparse.Namespace):
     """A llama-server for one engine: single client (--parallel 1), the suite's
     context and threads (the draft model's too); sampling is set per request."""
     from specdec_cpu.demo_models import ensure_model
@@ -349,7 +349,7 @@ def plain_decoder(group: Group):
     raise RuntimeError("no decoder for plain decoding")
 
 
-def predicted_speedup(engine: Engine, stats, cost_model) -> Optional[float]:
+def predicted_speedup(engine: EngineSpec, stats, cost_model) -> Optional[float]:
     """The theory's speed-up for this run, from α measured in it and the
     pair's calibration (c, v(k)) in the same setting.
 
@@ -387,7 +387,7 @@ def predicted_speedup(engine: Engine, stats, cost_model) -> Optional[float]:
     return tokens / spent if spent > 0 else None
 
 
-def run_engine(group: Group, engine: Engine, setting: Setting, text: str, seed: int,
+def run_engine(group: Group, engine: EngineSpec, setting: Setting, text: str, seed: int,
                args: argparse.Namespace) -> Dict[str, Any]:
     rec: Dict[str, Any] = {"engine": engine.id}
     if engine.draft_max:
@@ -644,7 +644,7 @@ def set_block_ratios(block_runs: List[Dict[str, Any]]) -> None:
         r["ratio_to_ours_plain"] = (r["tps"] / ours) if ours and r.get("tps") else None
 
 
-def engine_info(e: Engine) -> Dict[str, Any]:
+def engine_info(e: EngineSpec) -> Dict[str, Any]:
     info: Dict[str, Any] = {"label": e.label, "kind": e.kind}
     if e.family:
         info.update(family=e.family, family_label=suite.FAMILY_LABELS.get(e.family, e.family),
