@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
 from .common import (
+    BENCH,
     baseline_python,
     baseline_versions,
     fmt,
@@ -66,8 +67,7 @@ from .engines import llama_cli
 from .prompts import PROMPTS
 from .suite import F32, Q4_0, Q4_K_M, SETTINGS
 
-HERE = Path(__file__).resolve().parent
-WORKER = HERE / "ab_worker.py"
+WORKER = BENCH / "ab_worker.py"
 SECTION = "## Single stream, this checkout against the previous main"
 ENGINES = ("baseline-auto", "baseline-g0", "new-auto", "new-g0", "llama-plain")
 #: (numerator, denominator) of the reported ratios

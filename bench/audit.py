@@ -65,7 +65,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .common import RESULTS_MD, results_dir, say, versions, write_section
+from .common import BENCH, RESULTS_MD, results_dir, say, versions, write_section
 from .common import command_line as common_command_line
 from .engines import llama_cli
 from .engines.base import META_FIELDS, N_CTX, Ctx, Engine, Job, Sample
@@ -78,7 +78,6 @@ from .prompts import PROMPTS as SUITE_PROMPTS
 from .serving import USER_PROMPTS
 from .suite import F32, Q4_0, SETTINGS, Setting
 
-HERE = Path(__file__).resolve().parent
 SECTION = "## Is it exact?"
 FORMAT = 1
 
@@ -688,7 +687,7 @@ def _data_dir(out_dir: Optional[Path]) -> str:
     if out_dir is None:
         return "bench/audit"
     try:
-        return str(out_dir.resolve().relative_to(HERE.parent))
+        return str(out_dir.resolve().relative_to(BENCH.parent))
     except ValueError:
         return str(out_dir)
 

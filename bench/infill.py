@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from .common import (
+    BENCH,
     machine_info,
     median,
     paired_ratios,
@@ -50,8 +51,7 @@ from .engines import llama_cli, llama_server
 from .structured import best_server
 from .suite import F32, Q4_0
 
-HERE = Path(__file__).resolve().parent
-PACKAGE = HERE.parent / "python" / "specdec_cpu"
+PACKAGE = BENCH.parent / "python" / "specdec_cpu"
 SECTION = "## Fill in the middle: ours against llama-server /infill"
 N_CTX = 4096
 TOKENS = 64

@@ -49,7 +49,6 @@ from .engines.ours_batched import OpenAIServer, OursBatched
 from .serving import chat_prompts
 from .suite import SETTINGS
 
-HERE = Path(__file__).resolve().parent
 HEADING = "## Serving layers' added latency"
 FRESH_HEADING = "## Serving layers' added latency, a new prompt every request"
 HEALTH_ROUNDS = 200

@@ -70,7 +70,6 @@ from .engines.ours_batched import OpenAIServer, OursBatched
 from .engines.ours_single import OursPool, OursSingle
 from .suite import F32, Q4_0, SETTINGS, Setting
 
-HERE = Path(__file__).resolve().parent
 SERVING = results_dir("serving")
 #: The RESULTS.md section and plot of each mode (direct engines, through HTTP, through Ray).
 MODES = {
