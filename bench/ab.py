@@ -12,7 +12,7 @@ rotated from block to block:
 
 - ``baseline-auto``, ``new-auto``: SpeculativeDecoder γ=auto with the draft;
 - ``baseline-g0``, ``new-g0``: γ=0 and no draft (plain decoding through the package);
-- ``llama-plain``: llama.cpp's ``llama-completion`` (bench/llama_cli.py), same
+- ``llama-plain``: llama.cpp's ``llama-completion`` (bench/engines/llama_cli.py), same
   prompt and sampling settings, its decode tok/s with sampling (as bench/run.py).
 
 Each of ours runs in a fresh process of its checkout's Python
