@@ -48,6 +48,7 @@ from .common import (
     versions,
 )
 from .engines import llama_cli, llama_server
+from .engines.ours_single import OursSingle
 from .structured import best_server
 from .suite import F32, Q4_0
 
@@ -81,12 +82,8 @@ def workload(n: int, seed: int) -> List[Dict[str, Any]]:
     return [cut(*FILES[b % len(FILES)], rng) for b in range(n)]
 
 
-class Ours:
-    def __init__(self, target: Path, draft: Optional[Path], ngram: bool, gamma: Any, threads: int) -> None:
-        from specdec_cpu import SpeculativeDecoder
-
-        self.dec = SpeculativeDecoder.from_gguf(str(target), str(draft) if draft else None, ngram=ngram,
-                                                gamma=gamma, n_ctx=N_CTX, n_threads=threads)
+class Ours(OursSingle):
+    """Our single-stream decoder on one FIM case, from an empty cache."""
 
     def run(self, case: Dict[str, Any], seed: int) -> Dict[str, Any]:
         from specdec_cpu import SamplingParams
@@ -103,9 +100,6 @@ class Ours:
         return {"tps": s.tokens_per_second, "tokens": s.tokens, "ttft_s": ttft, "prompt_tokens": len(ids),
                 "drafted": s.drafted, "accepted": s.accepted, "by_drafter": s.by_drafter,
                 "mean_gamma": statistics.fmean(s.gammas) if s.gammas else 0.0}
-
-    def close(self) -> None:
-        self.dec.close()
 
 
 def server_run(url: str, case: Dict[str, Any], seed: int) -> Dict[str, Any]:
@@ -134,12 +128,13 @@ def run(args) -> Dict[str, Any]:
     out.parent.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         say("loading our decoders and starting the llama-servers")
-        ours = {"ours-model": Ours(target, draft, False, "auto", args.threads),
-                "ours-ngram": Ours(target, None, True, "auto", args.threads),
-                "ours-hybrid": Ours(target, draft, True, "auto", args.threads),
-                "ours-g0": Ours(target, None, False, 0, args.threads)}
+        ours = {"ours-model": Ours("auto", n_ctx=N_CTX),
+                "ours-ngram": Ours("auto", draft=False, ngram=True, n_ctx=N_CTX),
+                "ours-hybrid": Ours("auto", ngram=True, n_ctx=N_CTX),
+                "ours-g0": Ours(0, draft=False, n_ctx=N_CTX)}
         for o in ours.values():
-            stack.callback(o.close)
+            o.start(1, args.threads)
+            stack.callback(o.stop)
         servers = llama_server.start_servers(stack, target, draft, args.draft_max, ctx=N_CTX, threads=args.threads)
 
         def one(e: str, case: Dict[str, Any], seed: int) -> Dict[str, Any]:

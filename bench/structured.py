@@ -51,6 +51,7 @@ from .common import (
     versions,
 )
 from .engines import llama_cli, llama_server
+from .engines.ours_single import OursSingle
 from .suite import F32, Q4_0
 
 SECTION = "## Structured output: JSON schemas, ours against llama-server"
@@ -120,15 +121,17 @@ def valid(text: str, schema: dict) -> bool:
         return False
 
 
-class Ours:
-    """One in-process decoder of this checkout (γ fixed by the engine)."""
+class Ours(OursSingle):
+    """One in-process decoder of this checkout (γ fixed by the engine), the
+    draft's proposals masked by the grammar or not."""
 
-    def __init__(self, target: Path, draft: Optional[Path], gamma: Any, threads: int, mask_draft: bool = True):
-        from specdec_cpu import SpeculativeDecoder
+    def __init__(self, gamma: Any, *, draft: bool = True, mask_draft: bool = True) -> None:
+        super().__init__(gamma, draft=draft, n_ctx=N_CTX)
+        self.mask_draft = mask_draft
 
-        self.dec = SpeculativeDecoder.from_gguf(str(target), str(draft) if draft else None, gamma=gamma,
-                                                n_ctx=N_CTX, n_threads=threads)
-        self.dec._loop.core.mask_draft = mask_draft
+    def start(self, k: int, threads: int) -> None:
+        super().start(k, threads)
+        self.dec._loop.core.mask_draft = self.mask_draft
 
     def run(self, text: str, schema: dict, temperature: float, top_p: float, seed: int) -> Dict[str, Any]:
         from specdec_cpu import SamplingParams
@@ -143,9 +146,6 @@ class Ours:
                 "mean_alpha": s.mean_alpha if s.alpha_rows else None,
                 "mean_gamma": statistics.fmean(s.gammas) if s.gammas else 0.0, "valid": valid(gen.text, schema),
                 "finish_reason": gen.finish_reason}
-
-    def close(self) -> None:
-        self.dec.close()
 
 
 def server_run(url: str, text: str, schema: dict, temperature: float, top_p: float, seed: int) -> Dict[str, Any]:
@@ -170,11 +170,11 @@ def run(args) -> Dict[str, Any]:
     out.parent.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
         say("loading our decoders and starting the llama-servers")
-        ours = {"ours-auto": Ours(target, draft, "auto", args.threads),
-                "ours-g0": Ours(target, None, 0, args.threads),
-                "ours-auto-unmasked": Ours(target, draft, "auto", args.threads, mask_draft=False)}
+        ours = {"ours-auto": Ours("auto"), "ours-g0": Ours(0, draft=False),
+                "ours-auto-unmasked": Ours("auto", mask_draft=False)}
         for o in ours.values():
-            stack.callback(o.close)
+            o.start(1, args.threads)
+            stack.callback(o.stop)
         servers = llama_server.start_servers(stack, target, draft, args.draft_max, ctx=N_CTX, threads=args.threads)
         tok = ours["ours-g0"].dec.tokenizer
         block = 0

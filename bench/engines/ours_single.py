@@ -43,18 +43,21 @@ def generation_record(gen: Any) -> Dict[str, Any]:
 
 
 class OursSingle(Engine):
-    """SpeculativeDecoder, one conversation at a time (serving: K = 1 only, the single-stream reference)."""
+    """SpeculativeDecoder, one conversation at a time (serving: K = 1 only, the single-stream reference),
+    with the draft model, n-gram lookup, both or neither."""
 
     ids_from = "`Generation.tokens`"
 
-    def __init__(self, gamma: Any = "auto", *, id: str = "single-auto",
-                 label: str = "ours, SpeculativeDecoder γ=auto") -> None:
-        self.gamma, self.id, self.label = gamma, id, label
+    def __init__(self, gamma: Any = "auto", *, draft: bool = True, ngram: bool = False, n_ctx: int = N_CTX,
+                 id: str = "single-auto", label: str = "ours, SpeculativeDecoder γ=auto") -> None:
+        self.gamma, self.use_draft, self.ngram, self.n_ctx, self.id, self.label = gamma, draft, ngram, n_ctx, id, label
 
     def start(self, k, threads):
         from specdec_cpu import SpeculativeDecoder
 
-        self.dec = SpeculativeDecoder.from_gguf(*pair_paths(), gamma=self.gamma, n_ctx=N_CTX, n_threads=threads)
+        target, draft = pair_paths()
+        self.dec = SpeculativeDecoder.from_gguf(target, draft if self.use_draft else None, ngram=self.ngram,
+                                                gamma=self.gamma, n_ctx=self.n_ctx, n_threads=threads)
 
     def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False):
         s = self.dec.stream(prompt, max_tokens=max_tokens, params=params(setting, seed, ignore_eos))
