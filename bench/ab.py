@@ -102,7 +102,7 @@ def request_of(text: str, setting, seed: int) -> Dict[str, Any]:
 def run_engine(engine: str, args, target: Path, draft: Path, text: str, setting, seed: int) -> Dict[str, Any]:
     if engine == "llama-plain":
         r = llama_cli.run_plain(target, text, args.tokens, threads=args.threads, seed=seed, ctx=N_CTX,
-                            ignore_eos=True, timeout=TIMEOUT, **setting.peer_kwargs())
+                                ignore_eos=True, timeout=TIMEOUT, **setting.peer_kwargs())
         perf = r.target_perf
         wall = perf["total_ms"] / 1e3 if "total_ms" in perf else None
         return {"tokens": r.n_decoded, "tps": r.tokens_per_s_with_sampling or r.tokens_per_s,

@@ -400,7 +400,7 @@ def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx
         emitted = sum(len(s.tokens) for s in samples)
         score_s += score(samples, 1)
         say(f"{engine.id} {setting.id}: continuing an unfinished run ({len(samples)} sequences, {rounds} rounds, "
-             f"{session.tokens} / {args.tokens} audited tokens)")
+            f"{session.tokens} / {args.tokens} audited tokens)")
     per_round = max(1, ROUND_TOKENS // max(int(MEAN_LENGTH * args.max_tokens), 1))
     while session.tokens < args.tokens:
         remaining = args.tokens - session.tokens
@@ -432,8 +432,8 @@ def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx
         _save_progress(path, key, samples, next_job=next_job, rounds=rounds, failed_sequences=errors,
                        generate_seconds=round(gen_s, 1), score_seconds=round(score_s, 1))
         say(f"{engine.id} {setting.id} round {rounds}: {len(new)} sequences, {n_new} tokens in {dt:.0f} s "
-             f"({n_new / dt if dt > 0 else 0:.1f} tok/s); audited {session.tokens} / {args.tokens} "
-             f"({session.positions} positions, {session.accumulator.point_mass} single-token)")
+            f"({n_new / dt if dt > 0 else 0:.1f} tok/s); audited {session.tokens} / {args.tokens} "
+            f"({session.positions} positions, {session.accumulator.point_mass} single-token)")
     report = session.report()
     _progress_path(path).unlink(missing_ok=True)  # the run is complete: results.json holds it now
     rep = _report_record(report)
@@ -502,9 +502,9 @@ def rescore(args: argparse.Namespace, command: str) -> Dict[str, Any]:
                                "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
             r = rec["report"]
             say(f"{rec['engine']} {rec['setting']}: rescored: {report.verdict} — {r['tokens']} tokens, "
-                 f"chi-square {_p_eq(r['chi2_p'])}, z = {r['z']:+.2f}, {r['near_ties']} near ties, "
-                 f"{len(report.real_impossible)} impossible and {len(report.real_mismatches)} point-mass "
-                 f"mismatches beyond the tie tolerance")
+                f"chi-square {_p_eq(r['chi2_p'])}, z = {r['z']:+.2f}, {r['near_ties']} near ties, "
+                f"{len(report.real_impossible)} impossible and {len(report.real_mismatches)} point-mass "
+                f"mismatches beyond the tie tolerance")
             save_results(results, res_path)
     finally:
         model.close()
@@ -589,9 +589,9 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
                     results["runs"].append(rec)
                     r = rec["report"]
                     say(f"{eid} {sid}: {rec['verdict']} — {r['tokens']} tokens audited, chi-square "
-                         f"{_p_eq(r['chi2_p'])}, z = {r['z']:+.2f}, TV [{r['tv'][0]:.4f}, {r['tv'][1]:.4f}] "
-                         f"(generated {rec['generate_seconds']:.0f} s, scored {rec['score_seconds']:.0f} s; "
-                         f"elapsed {_mmss(time.monotonic() - t_start)})")
+                        f"{_p_eq(r['chi2_p'])}, z = {r['z']:+.2f}, TV [{r['tv'][0]:.4f}, {r['tv'][1]:.4f}] "
+                        f"(generated {rec['generate_seconds']:.0f} s, scored {rec['score_seconds']:.0f} s; "
+                        f"elapsed {_mmss(time.monotonic() - t_start)})")
                     results["duration_seconds"] = round(time.monotonic() - t_start, 1)
                     save_results(results, res_path)
             finally:

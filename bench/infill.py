@@ -104,9 +104,9 @@ class Ours(OursSingle):
 
 def server_run(url: str, case: Dict[str, Any], seed: int) -> Dict[str, Any]:
     r = llama_server.server_complete(url, "", TOKENS, temperature=0.0, seed=seed, stream=True, cache_prompt=False,
-                              endpoint="/infill",
-                              extra={"input_prefix": case["prefix"], "input_suffix": case["suffix"],
-                                     "input_extra": case["extra"], "ignore_eos": True})
+                                     endpoint="/infill",
+                                     extra={"input_prefix": case["prefix"], "input_suffix": case["suffix"],
+                                            "input_extra": case["extra"], "ignore_eos": True})
     return {"tps": r.tokens_per_s, "tokens": r.n_predicted, "ttft_s": r.ttft_s, "prompt_tokens": r.prompt_tokens,
             "acceptance": r.acceptance}
 

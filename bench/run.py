@@ -403,7 +403,7 @@ def run_engine(group: Group, engine: EngineSpec, setting: Setting, text: str, se
             rec["text"] = gen.text
         elif engine.kind == "completion":
             r = llama_cli.run_plain(group.target_path, text, args.tokens, threads=args.threads, seed=seed,
-                                ctx=args.ctx, timeout=PEER_TIMEOUT, **setting.peer_kwargs())
+                                    ctx=args.ctx, timeout=PEER_TIMEOUT, **setting.peer_kwargs())
             rec.update(r.record())
             # a generation loop pays for sampling too (the speculative tools' figure includes it)
             if r.tokens_per_s_with_sampling:
@@ -413,13 +413,13 @@ def run_engine(group: Group, engine: EngineSpec, setting: Setting, text: str, se
             draft = group.model_draft or Q4_0
             from specdec_cpu.demo_models import ensure_model
             r = llama_cli.run_speculative(group.target_path, ensure_model(draft), text, args.tokens,
-                                      threads=args.threads, seed=seed, draft_max=engine.draft_max,
-                                      variant=engine.variant, ctx=args.ctx, timeout=PEER_TIMEOUT,
-                                      **setting.peer_kwargs())
+                                          threads=args.threads, seed=seed, draft_max=engine.draft_max,
+                                          variant=engine.variant, ctx=args.ctx, timeout=PEER_TIMEOUT,
+                                          **setting.peer_kwargs())
             rec.update(r.record())
         elif engine.kind == "server":
             r = llama_server.run_server(group.servers[engine.id], text, args.tokens, seed=seed,
-                                 timeout=PEER_TIMEOUT, **setting.peer_kwargs())
+                                        timeout=PEER_TIMEOUT, **setting.peer_kwargs())
             rec.update(r.record())
             rec["finish"] = r.target_perf.get("stop_type")
             rec["timings"] = r.target_perf
@@ -459,8 +459,8 @@ def warm_up(group: Group, args: argparse.Namespace, progress: Progress) -> None:
             from specdec_cpu.demo_models import ensure_model
             for variant in sorted({e.variant for e in group.engines if e.kind == "speculative"}):
                 llama_cli.run_speculative(group.target_path, ensure_model(group.model_draft or Q4_0), text, 8,
-                                      threads=args.threads, ctx=args.ctx, timeout=PEER_TIMEOUT,
-                                      variant=variant)
+                                          threads=args.threads, ctx=args.ctx, timeout=PEER_TIMEOUT,
+                                          variant=variant)
         for url in group.servers.values():
             llama_server.run_server(url, text, 8, timeout=PEER_TIMEOUT)
     except llama_cli.PeerRunError as exc:

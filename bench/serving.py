@@ -298,8 +298,8 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
                             run.update(k=k, setting=sid, arrival=arrival, block=block, repeat=rep)
                             results["runs"].append(run)
                             say(f"K={k} {sid} {arrival} block {block}: {e.id:13s} "
-                                 f"{fmt(run['agg_tps'])} tok/s, TTFT p50 {fmt(run['ttft_p50'], 2)} s"
-                                 + (f"  ERRORS {run['errors'][:1]}" if run["errors"] else ""))
+                                f"{fmt(run['agg_tps'])} tok/s, TTFT p50 {fmt(run['ttft_p50'], 2)} s"
+                                + (f"  ERRORS {run['errors'][:1]}" if run["errors"] else ""))
                         _save(results, args.output)
         finally:
             for e in started:

@@ -150,7 +150,7 @@ class Ours(OursSingle):
 
 def server_run(url: str, text: str, schema: dict, temperature: float, top_p: float, seed: int) -> Dict[str, Any]:
     r = llama_server.server_complete(url, text, MAX_TOKENS, temperature=temperature, top_p=top_p, seed=seed,
-                              cache_prompt=False, extra={"json_schema": schema})
+                                     cache_prompt=False, extra={"json_schema": schema})
     return {"tps": r.tokens_per_s, "tokens": r.n_predicted, "wall_s": r.wall_seconds,
             "acceptance": r.acceptance, "valid": valid(r.text, schema)}
 
