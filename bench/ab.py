@@ -12,7 +12,7 @@ rotated from block to block:
 
 - ``baseline-auto``, ``new-auto``: SpeculativeDecoder γ=auto with the draft;
 - ``baseline-g0``, ``new-g0``: γ=0 and no draft (plain decoding through the package);
-- ``llama-plain``: llama.cpp's ``llama-completion`` (bench/peers.py), same
+- ``llama-plain``: llama.cpp's ``llama-completion`` (bench/engines/llama_cli.py), same
   prompt and sampling settings, its decode tok/s with sampling (as bench/run.py).
 
 Each of ours runs in a fresh process of its checkout's Python
@@ -37,7 +37,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,26 +44,30 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
-from . import peers
 from .common import (
-    CpuMeter,
+    BENCH,
     baseline_python,
     baseline_versions,
-    load_average,
+    fmt,
     machine_info,
+    median,
+    pair_tokenizer,
     paired_ratios,
+    paired_run,
     publish,
     ratio_text,
     redact_baseline,
+    redact_calibration,
     results_dir,
+    rotated,
+    say,
     versions,
 )
+from .engines import llama_cli
 from .prompts import PROMPTS
-from .serving import _tokenizer
 from .suite import F32, Q4_0, Q4_K_M, SETTINGS
 
-HERE = Path(__file__).resolve().parent
-WORKER = HERE / "ab_worker.py"
+WORKER = BENCH / "ab_worker.py"
 SECTION = "## Single stream, this checkout against the previous main"
 ENGINES = ("baseline-auto", "baseline-g0", "new-auto", "new-g0", "llama-plain")
 #: (numerator, denominator) of the reported ratios
@@ -98,8 +101,8 @@ def request_of(text: str, setting, seed: int) -> Dict[str, Any]:
 
 def run_engine(engine: str, args, target: Path, draft: Path, text: str, setting, seed: int) -> Dict[str, Any]:
     if engine == "llama-plain":
-        r = peers.run_plain(target, text, args.tokens, threads=args.threads, seed=seed, ctx=N_CTX,
-                            ignore_eos=True, timeout=TIMEOUT, **setting.peer_kwargs())
+        r = llama_cli.run_plain(target, text, args.tokens, threads=args.threads, seed=seed, ctx=N_CTX,
+                                ignore_eos=True, timeout=TIMEOUT, **setting.peer_kwargs())
         perf = r.target_perf
         wall = perf["total_ms"] / 1e3 if "total_ms" in perf else None
         return {"tokens": r.n_decoded, "tps": r.tokens_per_s_with_sampling or r.tokens_per_s,
@@ -112,23 +115,12 @@ def run_engine(engine: str, args, target: Path, draft: Path, text: str, setting,
                   request_of(text, setting, seed), tokens=args.tokens, threads=args.threads)
 
 
-def _redact_calibration(data: Dict[str, Any]) -> Dict[str, Any]:
-    for role in ("target", "draft"):
-        if isinstance(data.get(role), dict) and data[role].get("path"):
-            data[role]["path"] = f"<cache>/models/{Path(data[role]['path']).name}"
-    return data
-
-
-def _say(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
-
-
 def run(args) -> Dict[str, Any]:
     from specdec_cpu.demo_models import ensure_model
 
     label, tname, dname = PAIRS[args.pair]
     target, draft = ensure_model(tname), ensure_model(dname)
-    peer_paths = peers.ensure_peers()
+    peer_paths = llama_cli.ensure_peers()
     results: Dict[str, Any] = {
         "command": args.command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": machine_info(args.threads), "versions": versions(peer_paths),
@@ -141,40 +133,35 @@ def run(args) -> Dict[str, Any]:
     cal_dir = Path(tempfile.mkdtemp(prefix="ab-calibration-")) if own_dir else args.calibration_dir
     os.environ["SPECDEC_CALIBRATION_DIR"] = str(cal_dir)  # every engine's (the workers inherit it)
     try:
-        _say(f"the baseline measures the pair's pass times into the shared calibration store ({label})")
+        say(f"the baseline measures the pair's pass times into the shared calibration store ({label})")
         first = worker(args.baseline_python, target, draft, "auto", {"prompt": WARM_PROMPT}, tokens=8,
                        threads=args.threads)
         results["calibration_run"] = {k: first.get(k) for k in ("load_s", "progress", "calibrated")}
-        results["calibration"] = [_redact_calibration(json.loads(f.read_text()))
+        results["calibration"] = [redact_calibration(json.loads(f.read_text()))
                                   for f in sorted(cal_dir.glob("*.json"))]
-        peers.run_plain(target, WARM_PROMPT, 8, threads=args.threads, ctx=N_CTX, timeout=TIMEOUT)  # page cache
+        llama_cli.run_plain(target, WARM_PROMPT, 8, threads=args.threads, ctx=N_CTX, timeout=TIMEOUT)  # page cache
         block = 0
         for sid in args.settings:
             setting = SETTINGS[sid]
             for b in range(args.blocks):
                 prompt = PROMPTS[b % len(PROMPTS)]
-                text = _tokenizer().chat_prompt(prompt.messages())
+                text = pair_tokenizer().chat_prompt(prompt.messages())
                 seed = args.seed + block
-                order = ENGINES[block % len(ENGINES):] + ENGINES[:block % len(ENGINES)]
-                for pos, engine in enumerate(order):
-                    meter, load, t0 = CpuMeter(), load_average(), time.perf_counter()
-                    try:
-                        rec = run_engine(engine, args, target, draft, text, setting, seed)
-                    except (RuntimeError, peers.PeerRunError, subprocess.TimeoutExpired, ValueError) as exc:
-                        rec = {"error": f"{type(exc).__name__}: {str(exc).strip()[:300]}", "tps": None}
-                    rec.update(engine=engine, setting=sid, block=block, prompt=prompt.name, seed=seed, position=pos,
-                               run_s=time.perf_counter() - t0, others_cores=meter.others(),
-                               load_1min=load[0] if load else None)
+                for pos, engine in enumerate(rotated(ENGINES, block)):
+                    rec = paired_run(lambda: run_engine(engine, args, target, draft, text, setting, seed),
+                                     (RuntimeError, llama_cli.PeerRunError, subprocess.TimeoutExpired, ValueError),
+                                     engine=engine, setting=sid, block=block, prompt=prompt.name, seed=seed,
+                                     position=pos)
                     results["runs"].append(rec)
-                    _say(f"{sid} block {block} ({prompt.name}) {engine:13s} " + (
+                    say(f"{sid} block {block} ({prompt.name}) {engine:13s} " + (
                         f"ERROR {rec['error']}" if rec.get("error") else
-                        f"{rec['tps']:6.2f} tok/s  wall {_fmt(rec.get('wall_s'), 2)} s  mean γ "
-                        f"{_fmt(rec.get('mean_gamma'), 2)}  α {_fmt(rec.get('mean_alpha'), 3)}"))
+                        f"{rec['tps']:6.2f} tok/s  wall {fmt(rec.get('wall_s'), 2)} s  mean γ "
+                        f"{fmt(rec.get('mean_gamma'), 2)}  α {fmt(rec.get('mean_alpha'), 3)}"))
                 block += 1
                 out.write_text(json.dumps(results, indent=1))
         results["complete"] = True
     except KeyboardInterrupt:
-        _say("interrupted: writing what was measured so far")
+        say("interrupted: writing what was measured so far")
     finally:
         if own_dir:
             shutil.rmtree(cal_dir, ignore_errors=True)
@@ -185,15 +172,6 @@ def run(args) -> Dict[str, Any]:
 # ---------------------------------------------------------------------------
 # report
 # ---------------------------------------------------------------------------
-
-
-def _fmt(x: Optional[float], digits: int = 1) -> str:
-    return "–" if x is None else f"{x:.{digits}f}"
-
-
-def _median(xs) -> Optional[float]:
-    v = [x for x in xs if x is not None]
-    return statistics.median(v) if v else None
 
 
 def render(results: Dict[str, Any], data: str = "ab_results.json") -> str:
@@ -240,11 +218,11 @@ def render(results: Dict[str, Any], data: str = "ab_results.json") -> str:
             rs = [r for r in runs if r["setting"] == sid and r["engine"] == e and r.get("tps")]
             if not rs:
                 continue
-            med = lambda k: _median(r.get(k) for r in rs)  # noqa: E731
-            drafted = (f"{_fmt(med('drafted'), 0)} / {_fmt(med('accepted'), 0)}"
+            med = lambda k: median(r.get(k) for r in rs)  # noqa: E731
+            drafted = (f"{fmt(med('drafted'), 0)} / {fmt(med('accepted'), 0)}"
                        if e.endswith("auto") else "–")
-            L.append(f"| {SETTINGS[sid].label} | {e} | {_fmt(med('tps'), 2)} | {_fmt(med('wall_s'), 2)} | "
-                     f"{_fmt(med('mean_gamma'), 2)} | {_fmt(med('mean_alpha'), 3)} | {drafted} |")
+            L.append(f"| {SETTINGS[sid].label} | {e} | {fmt(med('tps'), 2)} | {fmt(med('wall_s'), 2)} | "
+                     f"{fmt(med('mean_gamma'), 2)} | {fmt(med('mean_alpha'), 3)} | {drafted} |")
     return "\n".join(L) + "\n"
 
 

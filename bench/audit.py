@@ -59,34 +59,34 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import peers
-from .common import RESULTS_MD, results_dir, write_section
+from .common import BENCH, RESULTS_MD, results_dir, say, versions, write_section
+from .common import command_line as common_command_line
+from .engines import llama_cli
+from .engines.base import META_FIELDS, N_CTX, Ctx, Engine, Job, Sample
+from .engines.llama_cli import SpeculativeTool
+from .engines.llama_cpp_python import LcpPromptLookup
+from .engines.llama_server import LlamaServer
+from .engines.ours_batched import OursBatched
+from .engines.ours_single import OursSingle
 from .prompts import PROMPTS as SUITE_PROMPTS
 from .serving import USER_PROMPTS
 from .suite import F32, Q4_0, SETTINGS, Setting
 
-HERE = Path(__file__).resolve().parent
 SECTION = "## Is it exact?"
 FORMAT = 1
 
 #: Audited tokens per engine and setting of the full run.
 FULL_TOKENS = 20000
-#: Tokens of context per sequence (the longest prompt is ~520 tokens).
-N_CTX = 1024
 #: Draft length of every engine with a draft model (ours γ = 4 and the peers' --spec-draft-n-max).
 DRAFT_MAX = 4
 #: Settings audited, in order: T = 1 untruncated, then T = 0.7 with top-p.
 AUDIT_SETTINGS: Tuple[str, ...] = ("t1", "t0.7")
-#: Chains (specdec_cpu.audit.chains).
-FIRST, LAST = "temperature-first", "temperature-last"
 
 
 # ---------------------------------------------------------------------------
@@ -203,17 +203,6 @@ AUDIT_PROMPTS: Tuple[Tuple[str, str, str], ...] = tuple(
 )
 
 
-@dataclass(frozen=True)
-class Job:
-    """One sequence to generate: a prompt (templated text and its ids) and a seed."""
-
-    index: int
-    prompt: str  # prompt name
-    text: str  # the chat-templated prompt, exactly what the engine is given
-    ids: Tuple[int, ...]  # the text tokenized as every engine tokenizes it
-    seed: int
-
-
 class Jobs:
     """The endless job list every engine draws from: job j is prompt j mod P
     (replicate-major, so consecutive sequences come from different contexts)
@@ -238,450 +227,27 @@ class Jobs:
 
 
 # ---------------------------------------------------------------------------
-# samples
-# ---------------------------------------------------------------------------
-
-
-@dataclass
-class Sample:
-    """One generated sequence: the ids sampled (EOG excluded) and what the engine said about it."""
-
-    job: int
-    prompt: str  # prompt name
-    text: str  # templated prompt
-    seed: int
-    tokens: List[int]
-    stopped: bool
-    produced: int = 0  # ids the engine produced (before the cut at EOG / max_tokens)
-    drafted: Optional[int] = None
-    accepted: Optional[int] = None
-    passes: Optional[int] = None  # target passes (ours)
-    text_check: Optional[bool] = None  # tools: the parsed ids render the printed text exactly
-    error: Optional[str] = None
-
-    def record(self) -> Dict[str, Any]:
-        """The audit's input format (one JSONL line)."""
-        return {"prompt": self.text, "tokens": self.tokens, "stopped": self.stopped}
-
-    def meta(self) -> List[Any]:
-        return [self.job, self.prompt, self.seed, len(self.tokens), self.stopped, self.produced,
-                self.drafted, self.accepted, self.text_check]
-
-
-META_FIELDS = ["job", "prompt", "seed", "tokens", "stopped", "produced", "drafted", "accepted", "text_check"]
-
-
-def cut(ids: Sequence[int], max_tokens: int, is_eog: Callable[[int], bool]) -> Tuple[List[int], bool]:
-    """The ids up to the first EOG (stopped) or the first ``max_tokens`` ids.
-
-    Cutting at a fixed length or at the first EOG depends on nothing after
-    it, so every kept position is still a draw from the engine's law.
-    """
-    for i, t in enumerate(ids[:max_tokens]):
-        if is_eog(int(t)):
-            return [int(x) for x in ids[:i]], True
-    return [int(x) for x in ids[:max_tokens]], False
-
-
-# ---------------------------------------------------------------------------
 # engines
 # ---------------------------------------------------------------------------
 
-
-@dataclass
-class Ctx:
-    """What engines need: model files, threads, lengths, the target's tokenizer."""
-
-    target: Path
-    draft: Path
-    threads: int
-    parallel: int
-    max_tokens: int
-    tokenizer: Any  # specdec_cpu.engine.LlamaTokenizer of the target
-
-    def is_eog(self, t: int) -> bool:
-        return self.tokenizer.is_eog(t)
-
-    def render(self, ids: Sequence[int]) -> bytes:
-        return b"".join(self.tokenizer.token_bytes(int(t)) for t in ids)
-
-
-class Engine:
-    """One way of generating.  ``run`` returns one Sample per job, in job order."""
-
-    id = "?"
-    label = "?"
-    chain = FIRST
-    ids_from = "?"
-    control = False
-    parallel = 1  # sequences generated at once
-
-    def start(self, ctx: Ctx) -> None:
-        self.ctx = ctx
-
-    def run(self, jobs: List[Job], setting: Setting) -> List[Sample]:
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        pass
-
-    def command(self) -> str:
-        return ""
-
-
-class OursSingle(Engine):
-    """SpeculativeDecoder (one sequence at a time), fixed γ or auto."""
-
-    ids_from = "`Generation.tokens`"
-
-    def __init__(self, gamma: Any) -> None:
-        self.gamma = gamma
-        self.id = f"ours-g{gamma}" if gamma != "auto" else "ours-auto"
-        self.label = f"ours, SpeculativeDecoder γ={gamma}"
-
-    def start(self, ctx: Ctx) -> None:
-        from specdec_cpu import SpeculativeDecoder
-
-        super().start(ctx)
-        self.dec = SpeculativeDecoder.from_gguf(str(ctx.target), str(ctx.draft), gamma=self.gamma, n_ctx=N_CTX,
-                                                n_threads=ctx.threads)
-
-    def run(self, jobs, setting):
-        out = []
-        for job in jobs:
-            gen = self.dec.generate(list(job.ids), max_tokens=self.ctx.max_tokens, params=setting.params(job.seed))
-            out.append(_ours_sample(job, gen, self.ctx))
-        return out
-
-    def stop(self) -> None:
-        self.dec.close()
-
-    def command(self) -> str:
-        return (f"SpeculativeDecoder.from_gguf(F32, Q4_0, gamma={self.gamma!r}, n_ctx={N_CTX}, "
-                f"n_threads={self.ctx.threads}).generate(prompt_ids, max_tokens={self.ctx.max_tokens}, "
-                "params=SamplingParams(temperature, top_p, seed))")
-
-
-class OursBatched(Engine):
-    """BatchedDecoder: ``parallel`` sequences share every target pass (exact too)."""
-
-    ids_from = "`Generation.tokens`"
-
-    def __init__(self, draft: bool, ngram: bool, gamma: Any, control: bool = False) -> None:
-        self.use_draft, self.ngram, self.gamma, self.control = draft, ngram, gamma, control
-        if ngram:
-            self.id, what = "ours-ngram", "n-gram lookup (no draft model)"
-        elif gamma == 0:
-            self.id, what = "ours-plain", "plain (γ=0)"
-        else:
-            self.id, what = f"ours-batched-{gamma}", f"draft model, γ={gamma}"
-        self.label = f"ours, BatchedDecoder, {what}"
-
-    def start(self, ctx: Ctx) -> None:
-        from specdec_cpu import BatchedDecoder
-
-        super().start(ctx)
-        self.parallel = ctx.parallel
-        self.label += f", {ctx.parallel} sequences at once"
-        self.dec = BatchedDecoder.from_gguf(str(ctx.target), str(ctx.draft) if self.use_draft else None,
-                                            ngram=self.ngram, gamma=self.gamma, max_sequences=ctx.parallel,
-                                            n_ctx=N_CTX, n_threads=ctx.threads)
-
-    def run(self, jobs, setting):
-        def one(job: Job) -> Sample:
-            gen = self.dec.generate(list(job.ids), max_tokens=self.ctx.max_tokens,
-                                    params=setting.params(job.seed))
-            return _ours_sample(job, gen, self.ctx)
-
-        with ThreadPoolExecutor(self.parallel) as pool:
-            return list(pool.map(one, jobs))
-
-    def stop(self) -> None:
-        self.dec.close()
-
-    def command(self) -> str:
-        draft = "Q4_0" if self.use_draft else "None"
-        return (f"BatchedDecoder.from_gguf(F32, {draft}, ngram={self.ngram}, gamma={self.gamma!r}, "
-                f"max_sequences={self.parallel}, n_ctx={N_CTX}, n_threads={self.ctx.threads}), "
-                f"{self.parallel} client threads calling .generate(prompt_ids, max_tokens={self.ctx.max_tokens}, "
-                "params=SamplingParams(temperature, top_p, seed))")
-
-
-def _ours_sample(job: Job, gen, ctx: Ctx) -> Sample:
-    st = gen.stats
-    tokens, cut_eog = cut(list(gen.tokens), ctx.max_tokens, ctx.is_eog)
-    return Sample(job.index, job.prompt, job.text, job.seed, tokens, st.finish_reason == "stop" or cut_eog,
-                  produced=len(gen.tokens), drafted=st.drafted, accepted=st.accepted, passes=st.steps)
-
-
-class SpeculativeTool(Engine):
-    """llama.cpp's ``llama-speculative`` / ``llama-speculative-simple``, one process per sequence,
-    ids read from their ``-lv 5`` debug log."""
-
-    def __init__(self, variant: str) -> None:
-        self.variant = variant
-        self.id = f"llama-{variant}"
-        self.label = f"llama.cpp llama-{variant} (draft-n-max {DRAFT_MAX})"
-        if variant == "speculative":
-            self.ids_from = ("debug log (`-lv 5`): `draft token … (ID, …) accepted` and "
-                             "`the sampled target token (ID, …)` lines")
-        else:
-            self.ids_from = ("debug log (`-lv 5`): each round's `draft candidate 0, pos i: ID` lines and "
-                             "`accepted N/M draft tokens, the last target token is: (ID)`")
-
-    def start(self, ctx: Ctx) -> None:
-        super().start(ctx)
-        self.exe = peers.ensure_peers()[self.variant]
-        self._last_cmd: List[str] = []
-
-    def cmd(self, job: Job, setting: Setting) -> List[str]:
-        t = str(self.ctx.threads)
-        cmd = [
-            str(self.exe), "-m", str(self.ctx.target), "-md", str(self.ctx.draft), "-p", job.text,
-            "-n", str(self.ctx.max_tokens), "-t", t, "-tb", t, "-td", t, "-tbd", t, "-c", str(N_CTX),
-            *peers._sampling_args(setting.temperature, setting.top_k, setting.top_p, setting.min_p, job.seed),
-            "--no-escape", "--spec-draft-n-max", str(DRAFT_MAX), "--spec-draft-n-min", "0",
-        ]
-        if self.variant == "speculative-simple":
-            cmd += ["--spec-type", "draft-simple"]
-        return cmd + ["-lv", "5"]
-
-    def run(self, jobs, setting):
-        if setting.temperature <= 0:
-            raise ValueError("the log parsers follow the stochastic paths (T > 0) only")
-        return [self._one(job, setting) for job in jobs]
-
-    def _one(self, job: Job, setting: Setting) -> Sample:
-        cmd = self.cmd(job, setting)
-        self._last_cmd = cmd
-        env = dict(os.environ)
-        env.setdefault("LC_ALL", "C")
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env=env, timeout=1800)
-        if proc.returncode != 0:
-            tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-5:]
-            return Sample(job.index, job.prompt, job.text, job.seed, [], False,
-                          error=f"exit {proc.returncode}: {' | '.join(tail)[:300]}")
-        parse = parse_speculative_log if self.variant == "speculative" else parse_simple_log
-        ids = parse(proc.stderr)
-        check = printed_text_matches(proc.stdout, job, ids, self.ctx, self.variant)
-        tokens, stopped = cut(ids, self.ctx.max_tokens, self.ctx.is_eog)
-        try:
-            nums = peers.parse_speculative_output(proc.stderr.decode("utf-8", "replace"))
-        except peers.PeerRunError:
-            nums = {}
-        return Sample(job.index, job.prompt, job.text, job.seed, tokens, stopped, produced=len(ids),
-                      drafted=int(nums["n_drafted"]) if "n_drafted" in nums else None,
-                      accepted=int(nums["n_accept"]) if "n_accept" in nums else None, text_check=check)
-
-    def command(self) -> str:
-        cmd = list(self._last_cmd)
-        if not cmd:
-            return ""
-        cmd[cmd.index("-p") + 1] = "<chat-templated prompt>"
-        return " ".join(_abbrev(peers._quote(c)) for c in cmd)
-
-
-def _abbrev(arg: str) -> str:
-    """A command-line argument with the package's cache directory written ``<cache>``."""
-    from specdec_cpu.paths import cache_dir
-
-    return arg.replace(str(cache_dir()), "<cache>")
-
-
-_RE_SPEC = re.compile(
-    rb"draft token \d+ of sequence \d+ \((\d+), '.*?'\) (accepted|rejected)\n"
-    rb"|the sampled target token \((\d+), '", re.S)
-
-_RE_SIMPLE = re.compile(
-    rb"draft candidate\s+(\d+), pos\s+(\d+):\s+(\d+) \("
-    rb"|accepted (\d+)/(\d+) draft tokens, the last target token is: \((\d+)\)")
-
-
-def parse_speculative_log(stderr: bytes) -> List[int]:
-    """The ids ``llama-speculative`` emitted (T > 0), in order, from its ``-lv 5`` log.
-
-    examples/speculative/speculative.cpp, stochastic branch: each round emits
-    the draft tokens it accepts (``draft token i of sequence s (ID, '…')
-    accepted``) and ends with one token sampled from the target or the
-    residual (``the sampled target token (ID, '…') did not match, or we ran
-    out of drafted tokens``).  Rejected draft tokens are logged too and are
-    not emitted.
-    """
-    ids: List[int] = []
-    for m in _RE_SPEC.finditer(stderr):
-        if m.group(1) is not None:
-            if m.group(2) == b"accepted":
-                ids.append(int(m.group(1)))
-        else:
-            ids.append(int(m.group(3)))
-    return ids
-
-
-def parse_simple_log(stderr: bytes) -> List[int]:
-    """The ids ``llama-speculative-simple`` emitted, in order, from its ``-lv 5`` log.
-
-    Each round drafts greedily (common/speculative.cpp, draft-simple: the
-    top candidate at each position, logged as ``draft candidate 0, pos i:
-    ID``), the target samples every position
-    (``common_sampler_sample_and_accept_n``) and the round emits the first N
-    draft tokens it matched and its own last sample: ``accepted N/M draft
-    tokens, the last target token is: (ID)``.
-    """
-    ids: List[int] = []
-    draft: List[int] = []
-    for m in _RE_SIMPLE.finditer(stderr):
-        if m.group(1) is not None:
-            if int(m.group(1)) == 0:
-                pos = int(m.group(2))
-                if pos != len(draft):
-                    raise ValueError(f"draft candidate at position {pos} after {len(draft)} drafted tokens")
-                draft.append(int(m.group(3)))
-        else:
-            n, size, last = int(m.group(4)), int(m.group(5)), int(m.group(6))
-            if n > size or (size > 0 and len(draft) < size):
-                raise ValueError(f"round accepts {n}/{size} draft tokens but {len(draft)} were logged")
-            ids += draft[:n] + [last]
-            draft = []
-    return ids
-
-
-def printed_text_matches(stdout: bytes, job: Job, ids: Sequence[int], ctx: Ctx, variant: str) -> bool:
-    """Whether the ids' pieces give exactly the text the tool printed.
-
-    Both tools print "\\n\\n", the prompt's pieces, the generated pieces and
-    "\\n\\n" twice.  ``llama-speculative`` prints every token it emits (an
-    EOG's text and what follows it in the same round included);
-    ``llama-speculative-simple`` stops printing at an EOG.
-    """
-    if variant == "speculative-simple":
-        shown = []
-        for t in ids:
-            if ctx.is_eog(t):
-                break
-            shown.append(t)
-    else:
-        shown = list(ids)
-    expected = b"\n\n" + ctx.render(job.ids) + ctx.render(shown) + b"\n\n\n\n"
-    return stdout == expected
-
-
-class ServerEngine(Engine):
-    """llama-server with ``parallel`` slots, with a draft model (-md) or without (control)."""
-
-    ids_from = "`tokens` of the `/completion` answer (`return_tokens`)"
-
-    def __init__(self, draft: bool) -> None:
-        self.use_draft = draft
-        self.control = not draft
-        self.id = "llama-server-md" if draft else "llama-server-plain"
-
-    def start(self, ctx: Ctx) -> None:
-        super().start(ctx)
-        self.parallel = ctx.parallel
-        self.label = (f"llama.cpp llama-server -md --spec-type draft-simple (draft-n-max {DRAFT_MAX}, "
-                      f"{ctx.parallel} slots)" if self.use_draft
-                      else f"llama.cpp llama-server, no draft ({ctx.parallel} slots)")
-        self._cm = peers.llama_server(
-            str(ctx.target), draft=str(ctx.draft) if self.use_draft else None,
-            draft_max=DRAFT_MAX if self.use_draft else None, draft_min=0 if self.use_draft else None,
-            parallel=ctx.parallel, ctx=N_CTX * ctx.parallel, threads=ctx.threads, startup_timeout=600.0)
-        self.url = self._cm.__enter__()
-
-    def run(self, jobs, setting):
-        def one(job: Job) -> Sample:
-            r = peers.server_complete(self.url, list(job.ids), self.ctx.max_tokens,
-                                      temperature=setting.temperature, top_k=setting.top_k,
-                                      top_p=setting.top_p, min_p=setting.min_p, seed=job.seed,
-                                      cache_prompt=True, timeout=1800.0)
-            tokens, stopped = cut(r.token_ids, self.ctx.max_tokens, self.ctx.is_eog)
-            if r.stop_type == "eos" and not stopped:
-                raise peers.PeerRunError(f"job {job.index}: stop_type eos but no EOG id in the answer's tokens")
-            return Sample(job.index, job.prompt, job.text, job.seed, tokens, stopped, produced=len(r.token_ids),
-                          drafted=r.draft_n or 0, accepted=r.draft_n_accepted or 0)
-
-        with ThreadPoolExecutor(self.parallel) as pool:
-            return list(pool.map(one, jobs))
-
-    def stop(self) -> None:
-        self._cm.__exit__(None, None, None)
-
-    def command(self) -> str:
-        cmd = list(self.url.command)
-        port = cmd.index("--port")
-        cmd[port + 1] = "PORT"
-        return (" ".join(_abbrev(peers._quote(c)) for c in cmd)
-                + f"; POST /completion with the prompt's ids, n_predict {self.ctx.max_tokens}, temperature, "
-                "top_k 0, top_p, min_p 0, seed, samplers [temperature, top_k, top_p, min_p], "
-                "return_tokens true")
-
-
-class LcpPromptLookup(Engine):
-    """llama-cpp-python's ``Llama`` with ``LlamaPromptLookupDecoding`` (its default 10 tokens)."""
-
-    id = "lcp-pld"
-    label = "llama-cpp-python Llama + LlamaPromptLookupDecoding (10 tokens)"
-    chain = LAST
-    ids_from = "the ids `Llama.generate` yields"
-
-    def start(self, ctx: Ctx) -> None:
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-        from .run import LcpRunner
-        super().start(ctx)
-        self.runner = LcpRunner(ctx.target, ctx.threads, N_CTX)
-        self.runner.llm.draft_model = LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=10)
-
-    def run(self, jobs, setting):
-        import llama_cpp
-
-        llm = self.runner.llm
-        out = []
-        for job in jobs:
-            llm.set_seed(job.seed)
-            ids: List[int] = []
-            stopped = False
-            gen = llm.generate(list(job.ids), top_k=setting.top_k, top_p=setting.top_p, min_p=setting.min_p,
-                               typical_p=1.0, temp=setting.temperature, repeat_penalty=1.0,
-                               frequency_penalty=0.0, presence_penalty=0.0)
-            try:
-                for tok in gen:
-                    if llama_cpp.llama_vocab_is_eog(llm._model.vocab, tok):
-                        stopped = True
-                        break
-                    ids.append(int(tok))
-                    if len(ids) >= self.ctx.max_tokens:
-                        break
-            finally:
-                gen.close()
-            out.append(Sample(job.index, job.prompt, job.text, job.seed, ids, stopped,
-                              produced=len(ids) + int(stopped)))
-        return out
-
-    def stop(self) -> None:
-        try:
-            self.runner.llm.close()
-        except Exception:  # noqa: BLE001 - best effort
-            pass
-
-    def command(self) -> str:
-        return (f"Llama(F32, n_ctx={N_CTX}, n_batch=512, n_threads={self.ctx.threads}, logits_all=True, "
-                "draft_model=LlamaPromptLookupDecoding(max_ngram_size=2, num_pred_tokens=10)); "
-                "set_seed(seed); generate(prompt_ids, temp=T, top_k=0, top_p=P, min_p=0, typical_p=1, "
-                "repeat_penalty=1) until an EOG id or max_tokens")
-
-
+_AT_ONCE = "{parallel} sequences at once"
 ENGINES: Dict[str, Callable[[], Engine]] = {
-    "ours-g4": lambda: OursSingle(DRAFT_MAX),
-    "ours-auto": lambda: OursSingle("auto"),
-    "ours-batched-auto": lambda: OursBatched(True, False, "auto"),
-    "ours-ngram": lambda: OursBatched(False, True, "auto"),
-    "ours-plain": lambda: OursBatched(False, False, 0, control=True),
-    "llama-speculative": lambda: SpeculativeTool("speculative"),
-    "llama-speculative-simple": lambda: SpeculativeTool("speculative-simple"),
-    "llama-server-md": lambda: ServerEngine(True),
+    "ours-g4": lambda: OursSingle(DRAFT_MAX, id="ours-g4", label=f"ours, SpeculativeDecoder γ={DRAFT_MAX}"),
+    "ours-auto": lambda: OursSingle("auto", id="ours-auto", label="ours, SpeculativeDecoder γ=auto"),
+    "ours-batched-auto": lambda: OursBatched("auto", id="ours-batched-auto",
+                                             label=f"ours, BatchedDecoder, draft model, γ=auto, {_AT_ONCE}"),
+    "ours-ngram": lambda: OursBatched("auto", draft=False, ngram=True, id="ours-ngram",
+                                      label=f"ours, BatchedDecoder, n-gram lookup (no draft model), {_AT_ONCE}"),
+    "ours-plain": lambda: OursBatched(0, draft=False, control=True, id="ours-plain",
+                                      label=f"ours, BatchedDecoder, plain (γ=0), {_AT_ONCE}"),
+    "llama-speculative": lambda: SpeculativeTool("speculative", DRAFT_MAX),
+    "llama-speculative-simple": lambda: SpeculativeTool("speculative-simple", DRAFT_MAX),
+    "llama-server-md": lambda: LlamaServer(
+        DRAFT_MAX, id="llama-server-md",
+        label=f"llama.cpp llama-server -md --spec-type draft-simple (draft-n-max {DRAFT_MAX}, {{parallel}} slots)"),
     "lcp-pld": LcpPromptLookup,
-    "llama-server-plain": lambda: ServerEngine(False),
+    "llama-server-plain": lambda: LlamaServer(None, id="llama-server-plain", control=True,
+                                              label="llama.cpp llama-server, no draft ({parallel} slots)"),
 }
 
 #: Rough generation rates at 2 threads on the 2-core reference machine (tokens/s,
@@ -708,10 +274,6 @@ ROUND_TOKENS = 4096
 # ---------------------------------------------------------------------------
 # running
 # ---------------------------------------------------------------------------
-
-
-def _say(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
 def _mmss(seconds: float) -> str:
@@ -837,8 +399,8 @@ def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx
         gen_s, score_s = earlier["generate_seconds"], earlier["score_seconds"]
         emitted = sum(len(s.tokens) for s in samples)
         score_s += score(samples, 1)
-        _say(f"{engine.id} {setting.id}: continuing an unfinished run ({len(samples)} sequences, {rounds} rounds, "
-             f"{session.tokens} / {args.tokens} audited tokens)")
+        say(f"{engine.id} {setting.id}: continuing an unfinished run ({len(samples)} sequences, {rounds} rounds, "
+            f"{session.tokens} / {args.tokens} audited tokens)")
     per_round = max(1, ROUND_TOKENS // max(int(MEAN_LENGTH * args.max_tokens), 1))
     while session.tokens < args.tokens:
         remaining = args.tokens - session.tokens
@@ -869,9 +431,9 @@ def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx
         score_s += score(new, len(samples) - len(new) + 1)
         _save_progress(path, key, samples, next_job=next_job, rounds=rounds, failed_sequences=errors,
                        generate_seconds=round(gen_s, 1), score_seconds=round(score_s, 1))
-        _say(f"{engine.id} {setting.id} round {rounds}: {len(new)} sequences, {n_new} tokens in {dt:.0f} s "
-             f"({n_new / dt if dt > 0 else 0:.1f} tok/s); audited {session.tokens} / {args.tokens} "
-             f"({session.positions} positions, {session.accumulator.point_mass} single-token)")
+        say(f"{engine.id} {setting.id} round {rounds}: {len(new)} sequences, {n_new} tokens in {dt:.0f} s "
+            f"({n_new / dt if dt > 0 else 0:.1f} tok/s); audited {session.tokens} / {args.tokens} "
+            f"({session.positions} positions, {session.accumulator.point_mass} single-token)")
     report = session.report()
     _progress_path(path).unlink(missing_ok=True)  # the run is complete: results.json holds it now
     rep = _report_record(report)
@@ -939,10 +501,10 @@ def rescore(args: argparse.Namespace, command: str) -> Dict[str, Any]:
             rec["rescored"] = {"command": command, "seconds": round(time.monotonic() - t0, 1),
                                "finished": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
             r = rec["report"]
-            _say(f"{rec['engine']} {rec['setting']}: rescored: {report.verdict} — {r['tokens']} tokens, "
-                 f"chi-square {_p_eq(r['chi2_p'])}, z = {r['z']:+.2f}, {r['near_ties']} near ties, "
-                 f"{len(report.real_impossible)} impossible and {len(report.real_mismatches)} point-mass "
-                 f"mismatches beyond the tie tolerance")
+            say(f"{rec['engine']} {rec['setting']}: rescored: {report.verdict} — {r['tokens']} tokens, "
+                f"chi-square {_p_eq(r['chi2_p'])}, z = {r['z']:+.2f}, {r['near_ties']} near ties, "
+                f"{len(report.real_impossible)} impossible and {len(report.real_mismatches)} point-mass "
+                f"mismatches beyond the tie tolerance")
             save_results(results, res_path)
     finally:
         model.close()
@@ -1001,19 +563,19 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
             todo = [s for s in args.settings if (eid, s) not in done]
             for s in args.settings:
                 if (eid, s) in done:
-                    _say(f"{eid} {s}: kept from {res_path} (--resume)")
+                    say(f"{eid} {s}: kept from {res_path} (--resume)")
                     results["runs"].append(done[(eid, s)])
             if not todo:
                 continue
             engine = ENGINES[eid]()
             t0 = time.monotonic()
             try:
-                engine.start(ctx)
+                engine.start_audit(ctx)
             except Exception as exc:  # noqa: BLE001 - record and go on with the other engines
-                _say(f"{eid}: could not start: {exc}")
+                say(f"{eid}: could not start: {exc}")
                 results["errors"].append(f"{eid}: could not start: {str(exc).splitlines()[0][:300]}")
                 continue
-            _say(f"{eid}: started in {time.monotonic() - t0:.0f} s ({engine.label})")
+            say(f"{eid}: started in {time.monotonic() - t0:.0f} s ({engine.label})")
             try:
                 for sid in todo:
                     setting = SETTINGS[sid]
@@ -1021,15 +583,15 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
                         rec = run_engine_setting(engine, setting, AUDIT_SETTINGS.index(sid), ctx, model, args,
                                                  out_dir)
                     except Exception as exc:  # noqa: BLE001
-                        _say(f"{eid} {sid}: FAILED: {exc}")
+                        say(f"{eid} {sid}: FAILED: {exc}")
                         results["errors"].append(f"{eid} {sid}: {str(exc).splitlines()[0][:300]}")
                         continue
                     results["runs"].append(rec)
                     r = rec["report"]
-                    _say(f"{eid} {sid}: {rec['verdict']} — {r['tokens']} tokens audited, chi-square "
-                         f"{_p_eq(r['chi2_p'])}, z = {r['z']:+.2f}, TV [{r['tv'][0]:.4f}, {r['tv'][1]:.4f}] "
-                         f"(generated {rec['generate_seconds']:.0f} s, scored {rec['score_seconds']:.0f} s; "
-                         f"elapsed {_mmss(time.monotonic() - t_start)})")
+                    say(f"{eid} {sid}: {rec['verdict']} — {r['tokens']} tokens audited, chi-square "
+                        f"{_p_eq(r['chi2_p'])}, z = {r['z']:+.2f}, TV [{r['tv'][0]:.4f}, {r['tv'][1]:.4f}] "
+                        f"(generated {rec['generate_seconds']:.0f} s, scored {rec['score_seconds']:.0f} s; "
+                        f"elapsed {_mmss(time.monotonic() - t_start)})")
                     results["duration_seconds"] = round(time.monotonic() - t_start, 1)
                     save_results(results, res_path)
             finally:
@@ -1043,37 +605,12 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
 
 
 def _versions() -> Dict[str, Any]:
-    """Package versions, the checkout's commit and the peers' llama.cpp build (read-only git calls)."""
-    import llama_cpp
-    import numpy
-
-    import specdec_cpu
-
-    out: Dict[str, Any] = {
-        "specdec_cpu": getattr(specdec_cpu, "__version__", "?"),
-        "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
-        "numpy": numpy.__version__,
-        "peers_built_from": f"vendored llama.cpp of the llama-cpp-python {peers.LLAMA_CPP_PYTHON_VERSION} sdist",
-    }
-    env = dict(os.environ, GIT_OPTIONAL_LOCKS="0")
+    """Package versions, the checkout's commit and the peers' llama.cpp build."""
     try:
-        head = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=30, env=env).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(HERE.parent), "status", "--porcelain", "--untracked-files=no",
-                                "--", "python", "csrc"], capture_output=True, text=True, timeout=30,
-                               env=env).stdout.strip()
-        if head:
-            out["specdec_cpu_git"] = head + (" with uncommitted changes in python/ or csrc/" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        exe = peers.ensure_peers(log=None)["server"]
-        proc = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=30)
-        lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
-        out["llama_cpp"] = next((ln for ln in lines if ln.startswith("version")), lines[0] if lines else "?")
-    except (OSError, subprocess.SubprocessError, peers.PeerBuildError):
-        out["llama_cpp"] = "?"
-    return out
+        paths = llama_cli.ensure_peers(log=None)
+    except (OSError, llama_cli.PeerBuildError):
+        paths = None
+    return versions(paths)
 
 
 # ---------------------------------------------------------------------------
@@ -1150,7 +687,7 @@ def _data_dir(out_dir: Optional[Path]) -> str:
     if out_dir is None:
         return "bench/audit"
     try:
-        return str(out_dir.resolve().relative_to(HERE.parent))
+        return str(out_dir.resolve().relative_to(BENCH.parent))
     except ValueError:
         return str(out_dir)
 
@@ -1521,9 +1058,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def command_line(argv: Optional[Sequence[str]]) -> str:
     args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["audit"]:
-        args = args[1:]
-    return " ".join(["python -m bench audit", *(peers._quote(a) for a in args)])
+    return common_command_line("python -m bench audit", args[1:] if args[:1] == ["audit"] else args)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -1552,9 +1087,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             plot(results, plot_path)
             name = os.path.relpath(plot_path, args.results_md.parent)
         except ImportError:
-            _say("matplotlib is missing: no plot")
+            say("matplotlib is missing: no plot")
     write_section(args.results_md, render(results, name, args.output_dir), SECTION)
-    _say(f"wrote {args.results_md} ({SECTION})" + (f" and {plot_path}" if name else ""))
+    say(f"wrote {args.results_md} ({SECTION})" + (f" and {plot_path}" if name else ""))
     return 0 if not results.get("errors") else 1
 
 

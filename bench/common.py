@@ -8,6 +8,7 @@ which links them.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -56,6 +57,37 @@ def publish(study: str, results: Dict[str, Any], render: Callable[[Dict[str, Any
     return section
 
 
+def say(text: str) -> None:
+    """A progress line on stderr, with the time."""
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def command_line(prog: str, argv: Optional[Sequence[str]]) -> str:
+    """How a study was run, as results record it: ``prog`` and its arguments (``sys.argv``'s by default)."""
+    from .engines.base import quote
+
+    return " ".join([prog, *(quote(a) for a in (sys.argv[1:] if argv is None else argv))])
+
+
+@functools.lru_cache(maxsize=1)
+def pair_tokenizer() -> Any:
+    """The demo pair's vocabulary (read from the draft file: smaller, the same vocabulary)."""
+    from specdec_cpu.demo_models import ensure_model
+    from specdec_cpu.engine import LlamaTokenizer, LlamaWeights
+
+    from .suite import Q4_0
+
+    return LlamaTokenizer(LlamaWeights(str(ensure_model(Q4_0))))
+
+
+def redact_calibration(data: Dict[str, Any]) -> Dict[str, Any]:
+    """A calibration record with its model files named, not where this machine keeps them."""
+    for role in ("target", "draft"):
+        if isinstance(data.get(role), dict) and data[role].get("path"):
+            data[role]["path"] = f"<cache>/models/{Path(data[role]['path']).name}"
+    return data
+
+
 def link(path: Path, results_md: Path = RESULTS_MD) -> str:
     """``path`` as a link target written in ``results_md``."""
     return os.path.relpath(Path(path).resolve(), Path(results_md).resolve().parent)
@@ -69,6 +101,11 @@ def link(path: Path, results_md: Path = RESULTS_MD) -> str:
 def median(xs: Iterable[Optional[float]]) -> Optional[float]:
     v = [x for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
     return statistics.median(v) if v else None
+
+
+def fmt(x: Optional[float], digits: int = 1) -> str:
+    """A table cell: ``x`` to ``digits`` decimals, "–" for None."""
+    return "–" if x is None else f"{x:.{digits}f}"
 
 
 def bootstrap_ci(values: Sequence[float], level: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES,
@@ -102,6 +139,27 @@ def paired_ratios(runs: Sequence[Dict[str, Any]], a: str, b: str, setting: str, 
         if r["setting"] == setting and r.get(key):
             by_block.setdefault(r["block"], {})[r["engine"]] = r[key]
     return [d[a] / d[b] for d in by_block.values() if a in d and b in d]
+
+
+def rotated(engines: Sequence[Any], block: int) -> List[Any]:
+    """The engines in the order of one block: rotated by one from block to
+    block, so that a change of machine load hits every engine alike."""
+    k = block % len(engines)
+    return list(engines[k:]) + list(engines[:k])
+
+
+def paired_run(run: Callable[[], Dict[str, Any]], errors: Tuple[type, ...], **fields: Any) -> Dict[str, Any]:
+    """One engine's run in a block: ``run()``'s record (or the error it raised,
+    of ``errors``, with ``tps`` None), then ``fields``, its wall time and the
+    CPU others used meanwhile."""
+    meter, load, t0 = CpuMeter(), load_average(), time.perf_counter()
+    try:
+        rec = run()
+    except errors as exc:
+        rec = {"error": f"{type(exc).__name__}: {str(exc).strip()[:300]}", "tps": None}
+    rec.update(fields, run_s=time.perf_counter() - t0, others_cores=meter.others(),
+               load_1min=load[0] if load else None)
+    return rec
 
 
 def ratio_text(ratios: Sequence[float]) -> str:
@@ -169,14 +227,14 @@ def versions(peer_paths: Optional[Dict[str, Path]]) -> Dict[str, Any]:
 
     import specdec_cpu
 
-    from . import peers
+    from .engines.llama_cli import LLAMA_CPP_PYTHON_VERSION
 
     out: Dict[str, Any] = {
         "specdec_cpu": getattr(specdec_cpu, "__version__", "?"),
         "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
         "numpy": numpy.__version__,
         "peers_built_from": f"vendored llama.cpp of the llama-cpp-python "
-                            f"{peers.LLAMA_CPP_PYTHON_VERSION} sdist",
+                            f"{LLAMA_CPP_PYTHON_VERSION} sdist",
     }
     try:
         import matplotlib

@@ -49,7 +49,6 @@ from specdec_cpu.planning.forecast import forecast
 from .common import results_dir
 from .prompts import PROMPTS
 
-HERE = Path(__file__).resolve().parent
 F32, Q4_0 = "qwen2.5-coder-0.5b-f32", "qwen2.5-coder-0.5b-q4_0"
 BATCH = list(range(1, 9))
 USERS = [1, 2, 4, 8]

@@ -53,9 +53,18 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from .ab import PAIRS, request_of, worker
-from .common import baseline_versions, bootstrap_ci, machine_info, publish, redact_baseline, results_dir, versions
+from .common import (
+    baseline_versions,
+    bootstrap_ci,
+    fmt,
+    machine_info,
+    pair_tokenizer,
+    publish,
+    redact_baseline,
+    results_dir,
+    versions,
+)
 from .prompts import PROMPTS
-from .serving import _tokenizer
 from .suite import SETTINGS
 
 SECTION = "## First use"
@@ -95,7 +104,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
     order = [(side, e) for side in sides for e in ENGINES]
     for block in range(args.blocks):
         prompt = PROMPTS[block % len(PROMPTS)]
-        request = request_of(_tokenizer().chat_prompt(prompt.messages()), setting, args.seed + block)
+        request = request_of(pair_tokenizer().chat_prompt(prompt.messages()), setting, args.seed + block)
         for p, (target, draft) in files.items():
             turn = order[block % len(order):] + order[:block % len(order)]
             for pos, (side, engine) in enumerate(turn):
@@ -163,10 +172,6 @@ def _ratio(xs: Sequence[float]) -> str:
     return f"{statistics.median(xs):.2f}×" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
 
 
-def _f(x: Optional[float], digits: int = 1) -> str:
-    return "–" if x is None else f"{x:.{digits}f}"
-
-
 def render(results: Dict[str, Any], data: str = "first_use_results.json") -> str:
     runs = results["runs"]
     blocks = sorted({r["block"] for r in runs})
@@ -199,10 +204,10 @@ def render(results: Dict[str, Any], data: str = "first_use_results.json") -> str
             said = _med(_measured(r) for r in fresh)
             first8 = _med(statistics.fmean(r["first_gammas"]) for r in fresh if r.get("first_gammas"))
             per = lambda a, b: [e[a] / e[b] for e in effs if a in e and b in e]  # noqa: E731
-            L.append(f"| {PAIRS[p][0]} | {SIDES[side]} | {_f(cost, 2)}" + (f" [{said:.2f}]" if said else "")
-                     + f" | {_f(_med(r['wall_s'] for r in fresh), 2)} | {_f(_med(e.get('fresh') for e in effs))} | "
-                     f"{_f(_med(e.get('best fixed γ') for e in effs))} | {_f(_med(e.get('plain') for e in effs))} | "
-                     f"{_ratio(per('fresh', 'best fixed γ'))} | {_ratio(per('fresh', 'plain'))} | {_f(first8)} |")
+            L.append(f"| {PAIRS[p][0]} | {SIDES[side]} | {fmt(cost, 2)}" + (f" [{said:.2f}]" if said else "")
+                     + f" | {fmt(_med(r['wall_s'] for r in fresh), 2)} | {fmt(_med(e.get('fresh') for e in effs))} | "
+                     f"{fmt(_med(e.get('best fixed γ') for e in effs))} | {fmt(_med(e.get('plain') for e in effs))} | "
+                     f"{_ratio(per('fresh', 'best fixed γ'))} | {_ratio(per('fresh', 'plain'))} | {fmt(first8)} |")
     if "baseline" in sides:
         L += ["", "| pair | fresh tok/s, this checkout / previous main |", "|---|---|"]
         for p in results["pairs"]:

@@ -34,13 +34,25 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from . import peers
-from .common import CpuMeter, load_average, machine_info, paired_ratios, publish, ratio_text, results_dir, versions
+from .common import (
+    BENCH,
+    machine_info,
+    median,
+    paired_ratios,
+    paired_run,
+    publish,
+    ratio_text,
+    results_dir,
+    rotated,
+    say,
+    versions,
+)
+from .engines import llama_cli, llama_server
+from .engines.ours_single import OursSingle
 from .structured import best_server
 from .suite import F32, Q4_0
 
-HERE = Path(__file__).resolve().parent
-PACKAGE = HERE.parent / "python" / "specdec_cpu"
+PACKAGE = BENCH.parent / "python" / "specdec_cpu"
 SECTION = "## Fill in the middle: ours against llama-server /infill"
 N_CTX = 4096
 TOKENS = 64
@@ -70,16 +82,8 @@ def workload(n: int, seed: int) -> List[Dict[str, Any]]:
     return [cut(*FILES[b % len(FILES)], rng) for b in range(n)]
 
 
-def _say(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
-
-
-class Ours:
-    def __init__(self, target: Path, draft: Optional[Path], ngram: bool, gamma: Any, threads: int) -> None:
-        from specdec_cpu import SpeculativeDecoder
-
-        self.dec = SpeculativeDecoder.from_gguf(str(target), str(draft) if draft else None, ngram=ngram,
-                                                gamma=gamma, n_ctx=N_CTX, n_threads=threads)
+class Ours(OursSingle):
+    """Our single-stream decoder on one FIM case, from an empty cache."""
 
     def run(self, case: Dict[str, Any], seed: int) -> Dict[str, Any]:
         from specdec_cpu import SamplingParams
@@ -97,15 +101,12 @@ class Ours:
                 "drafted": s.drafted, "accepted": s.accepted, "by_drafter": s.by_drafter,
                 "mean_gamma": statistics.fmean(s.gammas) if s.gammas else 0.0}
 
-    def close(self) -> None:
-        self.dec.close()
-
 
 def server_run(url: str, case: Dict[str, Any], seed: int) -> Dict[str, Any]:
-    r = peers.server_complete(url, "", TOKENS, temperature=0.0, seed=seed, stream=True, cache_prompt=False,
-                              endpoint="/infill",
-                              extra={"input_prefix": case["prefix"], "input_suffix": case["suffix"],
-                                     "input_extra": case["extra"], "ignore_eos": True})
+    r = llama_server.server_complete(url, "", TOKENS, temperature=0.0, seed=seed, stream=True, cache_prompt=False,
+                                     endpoint="/infill",
+                                     extra={"input_prefix": case["prefix"], "input_suffix": case["suffix"],
+                                            "input_extra": case["extra"], "ignore_eos": True})
     return {"tps": r.tokens_per_s, "tokens": r.n_predicted, "ttft_s": r.ttft_s, "prompt_tokens": r.prompt_tokens,
             "acceptance": r.acceptance}
 
@@ -114,7 +115,7 @@ def run(args) -> Dict[str, Any]:
     from specdec_cpu.demo_models import ensure_model
 
     target, draft = ensure_model(F32), ensure_model(Q4_0)
-    peer_paths = peers.ensure_peers()
+    peer_paths = llama_cli.ensure_peers()
     engines = ["ours-model", "ours-ngram", "ours-hybrid", "ours-g0", "server-plain"] + [
         f"server-md{n}" for n in args.draft_max]
     cases = workload(args.blocks, args.seed)
@@ -126,17 +127,15 @@ def run(args) -> Dict[str, Any]:
     out = args.output_dir / "infill_results.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
-        _say("loading our decoders and starting the llama-servers")
-        ours = {"ours-model": Ours(target, draft, False, "auto", args.threads),
-                "ours-ngram": Ours(target, None, True, "auto", args.threads),
-                "ours-hybrid": Ours(target, draft, True, "auto", args.threads),
-                "ours-g0": Ours(target, None, False, 0, args.threads)}
+        say("loading our decoders and starting the llama-servers")
+        ours = {"ours-model": Ours("auto", n_ctx=N_CTX),
+                "ours-ngram": Ours("auto", draft=False, ngram=True, n_ctx=N_CTX),
+                "ours-hybrid": Ours("auto", ngram=True, n_ctx=N_CTX),
+                "ours-g0": Ours(0, draft=False, n_ctx=N_CTX)}
         for o in ours.values():
-            stack.callback(o.close)
-        servers = {"server-plain": stack.enter_context(peers.llama_server(target, ctx=N_CTX, threads=args.threads))}
-        for n in args.draft_max:
-            servers[f"server-md{n}"] = stack.enter_context(peers.llama_server(
-                target, draft=draft, draft_max=n, ctx=N_CTX, threads=args.threads))
+            o.start(1, args.threads)
+            stack.callback(o.stop)
+        servers = llama_server.start_servers(stack, target, draft, args.draft_max, ctx=N_CTX, threads=args.threads)
 
         def one(e: str, case: Dict[str, Any], seed: int) -> Dict[str, Any]:
             return ours[e].run(case, seed) if e in ours else server_run(servers[e], case, seed)
@@ -145,31 +144,20 @@ def run(args) -> Dict[str, Any]:
             for e in engines:  # warm-up, not recorded
                 one(e, cases[0], 0)
             for block, case in enumerate(cases):
-                order = engines[block % len(engines):] + engines[:block % len(engines)]
-                for pos, e in enumerate(order):
-                    meter, load, t0 = CpuMeter(), load_average(), time.perf_counter()
-                    try:
-                        rec = one(e, case, args.seed + block)
-                    except (RuntimeError, peers.PeerRunError, ValueError) as exc:
-                        rec = {"error": f"{type(exc).__name__}: {str(exc)[:300]}", "tps": None}
-                    rec.update(engine=e, setting="t0", block=block, prompt=case["name"], position=pos,
-                               run_s=time.perf_counter() - t0, others_cores=meter.others(),
-                               load_1min=load[0] if load else None)
+                for pos, e in enumerate(rotated(engines, block)):
+                    rec = paired_run(lambda: one(e, case, args.seed + block),
+                                     (RuntimeError, llama_server.PeerRunError, ValueError),
+                                     engine=e, setting="t0", block=block, prompt=case["name"], position=pos)
                     results["runs"].append(rec)
-                    _say(f"block {block} ({case['name']}) {e:14s} " + (
+                    say(f"block {block} ({case['name']}) {e:14s} " + (
                         f"ERROR {rec['error']}" if rec.get("error") else
                         f"{rec['tps']:6.2f} tok/s  ttft {rec['ttft_s'] or 0:.3f} s  prompt {rec['prompt_tokens']}"))
                 out.write_text(json.dumps(results, indent=1))
             results["complete"] = True
         except KeyboardInterrupt:
-            _say("interrupted: writing what was measured so far")
+            say("interrupted: writing what was measured so far")
     results["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return results
-
-
-def _median(xs) -> Optional[float]:
-    v = [x for x in xs if x is not None]
-    return statistics.median(v) if v else None
 
 
 def render(results: Dict[str, Any], data: str = "infill_results.json") -> str:
@@ -192,9 +180,9 @@ def render(results: Dict[str, Any], data: str = "infill_results.json") -> str:
         rs = [r for r in runs if r["engine"] == e and r.get("tps")]
         if not rs:
             continue
-        L.append(f"| {e} | {_median(r['tps'] for r in rs):.2f} | {ratio_text(paired_ratios(runs, e, best, 't0'))} | "
-                 f"{ratio_text(paired_ratios(runs, e, 'ours-g0', 't0'))} | {_median(r['ttft_s'] for r in rs):.3f} | "
-                 f"{_median(r.get('mean_gamma') for r in rs) or 0:.2f} |")
+        L.append(f"| {e} | {median(r['tps'] for r in rs):.2f} | {ratio_text(paired_ratios(runs, e, best, 't0'))} | "
+                 f"{ratio_text(paired_ratios(runs, e, 'ours-g0', 't0'))} | {median(r['ttft_s'] for r in rs):.3f} | "
+                 f"{median(r.get('mean_gamma') for r in rs) or 0:.2f} |")
     errors = [r for r in runs if r.get("error")]
     if errors:
         L += ["", f"{len(errors)} run(s) failed, e.g. {errors[0]['engine']}: {errors[0]['error'][:200]}"]

@@ -44,9 +44,11 @@ import httpx
 from specdec_cpu.server.ray_deployment import LOW_LATENCY_ENV
 
 from .common import RESULTS_MD, bootstrap_ci, link, machine_info, results_dir, versions, write_section
-from .serving import SETTINGS, OpenAIServer, OursBatched, Request, chat_prompts
+from .engines.base import Request
+from .engines.ours_batched import OpenAIServer, OursBatched
+from .serving import chat_prompts
+from .suite import SETTINGS
 
-HERE = Path(__file__).resolve().parent
 HEADING = "## Serving layers' added latency"
 FRESH_HEADING = "## Serving layers' added latency, a new prompt every request"
 HEALTH_ROUNDS = 200

@@ -149,10 +149,6 @@ PROMPTS: Tuple[Prompt, ...] = (
     ),
 )
 
-#: The prompts a ``--quick`` run uses: one grounded, one open.
-QUICK_PROMPTS: Tuple[str, ...] = ("code-edit", "chat")
-
-
 def by_name(names) -> List[Prompt]:
     """The prompts called ``names``, in that order (ValueError on an unknown name)."""
     table = {p.name: p for p in PROMPTS}

@@ -16,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .common import median, stat
+from .common import BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED, median, stat
 
 #: Headings this module writes; any other "## " section of RESULTS.md (the
 #: "## Kernels" section of bench/kernels.py) is kept as it is.
@@ -31,9 +31,6 @@ PLOT_FILES = {
 SPEC_OURS = ("gamma2", "gamma4", "gamma6", "gamma8", "auto")
 FIXED_GAMMA = ("gamma2", "gamma4", "gamma6", "gamma8")
 
-#: Bootstrap of the median of per-block ratios: resamples and seed.
-BOOTSTRAP_RESAMPLES = 2000
-BOOTSTRAP_SEED = 20261130
 #: measured / predicted counts as a miss outside this band, either way.
 THEORY_BAND = (0.9, 1.1)
 

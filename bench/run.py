@@ -1,4 +1,4 @@
-"""The end-to-end benchmark suite: ours against plain decoding and the peers.
+"""The end-to-end benchmark suite: ours against plain decoding and the llama_cpp.
 
     python -m bench                # the full run (about 85 minutes on an idle 2-core machine)
     python -m bench --quick        # a few minutes: 2 prompts, T=0 and T=1, 64 tokens
@@ -34,18 +34,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from . import peers, suite
+from . import suite
 from .common import (
     BUSY_CORES,
     CpuMeter,
+    command_line,
     link,
     load_average,
     machine_info,
     results_dir,
     results_md_for,
+    rotated,
     versions,
     wait_until_quiet,
 )
+from .engines import llama_cli, llama_server
+from .engines.llama_cpp_python import LcpRunner
+from .engines.ours_single import generation_record
 from .prompts import PROMPTS, by_name
 from .suite import (
     BASELINE,
@@ -57,7 +62,7 @@ from .suite import (
     Q4_0,
     QUICK,
     SETTINGS,
-    Engine,
+    EngineSpec,
     Pair,
     Setting,
 )
@@ -156,11 +161,6 @@ def _int_list(text: str) -> List[int]:
     return out
 
 
-def command_line(argv: Optional[Sequence[str]]) -> str:
-    args = list(sys.argv[1:] if argv is None else argv)
-    return " ".join(["python -m bench", *(peers._quote(a) for a in args)])
-
-
 # ---------------------------------------------------------------------------
 # progress
 # ---------------------------------------------------------------------------
@@ -198,7 +198,7 @@ def _is_f32(target: str) -> bool:
     return target.endswith("f32")
 
 
-def estimate_run(target: str, engine: Engine, tokens: int) -> float:
+def estimate_run(target: str, engine: EngineSpec, tokens: int) -> float:
     """Rough seconds of one run on an idle 2-core machine (only for the ETA)."""
     f32 = _is_f32(target)
     tps = 14.0 if f32 else 40.0
@@ -224,11 +224,6 @@ def estimate_calibration(target: str, quick: bool) -> float:
 
 
 # ---------------------------------------------------------------------------
-# machine and versions
-# ---------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------
 # engines
 # ---------------------------------------------------------------------------
 
@@ -240,7 +235,7 @@ class Group:
     target: str
     target_path: Path
     pairs: List[Pair]
-    engines: List[Engine]
+    engines: List[EngineSpec]
     decoders: Dict[str, Any] = field(default_factory=dict)  # role -> SpeculativeDecoder
     draft_paths: Dict[str, Optional[Path]] = field(default_factory=dict)  # role -> draft file
     cost_models: Dict[str, Any] = field(default_factory=dict)  # role -> CostModel (current setting)
@@ -249,7 +244,7 @@ class Group:
     stack: ExitStack = field(default_factory=ExitStack)  # stops the servers
     errors: List[str] = field(default_factory=list)  # peers that could not be started
 
-    def pair_ids_of(self, engine: Engine) -> List[str]:
+    def pair_ids_of(self, engine: EngineSpec) -> List[str]:
         if engine.id in (CONTROL, BASELINE):
             return [p.id for p in self.pairs]
         return [p.id for p in self.pairs
@@ -325,7 +320,7 @@ def load_group(group: Group, args: argparse.Namespace, progress: Progress) -> No
         if engine.kind == "server":
             try:
                 group.servers[engine.id] = group.stack.enter_context(start_server(group, engine, args))
-            except (peers.PeerRunError, peers.PeerBuildError, OSError) as exc:
+            except (llama_cli.PeerRunError, llama_cli.PeerBuildError, OSError) as exc:
                 progress.say(f"{engine.id}: llama-server did not start, running without it: {exc}")
                 group.engines.remove(engine)
                 group.errors.append(f"{engine.id}: {str(exc).strip().splitlines()[0][:300]}")
@@ -334,13 +329,13 @@ def load_group(group: Group, args: argparse.Namespace, progress: Progress) -> No
                  f"{f', {len(group.servers)} llama-server(s)' if group.servers else ''})")
 
 
-def start_server(group: Group, engine: Engine, args: argparse.Namespace):
+def start_server(group: Group, engine: EngineSpec, args: argparse.Namespace):
     """A llama-server for one engine: single client (--parallel 1), the suite's
     context and threads (the draft model's too); sampling is set per request."""
     from specdec_cpu.demo_models import ensure_model
 
     draft = ensure_model(group.model_draft or Q4_0) if engine.uses_draft_model else None
-    return peers.llama_server(
+    return llama_server.llama_server(
         group.target_path, draft=draft, spec_type=engine.spec_type or None,
         draft_max=engine.draft_max or None, draft_min=0 if engine.uses_draft_model else None,
         parallel=1, ctx=args.ctx, threads=args.threads, seed=args.seed,
@@ -354,81 +349,7 @@ def plain_decoder(group: Group):
     raise RuntimeError("no decoder for plain decoding")
 
 
-class LcpRunner:
-    """llama-cpp-python's high-level ``Llama`` with ``LlamaPromptLookupDecoding``.
-
-    Used here as a peer only (the package itself never touches the ``Llama``
-    class).  Decode speed is measured from the first generated token to the
-    last: (n − 1) tokens over that time, so prompt processing is excluded as it
-    is for the other engines.
-    """
-
-    def __init__(self, model: Path, threads: int, n_ctx: int) -> None:
-        from llama_cpp import Llama
-        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-        self._pld = LlamaPromptLookupDecoding
-        # A draft model makes the context compute every row's logits, but the
-        # Python-side score buffer only gets n_ctx rows with an explicit
-        # logits_all=True (else n_batch rows, overflowing once prompt +
-        # generation pass n_batch tokens).
-        self.llm = Llama(model_path=str(model), n_ctx=n_ctx, n_batch=512, n_threads=threads,
-                         n_threads_batch=threads, draft_model=LlamaPromptLookupDecoding(),
-                         logits_all=True, verbose=False)
-
-    def run(self, text: str, max_tokens: int, setting: Setting, seed: int,
-            num_pred_tokens: int) -> Dict[str, Any]:
-        import llama_cpp
-
-        llm = self.llm
-        llm.draft_model = (self._pld(max_ngram_size=2, num_pred_tokens=num_pred_tokens)
-                           if num_pred_tokens else None)
-        llm.set_seed(seed)
-        tokens = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
-        out: List[int] = []
-        t_first = None
-        t_start = time.perf_counter()
-        finish = "length"
-        gen = llm.generate(tokens, top_k=setting.top_k, top_p=setting.top_p, min_p=setting.min_p,
-                           typical_p=1.0, temp=setting.temperature, repeat_penalty=1.0,
-                           frequency_penalty=0.0, presence_penalty=0.0)
-        try:
-            for tok in gen:
-                if t_first is None:
-                    t_first = time.perf_counter()
-                if llama_cpp.llama_vocab_is_eog(llm._model.vocab, tok):
-                    finish = "stop"
-                    break
-                out.append(int(tok))
-                if len(out) >= max_tokens:
-                    break
-        finally:
-            gen.close()
-        t_end = time.perf_counter()
-        decode = (t_end - t_first) if t_first is not None else 0.0
-        n = len(out)
-        return {
-            "tokens": n,
-            "tps": (n - 1) / decode if n > 1 and decode > 0 else None,
-            "decode_seconds": decode,
-            "prompt_seconds": (t_first - t_start) if t_first is not None else None,
-            "prompt_tokens": len(tokens),
-            "finish": finish,
-            "text": llm.detokenize(out).decode("utf-8", "replace"),
-        }
-
-
-def _seconds_stats(s) -> Dict[str, Any]:
-    return {
-        "draft_seconds": s.draft_seconds,
-        "target_seconds": s.target_seconds,
-        "sampling_seconds": s.sampling_seconds,
-        "overhead_seconds": s.overhead_seconds,
-        "overhead_fraction": s.overhead_seconds / s.decode_seconds if s.decode_seconds > 0 else None,
-    }
-
-
-def predicted_speedup(engine: Engine, stats, cost_model) -> Optional[float]:
+def predicted_speedup(engine: EngineSpec, stats, cost_model) -> Optional[float]:
     """The theory's speed-up for this run, from α measured in it and the
     pair's calibration (c, v(k)) in the same setting.
 
@@ -466,7 +387,7 @@ def predicted_speedup(engine: Engine, stats, cost_model) -> Optional[float]:
     return tokens / spent if spent > 0 else None
 
 
-def run_engine(group: Group, engine: Engine, setting: Setting, text: str, seed: int,
+def run_engine(group: Group, engine: EngineSpec, setting: Setting, text: str, seed: int,
                args: argparse.Namespace) -> Dict[str, Any]:
     rec: Dict[str, Any] = {"engine": engine.id}
     if engine.draft_max:
@@ -476,33 +397,14 @@ def run_engine(group: Group, engine: Engine, setting: Setting, text: str, seed: 
         if engine.kind == "ours":
             dec = plain_decoder(group) if engine.id == "plain" else group.decoders[engine.drafter]
             gen = dec.generate(text, max_tokens=args.tokens, params=setting.params(seed), gamma=engine.gamma)
-            s = gen.stats
             role = "draft" if engine.id == "plain" else engine.drafter
-            cm = group.cost_models.get(role)
-            rec.update({
-                "tokens": s.tokens,
-                "tps": s.tokens_per_second,
-                "decode_seconds": s.decode_seconds,
-                "prompt_seconds": s.prompt_seconds,
-                "prompt_tokens": s.prompt_tokens,
-                "finish": s.finish_reason,
-                "steps": s.steps,
-                "drafted": s.drafted,
-                "accepted": s.accepted,
-                "acceptance": s.acceptance if s.drafted else None,
-                "mean_alpha": s.mean_alpha if s.alpha_rows else None,
-                "tokens_per_step": s.tokens_per_step,
-                "mean_gamma": s.mean_gamma,
-                "gamma_runs": s.gamma_runs(),
-                "by_drafter": s.by_drafter,
-                **_seconds_stats(s),
-                "predicted": predicted_speedup(engine, s, cm),
-                "text": gen.text,
-            })
+            rec.update(generation_record(gen))
+            rec["predicted"] = predicted_speedup(engine, gen.stats, group.cost_models.get(role))
+            rec["text"] = gen.text
         elif engine.kind == "completion":
-            r = peers.run_plain(group.target_path, text, args.tokens, threads=args.threads, seed=seed,
-                                ctx=args.ctx, timeout=PEER_TIMEOUT, **setting.peer_kwargs())
-            rec.update(_peer_record(r))
+            r = llama_cli.run_plain(group.target_path, text, args.tokens, threads=args.threads, seed=seed,
+                                    ctx=args.ctx, timeout=PEER_TIMEOUT, **setting.peer_kwargs())
+            rec.update(r.record())
             # a generation loop pays for sampling too (the speculative tools' figure includes it)
             if r.tokens_per_s_with_sampling:
                 rec["tps"] = r.tokens_per_s_with_sampling
@@ -510,49 +412,26 @@ def run_engine(group: Group, engine: Engine, setting: Setting, text: str, seed: 
         elif engine.kind == "speculative":
             draft = group.model_draft or Q4_0
             from specdec_cpu.demo_models import ensure_model
-            r = peers.run_speculative(group.target_path, ensure_model(draft), text, args.tokens,
-                                      threads=args.threads, seed=seed, draft_max=engine.draft_max,
-                                      variant=engine.variant, ctx=args.ctx, timeout=PEER_TIMEOUT,
-                                      **setting.peer_kwargs())
-            rec.update(_peer_record(r))
+            r = llama_cli.run_speculative(group.target_path, ensure_model(draft), text, args.tokens,
+                                          threads=args.threads, seed=seed, draft_max=engine.draft_max,
+                                          variant=engine.variant, ctx=args.ctx, timeout=PEER_TIMEOUT,
+                                          **setting.peer_kwargs())
+            rec.update(r.record())
         elif engine.kind == "server":
-            r = peers.run_server(group.servers[engine.id], text, args.tokens, seed=seed,
-                                 timeout=PEER_TIMEOUT, **setting.peer_kwargs())
-            rec.update(_peer_record(r))
+            r = llama_server.run_server(group.servers[engine.id], text, args.tokens, seed=seed,
+                                        timeout=PEER_TIMEOUT, **setting.peer_kwargs())
+            rec.update(r.record())
             rec["finish"] = r.target_perf.get("stop_type")
             rec["timings"] = r.target_perf
         elif engine.kind == "lcp":
             rec.update(group.lcp.run(text, args.tokens, setting, seed, engine.num_pred_tokens))
         else:  # pragma: no cover
             raise ValueError(engine.kind)
-    except (peers.PeerRunError, peers.PeerBuildError, RuntimeError, OSError, ValueError) as exc:
+    except (llama_cli.PeerRunError, llama_cli.PeerBuildError, RuntimeError, OSError, ValueError) as exc:
         rec["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
         rec["tps"] = None
     rec["wall_seconds"] = time.perf_counter() - t0
     return rec
-
-
-def _short_paths(text: str) -> str:
-    """Command lines with the cache directory written as <cache> (specdec_cpu.paths.cache_dir)."""
-    from ._cache import cache_dir
-
-    return text.replace(str(cache_dir()), "<cache>")
-
-
-def _peer_record(r: "peers.PeerResult") -> Dict[str, Any]:  # noqa: D401
-    return {
-        "tokens": r.n_decoded,
-        "tps": r.tokens_per_s,
-        "decode_seconds": r.decode_seconds,
-        "prompt_seconds": r.prompt_seconds,
-        "prompt_tokens": r.prompt_tokens,
-        "acceptance": r.acceptance,
-        "drafted": r.n_drafted,
-        "accepted": r.n_accepted,
-        "n_draft_max": r.n_draft_max,
-        "command": _short_paths(r.command_line),
-        "text": r.text,
-    }
 
 
 # ---------------------------------------------------------------------------
@@ -575,16 +454,16 @@ def warm_up(group: Group, args: argparse.Namespace, progress: Progress) -> None:
     kinds = {e.kind for e in group.engines}
     try:
         if "completion" in kinds:
-            peers.run_plain(group.target_path, text, 8, threads=args.threads, ctx=args.ctx, timeout=PEER_TIMEOUT)
+            llama_cli.run_plain(group.target_path, text, 8, threads=args.threads, ctx=args.ctx, timeout=PEER_TIMEOUT)
         if "speculative" in kinds:
             from specdec_cpu.demo_models import ensure_model
             for variant in sorted({e.variant for e in group.engines if e.kind == "speculative"}):
-                peers.run_speculative(group.target_path, ensure_model(group.model_draft or Q4_0), text, 8,
-                                      threads=args.threads, ctx=args.ctx, timeout=PEER_TIMEOUT,
-                                      variant=variant)
+                llama_cli.run_speculative(group.target_path, ensure_model(group.model_draft or Q4_0), text, 8,
+                                          threads=args.threads, ctx=args.ctx, timeout=PEER_TIMEOUT,
+                                          variant=variant)
         for url in group.servers.values():
-            peers.run_server(url, text, 8, timeout=PEER_TIMEOUT)
-    except peers.PeerRunError as exc:
+            llama_server.run_server(url, text, 8, timeout=PEER_TIMEOUT)
+    except llama_cli.PeerRunError as exc:
         progress.say(f"warm-up of a peer failed: {exc}")
     progress.say(f"warmed up {group.target} in {time.monotonic() - t0:.0f} s")
 
@@ -680,8 +559,8 @@ def run_suite(args: argparse.Namespace, command: str) -> Dict[str, Any]:
     peer_paths = None
     if kinds & {"completion", "speculative", "server"}:
         try:
-            peer_paths = peers.ensure_peers()
-        except peers.PeerBuildError as exc:
+            peer_paths = llama_cli.ensure_peers()
+        except llama_cli.PeerBuildError as exc:
             print(f"llama.cpp peers unavailable, running without them (so the speed-ups are against our "
                   f"plain decoding): {exc}", file=sys.stderr)
             results["peer_error"] = str(exc)
@@ -723,12 +602,10 @@ def run_suite(args: argparse.Namespace, command: str) -> Dict[str, Any]:
                     text = plain_decoder(group).chat_prompt(prompt.messages())
                     for rep in range(args.repeats):
                         seed = args.seed + block
-                        n = len(group.engines)
-                        order = [group.engines[(block + i) % n] for i in range(n)]
                         block_runs = []
                         prime(group, text)
                         quiet = wait_until_quiet(progress, wait_budget) if args.wait else None
-                        for pos, engine in enumerate(order):
+                        for pos, engine in enumerate(rotated(group.engines, block)):
                             load = load_average()
                             server = group.servers.get(engine.id)
                             meter = CpuMeter([server.pid] if server is not None else [])
@@ -767,7 +644,7 @@ def set_block_ratios(block_runs: List[Dict[str, Any]]) -> None:
         r["ratio_to_ours_plain"] = (r["tps"] / ours) if ours and r.get("tps") else None
 
 
-def engine_info(e: Engine) -> Dict[str, Any]:
+def engine_info(e: EngineSpec) -> Dict[str, Any]:
     info: Dict[str, Any] = {"label": e.label, "kind": e.kind}
     if e.family:
         info.update(family=e.family, family_label=suite.FAMILY_LABELS.get(e.family, e.family),
@@ -819,10 +696,7 @@ def release(group: Group) -> None:
     group.decoders.clear()
     group.cost_models = {}
     if group.lcp is not None:
-        try:
-            group.lcp.llm.close()
-        except Exception:  # noqa: BLE001 - best effort, the process ends soon
-            pass
+        group.lcp.close()
         group.lcp = None
     gc.collect()
 
@@ -857,7 +731,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.report_only is not None:
         results = json.loads(args.report_only.read_text())
     else:
-        results = run_suite(args, command_line(argv))
+        results = run_suite(args, command_line("python -m bench", argv))
         (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
         print(f"wrote {out_dir / 'results.json'}", file=sys.stderr)
     results_md = results_md_for(out_dir, results_dir("suite"))

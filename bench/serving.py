@@ -31,8 +31,6 @@ asserts a time.
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import functools
 import json
 import math
 import os
@@ -40,11 +38,10 @@ import statistics
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from . import peers
 from .common import (
     BASELINE_PYTHON_ENV,
     RESULTS_MD,
@@ -52,17 +49,27 @@ from .common import (
     baseline_python,
     baseline_versions,
     bootstrap_ci,
+    fmt,
     link,
     machine_info,
+    median,
+    pair_tokenizer,
     ratio_text,
     redact_baseline,
+    redact_calibration,
     results_dir,
+    rotated,
+    say,
     versions,
     write_section,
 )
+from .engines.base import Engine, Request
+from .engines.llama_cpp_python import LcpServer
+from .engines.llama_server import LlamaServer
+from .engines.ours_batched import OpenAIServer, OursBatched
+from .engines.ours_single import OursPool, OursSingle
 from .suite import F32, Q4_0, SETTINGS, Setting
 
-HERE = Path(__file__).resolve().parent
 SERVING = results_dir("serving")
 #: The RESULTS.md section and plot of each mode (direct engines, through HTTP, through Ray).
 MODES = {
@@ -95,7 +102,6 @@ def _spare_cores(results) -> bool:
 #: ids the "-cut" engines' draft keeps: the first 98,304 of Qwen2.5's 151,936 and its control
 #: tokens (bench/draft_variants.py: the same acceptance on the benchmark's texts, passes 14-21% cheaper)
 DRAFT_VOCAB = 98304
-N_CTX = 1024  # per stream: a ~100-token prompt and 128 new tokens fit easily
 
 #: One user message per stream (K ≤ 8 take the first K): short chat requests
 #: of different kinds, each asking for a long enough answer.
@@ -109,405 +115,6 @@ USER_PROMPTS = (
     "Write a bash script that backs up a directory into a dated tar.gz archive and keeps the last seven.",
     "Explain what a closure is in JavaScript with two small examples.",
 )
-
-
-# ---------------------------------------------------------------------------
-# one request, as a client sees it
-# ---------------------------------------------------------------------------
-
-
-@dataclass
-class Request:
-    """What one client measured."""
-
-    stream: int
-    sent: float  # seconds since the run started
-    first: Optional[float] = None  # first piece received
-    done: Optional[float] = None
-    tokens: int = 0
-    arrivals: List[float] = field(default_factory=list)  # each piece, seconds since sent
-    error: Optional[str] = None
-    #: ours called directly: the decoder's own time to first token (submission → first token)
-    decoder_ttft: Optional[float] = None
-
-    @property
-    def ttft(self) -> Optional[float]:
-        return None if self.first is None else self.first - self.sent
-
-    def gaps(self) -> List[float]:
-        a = self.arrivals
-        return [b - x for x, b in zip(a, a[1:])]
-
-
-class Engine:
-    """One way of serving K streams.  Subclasses load in ``start`` and serve
-    one request per client thread in ``request``."""
-
-    id = "?"
-    label = "?"
-    #: loaded only for its own runs (started before each, stopped after), so
-    #: that no other engine of its kind is loaded beside it
-    alone = False
-
-    def start(self, k: int, threads: int) -> None:
-        raise NotImplementedError
-
-    def request(self, prompt: str, setting: Setting, max_tokens: int, seed: int, rec: Request,
-                t0: float, ignore_eos: bool = False) -> None:
-        """Serve one request, filling ``rec``; ``ignore_eos``: end-of-generation
-        tokens banned, so that the answer runs to ``max_tokens``."""
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        pass
-
-    def mark(self) -> None:
-        """A run starts now (engines whose ``stats`` count from here)."""
-
-    def stats(self) -> Dict[str, Any]:
-        """Counters since the last call (engines that have them)."""
-        return {}
-
-
-def _params(setting: Setting, seed: int, ignore_eos: bool):
-    return dataclasses.replace(setting.params(seed), ignore_eos=ignore_eos)
-
-
-def _consume(pieces, rec: Request, t_sent_abs: float, t0: float) -> None:
-    for _ in pieces:
-        now = time.perf_counter()
-        if rec.first is None:
-            rec.first = now - t0
-        rec.arrivals.append(now - t_sent_abs)
-
-
-class OursBatched(Engine):
-    """BatchedDecoder (γ auto, or a fixed γ such as 0: continuous batching alone)."""
-
-    def __init__(self, gamma: Any, draft_vocab: Optional[int] = None) -> None:
-        self.gamma, self.draft_vocab = gamma, draft_vocab
-        self.id = ("batched-auto" if gamma == "auto" else f"batched-g{gamma}") + ("-cut" if draft_vocab else "")
-        self.label = f"ours, BatchedDecoder γ={gamma}" + (f", draft cut to {draft_vocab} ids" if draft_vocab else "")
-        self.dec = None
-        self._last = None
-        #: a JSON-lines file for the decoder's step records (--trace-steps), and the run they belong to
-        self.trace_path: Optional[Path] = None
-        self._trace = None
-        self._run = 0
-
-    def start(self, k: int, threads: int) -> None:
-        from specdec_cpu import BatchedDecoder
-        from specdec_cpu.demo_models import ensure_model
-
-        step_trace, self._k = None, k
-        if self.trace_path is not None:
-            self._trace = open(self.trace_path, "a")
-            step_trace = self._write_step
-        self.dec = BatchedDecoder.from_gguf(str(ensure_model(F32)), str(ensure_model(Q4_0)), max_sequences=k,
-                                            n_ctx=N_CTX, n_threads=threads, gamma=self.gamma,
-                                            step_trace=step_trace, draft_vocab=self.draft_vocab)
-        self._last = self.dec.metrics()
-
-    def _write_step(self, record) -> None:
-        self._trace.write(json.dumps({"k": self._k, "run": self._run, **record.to_dict()}) + "\n")
-
-    def mark(self) -> None:
-        self._run += 1
-
-    def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False):
-        s = self.dec.stream(prompt, max_tokens=max_tokens, params=_params(setting, seed, ignore_eos))
-        t_sent = time.perf_counter()
-        _consume(s, rec, t_sent, t0)
-        rec.tokens = len(s.result.tokens)
-        rec.decoder_ttft = s.result.stats.first_token_seconds
-
-    def stats(self) -> Dict[str, Any]:
-        m = self.dec.metrics()
-        last, self._last = self._last, m
-        passes = m.target_passes - last.target_passes
-        drafted = m.drafted - last.drafted
-        rows = m.alpha_rows - last.alpha_rows
-        return {
-            "target_passes": passes,
-            "rows_per_pass": (m.target_rows - last.target_rows) / passes if passes else None,
-            "tokens_per_pass": (m.tokens_generated - last.tokens_generated) / passes if passes else None,
-            "drafted": drafted,
-            "acceptance": (m.accepted - last.accepted) / drafted if drafted else None,
-            "mean_alpha": (m.alpha_sum - last.alpha_sum) / rows if rows else None,
-            "target_s": m.target_seconds - last.target_seconds,
-            "draft_s": m.draft_seconds - last.draft_seconds,
-            "sampling_s": m.sampling_seconds - last.sampling_seconds,
-            "scheduler_s": m.scheduler_seconds - last.scheduler_seconds,
-            "step_s": m.step_seconds - last.step_seconds,
-        }
-
-    def stop(self) -> None:
-        if self.dec is not None:
-            self.dec.close()
-            self.dec = None
-        if self._trace is not None:
-            self._trace.close()
-            self._trace = None
-
-
-class OursPool(Engine):
-    """DecoderPool(K): one context per request, its cores shared out."""
-
-    id, label = "pool-auto", "ours, DecoderPool(K) γ=auto"
-
-    def start(self, k, threads):
-        from specdec_cpu import DecoderPool
-        from specdec_cpu.demo_models import ensure_model
-
-        # The pool's documented setting: each decoder gets a share of the cores.
-        self.pool = DecoderPool(k, str(ensure_model(F32)), str(ensure_model(Q4_0)), n_ctx=N_CTX,
-                                n_threads=max(1, threads // k))
-
-    def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False):
-        s = self.pool.stream(prompt, max_tokens=max_tokens, params=_params(setting, seed, ignore_eos))
-        t_sent = time.perf_counter()
-        _consume(s, rec, t_sent, t0)
-        rec.tokens = len(s.result.tokens) if s.result is not None else 0
-
-    def stop(self):
-        self.pool.close()
-
-
-class OursSingle(Engine):
-    """SpeculativeDecoder (one conversation; K = 1 only): the single-stream reference."""
-
-    id, label = "single-auto", "ours, SpeculativeDecoder γ=auto"
-
-    def start(self, k, threads):
-        from specdec_cpu import SpeculativeDecoder
-        from specdec_cpu.demo_models import ensure_model
-
-        self.dec = SpeculativeDecoder.from_gguf(str(ensure_model(F32)), str(ensure_model(Q4_0)), n_ctx=N_CTX,
-                                                n_threads=threads)
-
-    def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False):
-        s = self.dec.stream(prompt, max_tokens=max_tokens, params=_params(setting, seed, ignore_eos))
-        t_sent = time.perf_counter()
-        _consume(s, rec, t_sent, t0)
-        rec.tokens = len(s.result.tokens)
-
-
-class LlamaServer(Engine):
-    """llama-server --parallel K, plain or with a draft model (-md)."""
-
-    def __init__(self, draft_max: Optional[int] = None) -> None:
-        self.draft_max = draft_max
-        self.id = "server-plain" if draft_max is None else f"server-md{draft_max}"
-        self.label = ("llama-server --parallel K" if draft_max is None
-                      else f"llama-server --parallel K -md (draft-n-max {draft_max})")
-        self._cm = None
-
-    def start(self, k, threads):
-        from specdec_cpu.demo_models import ensure_model
-
-        draft = str(ensure_model(Q4_0)) if self.draft_max is not None else None
-        self._cm = peers.llama_server(str(ensure_model(F32)), draft=draft, draft_max=self.draft_max,
-                                      draft_min=0 if draft else None, parallel=k, ctx=N_CTX * k,
-                                      threads=threads)
-        self.url = self._cm.__enter__()
-
-    def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False):
-        t_sent = time.perf_counter()
-        r = peers.server_complete(self.url, prompt, max_tokens, temperature=setting.temperature,
-                                  top_k=setting.top_k, top_p=setting.top_p, min_p=setting.min_p, seed=seed,
-                                  stream=True, extra={"ignore_eos": True} if ignore_eos else None)
-        arrivals = r.arrival_s or []
-        rec.arrivals = list(arrivals)
-        if arrivals:
-            rec.first = (t_sent - t0) + arrivals[0]
-        rec.tokens = int(r.n_predicted)
-
-    def stop(self):
-        if self._cm is not None:
-            self._cm.__exit__(None, None, None)
-            self._cm = None
-
-
-def _thread_cpu(pid: int, tid: int) -> float:
-    """CPU seconds (user + system) of thread ``tid`` of process ``pid`` (0 if it has gone)."""
-    try:
-        with open(f"/proc/{pid}/task/{tid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
-
-
-def _raylet_running() -> bool:
-    """Whether a Ray cluster's raylet runs on this machine (Linux /proc)."""
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            if Path(f"/proc/{pid}/comm").read_text(errors="replace").strip() == "raylet":
-                return True
-        except OSError:
-            continue
-    return False
-
-
-class OpenAIServer(Engine):
-    """A server process driven with the official ``openai`` client (streamed
-    /v1/completions with the templated prompt): ours (``specdec-cpu serve``,
-    optionally through Ray Serve) or llama-cpp-python's ``llama_cpp.server``.
-    ``python``: the interpreter that runs the server (default this one; the
-    previous main's for ``ours-baseline``)."""
-
-    def __init__(self, id: str, label: str, kind: str, *, replicas: int = 0, threads: Optional[int] = None,
-                 python: Optional[str] = None) -> None:
-        self.id, self.label, self.kind = id, label, kind
-        self.python = python or sys.executable
-        self.replicas, self.fixed_threads = replicas, threads
-        self.proc = None
-        # One Ray cluster at a time: an idle cluster's processes (controller,
-        # HAProxy health checks) would take CPU from the other's runs.
-        self.alone = bool(replicas)
-        self.ingress: Optional[str] = None
-
-    def _command(self, k: int, threads: int, port: int) -> List[str]:
-        from specdec_cpu.demo_models import ensure_model
-
-        target, draft = str(ensure_model(F32)), str(ensure_model(Q4_0))
-        if self.kind == "lcp":
-            # llama-cpp-python's server decodes one request at a time; plain decoding (its prompt
-            # lookup drafts from the prompt, which these chat requests barely repeat).
-            return [sys.executable, "-m", "llama_cpp.server", "--model", target, "--n_ctx", str(N_CTX),
-                    "--n_threads", str(threads), "--n_threads_batch", str(threads), "--port", str(port),
-                    "--host", "127.0.0.1"]
-        cmd = [self.python, "-m", "specdec_cpu.cli", "serve", target, draft, "--port", str(port),
-               "--threads", str(threads), "--n-ctx", str(N_CTX), "--max-sequences", str(k),
-               "--model-name", "bench", "--log-level", "warning"]
-        if self.replicas:
-            cmd += ["--ray", "--replicas", str(self.replicas)]
-        return cmd
-
-    def start(self, k, threads):
-        import subprocess
-
-        import httpx
-        import openai
-
-        t = self.fixed_threads or threads
-        if self.replicas:  # the last Ray cluster's processes may still be ending: not on our cores
-            end = time.monotonic() + 60
-            while _raylet_running() and time.monotonic() < end:
-                time.sleep(0.5)
-        port = peers.free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        self.log = open(HERE / f".serving-{self.id}.log", "w")
-        self.proc = subprocess.Popen(self._command(k, t, port), stdout=self.log, stderr=subprocess.STDOUT)
-        health = "/health" if self.kind != "lcp" else "/v1/models"
-        end = time.monotonic() + 600
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.id} exited with {self.proc.returncode}; see {self.log.name}")
-            try:
-                if httpx.get(self.url + health, timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise RuntimeError(f"{self.id} not ready after 600 s")
-        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="bench", max_retries=0, timeout=900)
-        if self.replicas:  # which ingress took HTTP: the serving line says (printed just after /health answers)
-            end, log = time.monotonic() + 60, ""
-            while "through Ray Serve on" not in log and time.monotonic() < end:
-                log = Path(self.log.name).read_text(errors="replace")
-                time.sleep(0.2)
-            self.ingress = ("haproxy" if "HAProxy ingress" in log else
-                            "python-proxy" if "Python proxy" in log else "unknown")
-
-    def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False):
-        t_sent = time.perf_counter()
-        stream = self.client.completions.create(
-            model="bench", prompt=prompt, max_tokens=max_tokens, temperature=setting.temperature,
-            top_p=setting.top_p, seed=seed, stream=True, stream_options={"include_usage": True},
-            extra_body={"top_k": setting.top_k, "min_p": setting.min_p, **self._ban_eos(ignore_eos)})
-        tokens = 0
-        for chunk in stream:
-            if chunk.choices and chunk.choices[0].text:
-                now = time.perf_counter()
-                if rec.first is None:
-                    rec.first = now - t0
-                rec.arrivals.append(now - t_sent)
-            if chunk.usage is not None:
-                tokens = chunk.usage.completion_tokens
-        rec.tokens = tokens or len(rec.arrivals)
-
-    def mark(self) -> None:
-        self._mark = self._counters(scrape_first=True) if self._measures_cpu() else None
-
-    def stats(self) -> Dict[str, Any]:
-        """Our server's CPU during the run: its event loop (the main thread:
-        HTTP, JSON, server-sent events; the decoder runs on other threads)
-        and the whole process, with the decoder's steps (from ``/metrics``);
-        through Ray, the ingress that took HTTP."""
-        if self.replicas:
-            return {"ingress": self.ingress}
-        if getattr(self, "_mark", None) is None:
-            return {}
-        end = self._counters(scrape_first=False)
-        loop, proc, steps = (b - a for a, b in zip(self._mark, end))
-        return {"server_loop_cpu_s": loop, "server_cpu_s": proc, "steps": steps}
-
-    def _measures_cpu(self) -> bool:
-        return self.kind == "ours" and not self.replicas and Path(f"/proc/{self.proc.pid}/task").is_dir()
-
-    def _counters(self, scrape_first: bool) -> tuple:
-        """(event-loop CPU s, process CPU s, decoder steps).  The /metrics
-        scrape is outside the measured span: before the CPU readings at a
-        run's start, after them at its end."""
-        def steps() -> float:
-            return self._metric_samples("specdec_steps")["specdec_steps_total"]
-
-        first = steps() if scrape_first else None
-        pid = self.proc.pid
-        loop = _thread_cpu(pid, pid)
-        proc = sum(_thread_cpu(pid, int(t.name)) for t in Path(f"/proc/{pid}/task").iterdir())
-        return loop, proc, first if scrape_first else steps()
-
-    def decoder_ttft_total(self) -> tuple[float, int]:
-        """Our server's decoder: the sum of its requests' times to first token
-        (submission → first token, seconds) and their count so far, from
-        ``/metrics`` (summed over Ray replicas)."""
-        samples = self._metric_samples("specdec_time_to_first_token_seconds")
-        return (samples.get("specdec_time_to_first_token_seconds_sum", 0.0),
-                int(samples.get("specdec_time_to_first_token_seconds_count", 0)))
-
-    def _metric_samples(self, family: str) -> Dict[str, float]:
-        """One metric family of the server's ``/metrics``: each sample name's
-        value, summed over label sets (Ray replicas, histogram buckets)."""
-        import httpx
-        from prometheus_client.parser import text_string_to_metric_families
-
-        out: Dict[str, float] = {}
-        for fam in text_string_to_metric_families(httpx.get(self.url + "/metrics", timeout=10).text):
-            if fam.name == family:
-                for sample in fam.samples:
-                    out[sample.name] = out.get(sample.name, 0.0) + sample.value
-        return out
-
-    def _ban_eos(self, ignore_eos: bool) -> Dict[str, Any]:
-        if not ignore_eos:
-            return {}
-        if self.kind == "lcp":  # llama-cpp-python's server has no ignore_eos: a bias of −100 on every end id
-            return {"logit_bias": {str(t): -100.0 for t in _tokenizer().eog_ids}}
-        return {"ignore_eos": True}
-
-    def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            import signal
-
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(120)
-            except Exception:
-                self.proc.kill()
-        self.proc = None
 
 
 AB_ENGINE = "ours-baseline"
@@ -530,7 +137,7 @@ ENGINES: Dict[str, Callable[[], Engine]] = {
     # the same server under the previous main's Python (--baseline-python): this checkout against it
     AB_ENGINE: lambda: OpenAIServer(AB_ENGINE, "the previous main over HTTP (its specdec-cpu serve, openai client)",
                                     "ours", python=os.environ[BASELINE_PYTHON_ENV]),
-    "lcp-server": lambda: OpenAIServer("lcp-server", "llama-cpp-python server (python -m llama_cpp.server)", "lcp"),
+    "lcp-server": LcpServer,
     # --ray: one thread per replica
     "bare-t1": lambda: OpenAIServer("bare-t1", "ours over HTTP, 1 thread (no Ray)", "ours", threads=1),
     "ray-1": lambda: OpenAIServer("ray-1", "ours through Ray Serve, 1 replica × 1 thread", "ours", replicas=1,
@@ -610,17 +217,8 @@ def _pct(xs: Sequence[float], q: float) -> Optional[float]:
 
 def chat_prompts(k: int, tag: str) -> List[str]:
     """The K templated prompts of one block (each tagged, see the module docstring)."""
-    return [_tokenizer().chat_prompt([{"role": "user", "content": f"(request {tag}.{i}) {USER_PROMPTS[i % 8]}"}])
+    return [pair_tokenizer().chat_prompt([{"role": "user", "content": f"(request {tag}.{i}) {USER_PROMPTS[i % 8]}"}])
             for i in range(k)]
-
-
-@functools.lru_cache(maxsize=1)
-def _tokenizer():
-    """The pair's vocabulary (the draft file: smaller, the same vocabulary)."""
-    from specdec_cpu.demo_models import ensure_model
-    from specdec_cpu.engine import LlamaTokenizer, LlamaWeights
-
-    return LlamaTokenizer(LlamaWeights(str(ensure_model(Q4_0))))
 
 
 # ---------------------------------------------------------------------------
@@ -667,7 +265,7 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
         started = []
 
         def load(e: Engine) -> None:
-            _say(f"K={k}: loading {e.label}")
+            say(f"K={k}: loading {e.label}")
             started.append(e)
             e.start(k, args.threads)
             warm = chat_prompts(1, f"warm{k}")
@@ -681,11 +279,7 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
                 if "calibration" not in results and isinstance(e, OursBatched) and e.dec.cost_model is not None:
                     # the pass times the planner started from: the report's forecast column
                     # (the model files by name only: where they lie is the machine's business)
-                    cal = e.dec.cost_model.to_dict()
-                    for role in ("target", "draft"):
-                        if isinstance(cal.get(role), dict) and cal[role].get("path"):
-                            cal[role]["path"] = f"<cache>/models/{Path(cal[role]['path']).name}"
-                    results["calibration"] = cal
+                    results["calibration"] = redact_calibration(e.dec.cost_model.to_dict())
             for rep in range(args.repeats):
                 for sid in args.settings:
                     for arrival in args.arrivals:
@@ -693,8 +287,7 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
                             continue
                         block += 1
                         prompts = chat_prompts(k, f"{block}")
-                        order = engines[block % len(engines):] + engines[:block % len(engines)]
-                        for e in order:
+                        for e in rotated(engines, block):
                             if e.alone:
                                 load(e)
                             run = run_once(e, prompts, SETTINGS[sid], args.tokens, arrival, args.stagger,
@@ -704,9 +297,9 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
                                 started.remove(e)
                             run.update(k=k, setting=sid, arrival=arrival, block=block, repeat=rep)
                             results["runs"].append(run)
-                            _say(f"K={k} {sid} {arrival} block {block}: {e.id:13s} "
-                                 f"{_fmt(run['agg_tps'])} tok/s, TTFT p50 {_fmt(run['ttft_p50'], 2)} s"
-                                 + (f"  ERRORS {run['errors'][:1]}" if run["errors"] else ""))
+                            say(f"K={k} {sid} {arrival} block {block}: {e.id:13s} "
+                                f"{fmt(run['agg_tps'])} tok/s, TTFT p50 {fmt(run['ttft_p50'], 2)} s"
+                                + (f"  ERRORS {run['errors'][:1]}" if run["errors"] else ""))
                         _save(results, args.output)
         finally:
             for e in started:
@@ -718,14 +311,6 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
         results["finished"] = finished
     _save(results, args.output)
     return results
-
-
-def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def _fmt(x: Optional[float], digits: int = 1) -> str:
-    return "–" if x is None else f"{x:.{digits}f}"
 
 
 def _save(results: Dict[str, Any], path: Path) -> None:
@@ -825,16 +410,16 @@ def render(results, data_dir: Path = SERVING, results_md: Path = RESULTS_MD) -> 
             for k, e in rows:
                 rs = _runs(results, k=k, engine=e, setting=sid, arrival=arrival)
                 tps = sorted(r["agg_tps"] for r in rs if r["agg_tps"])
-                med = lambda key: _median([r.get(key) for r in rs])  # noqa: E731
-                st = lambda key: _median([r["stats"].get(key) for r in rs if r.get("stats")])  # noqa: E731
+                med = lambda key: median([r.get(key) for r in rs])  # noqa: E731
+                st = lambda key: median([r["stats"].get(key) for r in rs if r.get("stats")])  # noqa: E731
                 vs0 = block_ratios(results, e, "batched-g0", k=k, setting=sid, arrival=arrival)
                 L.append(
                     f"| {k} | {e} | " + (f"{tps[0]:.1f} – **{statistics.median(tps):.1f}** – {tps[-1]:.1f}"
                                          if tps else "failed")
-                    + f" | {_fmt(med('ttft_p50'), 2)} / {_fmt(med('ttft_p95'), 2)}"
-                    + f" | {_fmt(_ms(med('itl_p50')), 0)} / {_fmt(_ms(med('itl_p95')), 0)}"
-                    + f" | {_fmt(st('tokens_per_pass'), 2)} | {_fmt(st('rows_per_pass'), 1)}"
-                    + f" | {_fmt(st('acceptance'), 2)} | {ratio_text(vs0) if e != 'batched-g0' else '1.00×'} |")
+                    + f" | {fmt(med('ttft_p50'), 2)} / {fmt(med('ttft_p95'), 2)}"
+                    + f" | {fmt(_ms(med('itl_p50')), 0)} / {fmt(_ms(med('itl_p95')), 0)}"
+                    + f" | {fmt(st('tokens_per_pass'), 2)} | {fmt(st('rows_per_pass'), 1)}"
+                    + f" | {fmt(st('acceptance'), 2)} | {ratio_text(vs0) if e != 'batched-g0' else '1.00×'} |")
             L.append("")
     if mode == "direct":
         L += goals(results, ks, settings, arrivals)
@@ -1061,20 +646,15 @@ def where_time_goes(results, ks, settings, arrivals) -> List[str]:
                       if r.get("stats")]
                 if not rs:
                     continue
-                share = lambda key: _median([r["stats"][key] / r["stats"]["step_s"]  # noqa: E731
+                share = lambda key: median([r["stats"][key] / r["stats"]["step_s"]  # noqa: E731
                                              for r in rs if r["stats"].get("step_s")])
-                st = lambda key: _median([r["stats"].get(key) for r in rs])  # noqa: E731
+                st = lambda key: median([r["stats"].get(key) for r in rs])  # noqa: E731
                 L.append(f"| {SETTINGS[sid].label} | {arrival} | {k} | {_pctx(share('target_s'))} | "
                          f"{_pctx(share('draft_s'))} | {_pctx(share('sampling_s'))} | "
-                         f"{_pctx(share('scheduler_s'))} | {_fmt(st('rows_per_pass'), 1)} | "
-                         f"{_fmt(st('tokens_per_pass'), 2)} | {_fmt(st('drafted'), 0)} | "
-                         f"{_fmt(st('mean_alpha'), 3)} |")
+                         f"{_pctx(share('scheduler_s'))} | {fmt(st('rows_per_pass'), 1)} | "
+                         f"{fmt(st('tokens_per_pass'), 2)} | {fmt(st('drafted'), 0)} | "
+                         f"{fmt(st('mean_alpha'), 3)} |")
     return L + [""]
-
-
-def _median(xs) -> Optional[float]:
-    v = [x for x in xs if x is not None]
-    return statistics.median(v) if v else None
 
 
 def _ms(x: Optional[float]) -> Optional[float]:
@@ -1097,7 +677,7 @@ def plot(results, path: Path) -> None:
     for ax, sid in zip(axes[0], settings):
         for e, label in results["engines"].items():
             ks = sorted({r["k"] for r in _runs(results, engine=e, setting=sid, arrival="burst")})
-            med = [_median([r["agg_tps"] for r in _runs(results, engine=e, setting=sid, arrival="burst", k=k)])
+            med = [median([r["agg_tps"] for r in _runs(results, engine=e, setting=sid, arrival="burst", k=k)])
                    for k in ks]
             pts = [(k, m) for k, m in zip(ks, med) if m is not None]
             if pts:
@@ -1195,7 +775,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     plot(results, data_dir / plot_file)
     write_section(args.results_md, render(results, data_dir, args.results_md), heading,
                   after=MODES[results.get("mode", "direct")][0])
-    _say(f"wrote {args.results_md} ({heading}) and {plot_file}")
+    say(f"wrote {args.results_md} ({heading}) and {plot_file}")
     return 0
 
 

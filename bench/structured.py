@@ -38,8 +38,20 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
-from . import peers
-from .common import CpuMeter, load_average, machine_info, paired_ratios, publish, ratio_text, results_dir, versions
+from .common import (
+    machine_info,
+    median,
+    paired_ratios,
+    paired_run,
+    publish,
+    ratio_text,
+    results_dir,
+    rotated,
+    say,
+    versions,
+)
+from .engines import llama_cli, llama_server
+from .engines.ours_single import OursSingle
 from .suite import F32, Q4_0
 
 SECTION = "## Structured output: JSON schemas, ours against llama-server"
@@ -99,10 +111,6 @@ WORKLOAD = [
 ]
 
 
-def _say(text: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
-
-
 def valid(text: str, schema: dict) -> bool:
     import jsonschema
 
@@ -113,15 +121,17 @@ def valid(text: str, schema: dict) -> bool:
         return False
 
 
-class Ours:
-    """One in-process decoder of this checkout (γ fixed by the engine)."""
+class Ours(OursSingle):
+    """One in-process decoder of this checkout (γ fixed by the engine), the
+    draft's proposals masked by the grammar or not."""
 
-    def __init__(self, target: Path, draft: Optional[Path], gamma: Any, threads: int, mask_draft: bool = True):
-        from specdec_cpu import SpeculativeDecoder
+    def __init__(self, gamma: Any, *, draft: bool = True, mask_draft: bool = True) -> None:
+        super().__init__(gamma, draft=draft, n_ctx=N_CTX)
+        self.mask_draft = mask_draft
 
-        self.dec = SpeculativeDecoder.from_gguf(str(target), str(draft) if draft else None, gamma=gamma,
-                                                n_ctx=N_CTX, n_threads=threads)
-        self.dec._loop.core.mask_draft = mask_draft
+    def start(self, k: int, threads: int) -> None:
+        super().start(k, threads)
+        self.dec._loop.core.mask_draft = self.mask_draft
 
     def run(self, text: str, schema: dict, temperature: float, top_p: float, seed: int) -> Dict[str, Any]:
         from specdec_cpu import SamplingParams
@@ -137,13 +147,10 @@ class Ours:
                 "mean_gamma": statistics.fmean(s.gammas) if s.gammas else 0.0, "valid": valid(gen.text, schema),
                 "finish_reason": gen.finish_reason}
 
-    def close(self) -> None:
-        self.dec.close()
-
 
 def server_run(url: str, text: str, schema: dict, temperature: float, top_p: float, seed: int) -> Dict[str, Any]:
-    r = peers.server_complete(url, text, MAX_TOKENS, temperature=temperature, top_p=top_p, seed=seed,
-                              cache_prompt=False, extra={"json_schema": schema})
+    r = llama_server.server_complete(url, text, MAX_TOKENS, temperature=temperature, top_p=top_p, seed=seed,
+                                     cache_prompt=False, extra={"json_schema": schema})
     return {"tps": r.tokens_per_s, "tokens": r.n_predicted, "wall_s": r.wall_seconds,
             "acceptance": r.acceptance, "valid": valid(r.text, schema)}
 
@@ -152,7 +159,7 @@ def run(args) -> Dict[str, Any]:
     from specdec_cpu.demo_models import ensure_model
 
     target, draft = ensure_model(F32), ensure_model(Q4_0)
-    peer_paths = peers.ensure_peers()
+    peer_paths = llama_cli.ensure_peers()
     engines = ["ours-auto", "ours-g0", "ours-auto-unmasked", "server-plain"] + [f"server-md{n}"
                                                                               for n in args.draft_max]
     results: Dict[str, Any] = {
@@ -162,16 +169,13 @@ def run(args) -> Dict[str, Any]:
     out = args.output_dir / "structured_results.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
-        _say("loading our decoders and starting the llama-servers")
-        ours = {"ours-auto": Ours(target, draft, "auto", args.threads),
-                "ours-g0": Ours(target, None, 0, args.threads),
-                "ours-auto-unmasked": Ours(target, draft, "auto", args.threads, mask_draft=False)}
+        say("loading our decoders and starting the llama-servers")
+        ours = {"ours-auto": Ours("auto"), "ours-g0": Ours(0, draft=False),
+                "ours-auto-unmasked": Ours("auto", mask_draft=False)}
         for o in ours.values():
-            stack.callback(o.close)
-        servers = {"server-plain": stack.enter_context(peers.llama_server(target, ctx=N_CTX, threads=args.threads))}
-        for n in args.draft_max:
-            servers[f"server-md{n}"] = stack.enter_context(peers.llama_server(
-                target, draft=draft, draft_max=n, ctx=N_CTX, threads=args.threads))
+            o.start(1, args.threads)
+            stack.callback(o.stop)
+        servers = llama_server.start_servers(stack, target, draft, args.draft_max, ctx=N_CTX, threads=args.threads)
         tok = ours["ours-g0"].dec.tokenizer
         block = 0
         try:
@@ -185,19 +189,13 @@ def run(args) -> Dict[str, Any]:
                     name, instruction, schema = WORKLOAD[b % len(WORKLOAD)]
                     text = tok.chat_prompt([{"role": "user", "content": instruction}])
                     seed = args.seed + block
-                    order = engines[block % len(engines):] + engines[:block % len(engines)]
-                    for pos, e in enumerate(order):
-                        meter, load, t0 = CpuMeter(), load_average(), time.perf_counter()
-                        try:
-                            rec = (ours[e].run(text, schema, temperature, top_p, seed) if e in ours
-                                   else server_run(servers[e], text, schema, temperature, top_p, seed))
-                        except (RuntimeError, peers.PeerRunError, ValueError) as exc:
-                            rec = {"error": f"{type(exc).__name__}: {str(exc)[:300]}", "tps": None}
-                        rec.update(engine=e, setting=sid, block=block, prompt=name, seed=seed, position=pos,
-                                   run_s=time.perf_counter() - t0, others_cores=meter.others(),
-                                   load_1min=load[0] if load else None)
+                    for pos, e in enumerate(rotated(engines, block)):
+                        rec = paired_run(lambda: (ours[e].run(text, schema, temperature, top_p, seed) if e in ours
+                                                  else server_run(servers[e], text, schema, temperature, top_p, seed)),
+                                         (RuntimeError, llama_server.PeerRunError, ValueError),
+                                         engine=e, setting=sid, block=block, prompt=name, seed=seed, position=pos)
                         results["runs"].append(rec)
-                        _say(f"{sid} block {block} ({name}) {e:18s} " + (
+                        say(f"{sid} block {block} ({name}) {e:18s} " + (
                             f"ERROR {rec['error']}" if rec.get("error") else
                             f"{rec['tps']:6.2f} tok/s  {rec['tokens']} tokens  valid {rec['valid']}"
                             + (f"  forced {rec['forced']}  α {rec['mean_alpha']}" if e in ours else "")))
@@ -205,19 +203,14 @@ def run(args) -> Dict[str, Any]:
                     out.write_text(json.dumps(results, indent=1))
             results["complete"] = True
         except KeyboardInterrupt:
-            _say("interrupted: writing what was measured so far")
+            say("interrupted: writing what was measured so far")
     results["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return results
 
 
-def _median(xs) -> Optional[float]:
-    v = [x for x in xs if x is not None]
-    return statistics.median(v) if v else None
-
-
 def best_server(runs, sid: str) -> Optional[str]:
     """The llama-server mode with the highest median decode tok/s at ``sid``."""
-    meds = {e: _median(r["tps"] for r in runs if r["engine"] == e and r["setting"] == sid)
+    meds = {e: median(r["tps"] for r in runs if r["engine"] == e and r["setting"] == sid)
             for e in {r["engine"] for r in runs if r["engine"].startswith("server-")}}
     meds = {e: m for e, m in meds.items() if m}
     return max(meds, key=meds.get) if meds else None
@@ -254,8 +247,8 @@ def render(results: Dict[str, Any], data: str = "structured_results.json") -> st
         L.append(f"| {SETTINGS[sid][0]} | {best} | {ratio_text(paired_ratios(runs, 'ours-auto', best, sid))} | "
                  f"{ratio_text(paired_ratios(runs, 'ours-auto', 'server-plain', sid))} | "
                  f"{ratio_text(paired_ratios(runs, 'ours-auto', 'ours-g0', sid))} | {forced:.0%} | "
-                 f"{_median(r['mean_alpha'] for r in auto) or 0:.3f} | "
-                 f"{_median(r['mean_alpha'] for r in unm) or 0:.3f} | "
+                 f"{median(r['mean_alpha'] for r in auto) or 0:.3f} | "
+                 f"{median(r['mean_alpha'] for r in unm) or 0:.3f} | "
                  f"{share({'ours-auto'})}, {share({'ours-g0'})}, "
                  f"{share({e for e in results['engines'] if e.startswith('server-')})} |")
     L += ["", "| setting | engine | tok/s (median) | tokens (median) | mean γ | valid |", "|---|---|---|---|---|---|"]
@@ -263,9 +256,9 @@ def render(results: Dict[str, Any], data: str = "structured_results.json") -> st
         for e in results["engines"]:
             rs = [r for r in runs if r["setting"] == sid and r["engine"] == e and r.get("tps")]
             if rs:
-                L.append(f"| {SETTINGS[sid][0]} | {e} | {_median(r['tps'] for r in rs):.2f} | "
-                         f"{_median(r['tokens'] for r in rs):.0f} | "
-                         f"{_median(r.get('mean_gamma') for r in rs) or 0:.2f} | "
+                L.append(f"| {SETTINGS[sid][0]} | {e} | {median(r['tps'] for r in rs):.2f} | "
+                         f"{median(r['tokens'] for r in rs):.0f} | "
+                         f"{median(r.get('mean_gamma') for r in rs) or 0:.2f} | "
                          f"{sum(r['valid'] for r in rs)}/{len(rs)} |")
     errors = [r for r in runs if r.get("error")]
     if errors:

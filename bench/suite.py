@@ -77,8 +77,9 @@ PAIRS: Dict[str, Pair] = {
 
 
 @dataclass(frozen=True)
-class Engine:
-    """One way of decoding.  ``kind``: ours | completion | speculative | server | lcp.
+class EngineSpec:
+    """One way of decoding the suite compares, run by the engine of its
+    ``kind`` (bench/engines/): ours | completion | speculative | server | lcp.
 
     Engines of one ``family`` are settings of one peer (a sweep): every
     variant runs in every block, and the report shows, per (pair, setting),
@@ -100,10 +101,6 @@ class Engine:
     server_args: Tuple[str, ...] = ()  # further llama-server flags (n-gram sizes)
     uses_draft_model: bool = False  # loads the pair's draft model
 
-    @property
-    def family_id(self) -> str:
-        return self.family or self.id
-
 
 #: --spec-draft-n-max values every draft-model peer of llama.cpp is run with
 #: (their default is 3); ``--peer-draft-max`` changes the list.
@@ -120,10 +117,10 @@ DRAFT_FAMILIES: Dict[str, dict] = {
 }
 
 
-def draft_variant(family: str, n: int) -> Engine:
+def draft_variant(family: str, n: int) -> EngineSpec:
     """The engine of ``family`` (a DRAFT_FAMILIES key) drafting up to ``n`` tokens."""
     f = DRAFT_FAMILIES[family]
-    return Engine(f"{family}-n{n}", f"{f['label']} (draft-n-max {n})", f["kind"],
+    return EngineSpec(f"{family}-n{n}", f"{f['label']} (draft-n-max {n})", f["kind"],
                   variant=f.get("variant", ""), spec_type=f.get("spec_type", ""), family=family,
                   setting_label=f"draft-n-max {n}", draft_max=n, uses_draft_model=True)
 
@@ -136,12 +133,12 @@ def draft_variant(family: str, n: int) -> Engine:
 #: its documentation) it runs with its defaults and with shorter settings, and
 #: the report keeps the faster, like the draft-length sweep.
 def _server_ngram(family: str, label: str, spec_type: str, setting: str, *args: str,
-                  suffix: str = "") -> Engine:
-    return Engine(family + suffix, f"{label} ({setting})", "server", spec_type=spec_type,
+                  suffix: str = "") -> EngineSpec:
+    return EngineSpec(family + suffix, f"{label} ({setting})", "server", spec_type=spec_type,
                   server_args=tuple(args), family=family if suffix else "", setting_label=setting)
 
 
-SERVER_NGRAM: Tuple[Engine, ...] = (
+SERVER_NGRAM: Tuple[EngineSpec, ...] = (
     _server_ngram("llama-server-ngram-simple", "llama.cpp llama-server ngram-simple", "ngram-simple",
                   "n 2, m 10", "--spec-ngram-simple-size-n", "2", "--spec-ngram-simple-size-m", "10",
                   suffix="-n2m10"),
@@ -162,26 +159,26 @@ SERVER_NGRAM: Tuple[Engine, ...] = (
                   "1- to 4-grams, 8 tokens"),
 )
 
-ENGINES: Dict[str, Engine] = {
+ENGINES: Dict[str, EngineSpec] = {
     e.id: e for e in (
-        Engine("plain", "ours, plain (γ=0)", "ours", gamma=0, drafter="plain"),
-        Engine("gamma2", "ours, γ=2", "ours", gamma=2),
-        Engine("gamma4", "ours, γ=4", "ours", gamma=4),
-        Engine("gamma6", "ours, γ=6", "ours", gamma=6),
-        Engine("gamma8", "ours, γ=8", "ours", gamma=8),
-        Engine("auto", "ours, γ=auto", "ours", gamma="auto"),
-        Engine("ngram", "ours, n-gram, γ=auto", "ours", gamma="auto", drafter="ngram"),
-        Engine("ngram-draft", "ours, n-gram + draft model, γ=auto", "ours", gamma="auto",
+        EngineSpec("plain", "ours, plain (γ=0)", "ours", gamma=0, drafter="plain"),
+        EngineSpec("gamma2", "ours, γ=2", "ours", gamma=2),
+        EngineSpec("gamma4", "ours, γ=4", "ours", gamma=4),
+        EngineSpec("gamma6", "ours, γ=6", "ours", gamma=6),
+        EngineSpec("gamma8", "ours, γ=8", "ours", gamma=8),
+        EngineSpec("auto", "ours, γ=auto", "ours", gamma="auto"),
+        EngineSpec("ngram", "ours, n-gram, γ=auto", "ours", gamma="auto", drafter="ngram"),
+        EngineSpec("ngram-draft", "ours, n-gram + draft model, γ=auto", "ours", gamma="auto",
                drafter="ngram-draft"),
-        Engine("llama-completion", "llama.cpp llama-completion (plain)", "completion"),
+        EngineSpec("llama-completion", "llama.cpp llama-completion (plain)", "completion"),
         *(draft_variant(f, n) for f in DRAFT_FAMILIES for n in DEFAULT_DRAFT_MAX),
-        Engine("llama-server-plain", "llama.cpp llama-server (plain)", "server"),
+        EngineSpec("llama-server-plain", "llama.cpp llama-server (plain)", "server"),
         *SERVER_NGRAM,
-        Engine("pld2", "llama-cpp-python PromptLookup (num_pred_tokens=2)", "lcp", num_pred_tokens=2,
+        EngineSpec("pld2", "llama-cpp-python PromptLookup (num_pred_tokens=2)", "lcp", num_pred_tokens=2,
                family="pld", setting_label="num_pred_tokens 2"),
-        Engine("pld10", "llama-cpp-python PromptLookup (num_pred_tokens=10)", "lcp",
+        EngineSpec("pld10", "llama-cpp-python PromptLookup (num_pred_tokens=10)", "lcp",
                num_pred_tokens=10, family="pld", setting_label="num_pred_tokens 10"),
-        Engine("lcp-plain", "llama-cpp-python Llama (plain)", "lcp", num_pred_tokens=0),
+        EngineSpec("lcp-plain", "llama-cpp-python Llama (plain)", "lcp", num_pred_tokens=0),
     )
 }
 

@@ -1,0 +1,282 @@
+"""Ours, batched: ``BatchedDecoder`` (K sequences share every target pass),
+called directly or behind our HTTP server (``specdec-cpu serve``, optionally
+through Ray Serve) driven with the official ``openai`` client.
+
+:class:`OursBatched` is the adapter of the serving studies (bench/serving.py,
+bench/layer_latency.py) and of the exactness audit; :class:`OpenAIServer` the
+serving studies'.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from ..common import BENCH
+from .base import N_CTX, Engine, consume, pair_paths, params
+from .llama_server import free_port
+from .ours_single import sample_of
+
+
+class OursBatched(Engine):
+    """BatchedDecoder: K sequences share every target pass (γ auto, or a fixed
+    γ such as 0: continuous batching alone), with the draft model, n-gram
+    lookup, both or neither."""
+
+    ids_from = "`Generation.tokens`"
+    batched = True
+
+    def __init__(self, gamma: Any = "auto", draft_vocab: Optional[int] = None, *, draft: bool = True,
+                 ngram: bool = False, control: bool = False, id: Optional[str] = None,
+                 label: Optional[str] = None) -> None:
+        self.gamma, self.draft_vocab, self.control = gamma, draft_vocab, control
+        self.use_draft, self.ngram = draft, ngram
+        self.id = id or ("batched-auto" if gamma == "auto" else f"batched-g{gamma}") + ("-cut" if draft_vocab else "")
+        self.label = label or (f"ours, BatchedDecoder γ={gamma}"
+                               + (f", draft cut to {draft_vocab} ids" if draft_vocab else ""))
+        self.dec = None
+        self._last = None
+        #: a JSON-lines file for the decoder's step records (--trace-steps), and the run they belong to
+        self.trace_path: Optional[Path] = None
+        self._trace = None
+        self._run = 0
+
+    def start(self, k: int, threads: int) -> None:
+        from specdec_cpu import BatchedDecoder
+
+        step_trace, self._k = None, k
+        if self.trace_path is not None:
+            self._trace = open(self.trace_path, "a")
+            step_trace = self._write_step
+        target, draft = pair_paths()
+        self.dec = BatchedDecoder.from_gguf(target, draft if self.use_draft else None, ngram=self.ngram,
+                                            max_sequences=k, n_ctx=N_CTX, n_threads=threads, gamma=self.gamma,
+                                            step_trace=step_trace, draft_vocab=self.draft_vocab)
+        self._last = self.dec.metrics()
+
+    def _write_step(self, record) -> None:
+        self._trace.write(json.dumps({"k": self._k, "run": self._run, **record.to_dict()}) + "\n")
+
+    def mark(self) -> None:
+        self._run += 1
+
+    def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False):
+        s = self.dec.stream(prompt, max_tokens=max_tokens, params=params(setting, seed, ignore_eos))
+        consume(s, rec, time.perf_counter(), t0)
+        rec.tokens = len(s.result.tokens)
+        rec.decoder_ttft = s.result.stats.first_token_seconds
+
+    def stats(self) -> Dict[str, Any]:
+        m = self.dec.metrics()
+        last, self._last = self._last, m
+        passes = m.target_passes - last.target_passes
+        drafted = m.drafted - last.drafted
+        rows = m.alpha_rows - last.alpha_rows
+        return {
+            "target_passes": passes,
+            "rows_per_pass": (m.target_rows - last.target_rows) / passes if passes else None,
+            "tokens_per_pass": (m.tokens_generated - last.tokens_generated) / passes if passes else None,
+            "drafted": drafted,
+            "acceptance": (m.accepted - last.accepted) / drafted if drafted else None,
+            "mean_alpha": (m.alpha_sum - last.alpha_sum) / rows if rows else None,
+            "target_s": m.target_seconds - last.target_seconds,
+            "draft_s": m.draft_seconds - last.draft_seconds,
+            "sampling_s": m.sampling_seconds - last.sampling_seconds,
+            "scheduler_s": m.scheduler_seconds - last.scheduler_seconds,
+            "step_s": m.step_seconds - last.step_seconds,
+        }
+
+    def one(self, job, setting):
+        gen = self.dec.generate(list(job.ids), max_tokens=self.ctx.max_tokens, params=setting.params(job.seed))
+        return sample_of(job, gen, self.ctx)
+
+    def stop(self) -> None:
+        if self.dec is not None:
+            self.dec.close()
+            self.dec = None
+        if self._trace is not None:
+            self._trace.close()
+            self._trace = None
+
+    def command(self) -> str:
+        draft = "Q4_0" if self.use_draft else "None"
+        return (f"BatchedDecoder.from_gguf(F32, {draft}, ngram={self.ngram}, gamma={self.gamma!r}, "
+                f"max_sequences={self.parallel}, n_ctx={N_CTX}, n_threads={self.ctx.threads}), "
+                f"{self.parallel} client threads calling .generate(prompt_ids, max_tokens={self.ctx.max_tokens}, "
+                "params=SamplingParams(temperature, top_p, seed))")
+
+
+def _thread_cpu(pid: int, tid: int) -> float:
+    """CPU seconds (user + system) of thread ``tid`` of process ``pid`` (0 if it has gone)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def _raylet_running() -> bool:
+    """Whether a Ray cluster's raylet runs on this machine (Linux /proc)."""
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text(errors="replace").strip() == "raylet":
+                return True
+        except OSError:
+            continue
+    return False
+
+
+class OpenAIServer(Engine):
+    """Serving: a server process driven with the official ``openai`` client
+    (streamed /v1/completions with the templated prompt): ours (``specdec-cpu
+    serve``, optionally through Ray Serve; llama-cpp-python's server is a
+    subclass, bench/engines/llama_cpp_python.py).  ``python``: the interpreter
+    that runs the server (default this one; the previous main's for
+    ``ours-baseline``)."""
+
+    health = "/health"
+
+    def __init__(self, id: str, label: str, kind: str = "ours", *, replicas: int = 0, threads: Optional[int] = None,
+                 python: Optional[str] = None) -> None:
+        self.id, self.label, self.kind = id, label, kind
+        self.python = python or sys.executable
+        self.replicas, self.fixed_threads = replicas, threads
+        self.proc = None
+        # One Ray cluster at a time: an idle cluster's processes (controller,
+        # HAProxy health checks) would take CPU from the other's runs.
+        self.alone = bool(replicas)
+        self.ingress: Optional[str] = None
+
+    def _command(self, k: int, threads: int, port: int) -> List[str]:
+        target, draft = pair_paths()
+        cmd = [self.python, "-m", "specdec_cpu.cli", "serve", target, draft, "--port", str(port),
+               "--threads", str(threads), "--n-ctx", str(N_CTX), "--max-sequences", str(k),
+               "--model-name", "bench", "--log-level", "warning"]
+        if self.replicas:
+            cmd += ["--ray", "--replicas", str(self.replicas)]
+        return cmd
+
+    def start(self, k, threads):
+        import subprocess
+
+        import httpx
+        import openai
+
+        t = self.fixed_threads or threads
+        if self.replicas:  # the last Ray cluster's processes may still be ending: not on our cores
+            end = time.monotonic() + 60
+            while _raylet_running() and time.monotonic() < end:
+                time.sleep(0.5)
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = open(BENCH / f".serving-{self.id}.log", "w")
+        self.proc = subprocess.Popen(self._command(k, t, port), stdout=self.log, stderr=subprocess.STDOUT)
+        end = time.monotonic() + 600
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.id} exited with {self.proc.returncode}; see {self.log.name}")
+            try:
+                if httpx.get(self.url + self.health, timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise RuntimeError(f"{self.id} not ready after 600 s")
+        self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="bench", max_retries=0, timeout=900)
+        if self.replicas:  # which ingress took HTTP: the serving line says (printed just after /health answers)
+            end, log = time.monotonic() + 60, ""
+            while "through Ray Serve on" not in log and time.monotonic() < end:
+                log = Path(self.log.name).read_text(errors="replace")
+                time.sleep(0.2)
+            self.ingress = ("haproxy" if "HAProxy ingress" in log else
+                            "python-proxy" if "Python proxy" in log else "unknown")
+
+    def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False):
+        t_sent = time.perf_counter()
+        stream = self.client.completions.create(
+            model="bench", prompt=prompt, max_tokens=max_tokens, temperature=setting.temperature,
+            top_p=setting.top_p, seed=seed, stream=True, stream_options={"include_usage": True},
+            extra_body={"top_k": setting.top_k, "min_p": setting.min_p, **self._ban_eos(ignore_eos)})
+        tokens = 0
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].text:
+                now = time.perf_counter()
+                if rec.first is None:
+                    rec.first = now - t0
+                rec.arrivals.append(now - t_sent)
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+        rec.tokens = tokens or len(rec.arrivals)
+
+    def mark(self) -> None:
+        self._mark = self._counters(scrape_first=True) if self._measures_cpu() else None
+
+    def stats(self) -> Dict[str, Any]:
+        """Our server's CPU during the run: its event loop (the main thread:
+        HTTP, JSON, server-sent events; the decoder runs on other threads)
+        and the whole process, with the decoder's steps (from ``/metrics``);
+        through Ray, the ingress that took HTTP."""
+        if self.replicas:
+            return {"ingress": self.ingress}
+        if getattr(self, "_mark", None) is None:
+            return {}
+        end = self._counters(scrape_first=False)
+        loop, proc, steps = (b - a for a, b in zip(self._mark, end))
+        return {"server_loop_cpu_s": loop, "server_cpu_s": proc, "steps": steps}
+
+    def _measures_cpu(self) -> bool:
+        return self.kind == "ours" and not self.replicas and Path(f"/proc/{self.proc.pid}/task").is_dir()
+
+    def _counters(self, scrape_first: bool) -> tuple:
+        """(event-loop CPU s, process CPU s, decoder steps).  The /metrics
+        scrape is outside the measured span: before the CPU readings at a
+        run's start, after them at its end."""
+        def steps() -> float:
+            return self._metric_samples("specdec_steps")["specdec_steps_total"]
+
+        first = steps() if scrape_first else None
+        pid = self.proc.pid
+        loop = _thread_cpu(pid, pid)
+        proc = sum(_thread_cpu(pid, int(t.name)) for t in Path(f"/proc/{pid}/task").iterdir())
+        return loop, proc, first if scrape_first else steps()
+
+    def decoder_ttft_total(self) -> tuple[float, int]:
+        """Our server's decoder: the sum of its requests' times to first token
+        (submission → first token, seconds) and their count so far, from
+        ``/metrics`` (summed over Ray replicas)."""
+        samples = self._metric_samples("specdec_time_to_first_token_seconds")
+        return (samples.get("specdec_time_to_first_token_seconds_sum", 0.0),
+                int(samples.get("specdec_time_to_first_token_seconds_count", 0)))
+
+    def _metric_samples(self, family: str) -> Dict[str, float]:
+        """One metric family of the server's ``/metrics``: each sample name's
+        value, summed over label sets (Ray replicas, histogram buckets)."""
+        import httpx
+        from prometheus_client.parser import text_string_to_metric_families
+
+        out: Dict[str, float] = {}
+        for fam in text_string_to_metric_families(httpx.get(self.url + "/metrics", timeout=10).text):
+            if fam.name == family:
+                for sample in fam.samples:
+                    out[sample.name] = out.get(sample.name, 0.0) + sample.value
+        return out
+
+    def _ban_eos(self, ignore_eos: bool) -> Dict[str, Any]:
+        return {"ignore_eos": True} if ignore_eos else {}
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            import signal
+
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(120)
+            except Exception:
+                self.proc.kill()
+        self.proc = None
