@@ -447,7 +447,7 @@ def warm_up(group: Group, args: argparse.Namespace, progress: Progress) -> None:
     text = "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n"
     for dec in group.decoders.values():
         dec.generate(text, max_tokens=8, params=SamplingParams(temperature=0.0), gamma=0)
-        if dec.drafter is not None:
+        if dec.has_drafter:
             dec.generate(text, max_tokens=8, params=SamplingParams(temperature=0.0), gamma=2)
     if group.lcp is not None:
         group.lcp.run(text, 8, SETTINGS["t0"], 1, 2)
@@ -480,15 +480,9 @@ def prime(group: Group, text: str) -> None:
     from specdec_cpu import SamplingParams
 
     for dec in group.decoders.values():
-        dec.generate(text, max_tokens=1, params=SamplingParams(temperature=0.0), gamma=0)
-        drafter = dec.drafter
-        parts = getattr(drafter, "drafters", None) or ({"": drafter} if drafter is not None else {})
-        tokens = dec.tokenizer.tokenize(text, add_special=True, parse_special=True)
-        for part in parts.values():
-            cache = getattr(part, "cache", None)
-            if cache is not None and hasattr(cache, "sync_and_eval"):
-                part.begin(tokens)
-                cache.sync_and_eval(tokens, 1)
+        # A short drafted generation: both models' caches then hold the prompt.
+        gamma = 2 if dec.has_drafter else 0
+        dec.generate(text, max_tokens=4, params=SamplingParams(temperature=0.0), gamma=gamma)
 
 
 def calibrate_group(group: Group, setting: Setting, args: argparse.Namespace,
@@ -522,11 +516,7 @@ def calibrate_group(group: Group, setting: Setting, args: argparse.Namespace,
                 "v": [cm.verify_cost(k) for k in range(1, cm.k_max + 1)], "alpha": cm.alpha,
             })
         models[role] = cm
-        dec.cost_model = cm
-        # γ=auto keeps one controller per draft route, created on first use from
-        # dec.cost_model: drop the previous setting's so this calibration is used.
-        if hasattr(dec, "_controllers"):
-            dec._controllers.clear()
+        dec.cost_model = cm  # a new cost model gives the decoder a new planner
     group.cost_models = models
     return out
 

@@ -67,7 +67,7 @@ from .engines.base import Engine, Request
 from .engines.llama_cpp_python import LcpServer
 from .engines.llama_server import LlamaServer
 from .engines.ours_batched import OpenAIServer, OursBatched
-from .engines.ours_single import OursPool, OursSingle
+from .engines.ours_single import OursSingle
 from .suite import F32, Q4_0, SETTINGS, Setting
 
 SERVING = results_dir("serving")
@@ -125,7 +125,6 @@ ENGINES: Dict[str, Callable[[], Engine]] = {
     "batched-auto-cut": lambda: OursBatched("auto", DRAFT_VOCAB),
     # every request at one fixed γ: the best of them bounds what a choice of one γ for all could reach
     **{f"batched-g{g}": (lambda g=g: OursBatched(g)) for g in range(1, 13)},
-    "pool-auto": OursPool,
     "single-auto": OursSingle,
     "server-plain": lambda: LlamaServer(None),
     "server-md4": lambda: LlamaServer(4),
@@ -145,7 +144,7 @@ ENGINES: Dict[str, Callable[[], Engine]] = {
     "ray-2": lambda: OpenAIServer("ray-2", "ours through Ray Serve, 2 replicas × 1 thread", "ours", replicas=2,
                                   threads=1),
 }
-DEFAULT_ENGINES = ("batched-auto", "batched-g0", "pool-auto", "single-auto", "server-plain", "server-md4",
+DEFAULT_ENGINES = ("batched-auto", "batched-g0", "single-auto", "server-plain", "server-md4",
                    "server-md8")
 HTTP_ENGINES = ("batched-auto", "http-batched-auto", "server-plain", "server-md4", "lcp-server")
 RAY_ENGINES = ("bare-t1", "ray-1", "ray-2")

@@ -1,10 +1,9 @@
-"""Ours, single stream: ``SpeculativeDecoder`` (one conversation at a time),
-and ``DecoderPool`` (K of them, one per request).
+"""Ours, single stream: ``SpeculativeDecoder`` (one conversation at a time).
 
 :func:`generation_record` is the suite's record of one generation;
-:class:`OursSingle` the adapter of the serving study and the exactness audit,
-:class:`OursPool` the serving study's.  (bench/ab_worker.py runs the
-same decoder out of process, under another checkout's Python.)
+:class:`OursSingle` the adapter of the serving study and the exactness audit.
+(bench/ab_worker.py runs the same decoder out of process, under another
+checkout's Python.)
 """
 
 from __future__ import annotations
@@ -75,26 +74,6 @@ class OursSingle(Engine):
         return (f"SpeculativeDecoder.from_gguf(F32, Q4_0, gamma={self.gamma!r}, n_ctx={N_CTX}, "
                 f"n_threads={self.ctx.threads}).generate(prompt_ids, max_tokens={self.ctx.max_tokens}, "
                 "params=SamplingParams(temperature, top_p, seed))")
-
-
-class OursPool(Engine):
-    """Serving: DecoderPool(K): one context per request, its cores shared out."""
-
-    id, label = "pool-auto", "ours, DecoderPool(K) γ=auto"
-
-    def start(self, k, threads):
-        from specdec_cpu import DecoderPool
-
-        # The pool's documented setting: each decoder gets a share of the cores.
-        self.pool = DecoderPool(k, *pair_paths(), n_ctx=N_CTX, n_threads=max(1, threads // k))
-
-    def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False):
-        s = self.pool.stream(prompt, max_tokens=max_tokens, params=params(setting, seed, ignore_eos))
-        consume(s, rec, time.perf_counter(), t0)
-        rec.tokens = len(s.result.tokens) if s.result is not None else 0
-
-    def stop(self):
-        self.pool.close()
 
 
 def sample_of(job: Job, gen: Any, ctx: Ctx) -> Sample:
