@@ -375,9 +375,9 @@ def render(results, data_dir: Path = SERVING, results_md: Path = RESULTS_MD) -> 
             f"{bv.get('specdec_cpu_git', '?')}, the same server command under its own Python"
             if bv else "") + "; "
          f"machine: {results['machine'].get('cpu')}, {results['machine'].get('cores')} cores, "
-         f"{results['threads']} thread{'s' if results['threads'] != 1 else ''} for every engine "
-         "(DecoderPool(K): max(1, threads // K) per decoder, "
-         "its documented setting).",
+         f"{results['threads']} thread{'s' if results['threads'] != 1 else ''} for every engine"
+         + (" (DecoderPool(K): max(1, threads // K) per decoder, its documented setting)"
+            if "pool-auto" in results.get("engines", {}) else "") + ".",
          f"- Workload: F32 target / Q4_0 draft (Qwen2.5-Coder-0.5B-Instruct); K concurrent streams with "
          f"different chat prompts (a tag unique to each block defeats prompt caches across blocks), "
          f"{results['tokens']} new tokens each"
