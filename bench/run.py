@@ -1,4 +1,4 @@
-"""The end-to-end benchmark suite: ours against plain decoding and the llama_cpp.
+"""The end-to-end benchmark suite: ours against plain decoding and the peers.
 
     python -m bench                # the full run (about 85 minutes on an idle 2-core machine)
     python -m bench --quick        # a few minutes: 2 prompts, T=0 and T=1, 64 tokens
