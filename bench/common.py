@@ -194,6 +194,15 @@ def write_section(path: Path, section: str, heading: str, after: Optional[str] =
     path.write_text("\n".join(lines[:a] + new + lines[b:]).rstrip() + "\n")
 
 
+def notes_of(results_file: Path) -> List[str]:
+    """What whoever ran a study read in its results: ``<results file stem>.notes.md``
+    beside the file, kept by hand and rendered at the end of the study's section
+    (the tables above it are generated, the notes say what they mean)."""
+    path = Path(results_file)
+    notes = path.with_name(path.stem + ".notes.md")
+    return [notes.read_text().strip(), ""] if notes.exists() else []
+
+
 # ---------------------------------------------------------------------------
 # the machine and the software a run was on
 # ---------------------------------------------------------------------------

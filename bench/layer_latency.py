@@ -43,7 +43,7 @@ import httpx
 
 from specdec_cpu.server.ray_deployment import LOW_LATENCY_ENV
 
-from .common import RESULTS_MD, bootstrap_ci, link, machine_info, results_dir, versions, write_section
+from .common import RESULTS_MD, bootstrap_ci, link, machine_info, notes_of, results_dir, versions, write_section
 from .engines.base import Request
 from .engines.ours_batched import OpenAIServer, OursBatched
 from .serving import chat_prompts
@@ -200,7 +200,9 @@ def outside_summary(lat: Dict[str, List[float]]) -> List[Dict[str, Any]]:
     return rows
 
 
-def render(results: Dict[str, Any], output: str = "layer_latency_results.json", data: str = "") -> str:
+def render(results: Dict[str, Any], results_file: Path, results_md: Path = RESULTS_MD) -> str:
+    """The section of one run, read from ``results_file`` and written into ``results_md``."""
+    output, data = Path(results_file).name, link(results_file, results_md)
     fresh = results.get("fresh_prompts", False)
     workload = ("a new templated chat prompt every request (each path its own, of the same template and "
                 "length; none seen before by any engine), so every request runs its prompt's pass and its "
@@ -260,7 +262,7 @@ def render(results: Dict[str, Any], output: str = "layer_latency_results.json", 
             "replica's own HTTP server, the replica's app on its process's main event loop), the same with Ray's "
             "Python proxy instead of HAProxy (its router on its main loop, gRPC to the replica), or Ray Serve's "
             "defaults (Python proxy)."]
-    return "\n".join(out) + "\n"
+    return "\n".join(out + ["", *notes_of(results_file)]).rstrip() + "\n"
 
 
 def _settings_label(run: Dict[str, Any]) -> str:
@@ -314,7 +316,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
         args.output.write_text(json.dumps(results, indent=1) + "\n")
     fresh = results.get("fresh_prompts", False)
-    section = render(results, args.output.name, link(args.output, args.results_md))
+    section = render(results, args.report_only or args.output, args.results_md)
     write_section(args.results_md, section, FRESH_HEADING if fresh else HEADING,
                   after=HEADING if fresh else "## Serving with Ray")
     print(section)

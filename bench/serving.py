@@ -53,6 +53,7 @@ from .common import (
     link,
     machine_info,
     median,
+    notes_of,
     pair_tokenizer,
     ratio_text,
     redact_baseline,
@@ -99,8 +100,8 @@ def _spare_cores(results) -> bool:
     return bool(cores) and results["threads"] < cores
 
 
-#: ids the "-cut" engines' draft keeps: the first 98,304 of Qwen2.5's 151,936 and its control
-#: tokens (bench/draft_variants.py: the same acceptance on the benchmark's texts, passes 14-21% cheaper)
+#: ids the "-cut" engines' draft keeps: the first 98,304 of Qwen2.5's 151,936 and its control tokens
+#: (bench/HISTORY.md, "A draft cut to its common vocabulary")
 DRAFT_VOCAB = 98304
 
 #: One user message per stream (K ≤ 8 take the first K): short chat requests
@@ -429,7 +430,8 @@ def render(results, data_dir: Path = SERVING, results_md: Path = RESULTS_MD) -> 
         L += http_goals(results, ks, settings, arrivals)
     else:
         L += ray_goals(results, ks, settings, arrivals)
-    L += [f"![Aggregate tokens/s against K]({link(data_dir / plot_file, results_md)})", ""]
+    L += [f"![Aggregate tokens/s against K]({link(data_dir / plot_file, results_md)})", "",
+          *notes_of(data_dir / results["output"])]
     return "\n".join(L)
 
 
