@@ -1,6 +1,7 @@
 """Benchmark of the vocabulary-wide sampling kernels.
 
     python -m bench.kernels [--repeats N] [--no-write]
+    python -m bench.kernels --report-only bench/results/kernels/kernels_results.json
 
 Times, at V = 32,000 / 151,936 / 262,144, on synthetic rows and on logit rows
 captured from Qwen2.5-Coder-0.5B (when its GGUF is in the model cache), all
@@ -12,8 +13,9 @@ in one run with the implementations interleaved call by call:
   (c) T = 0.8 + top_k = 40 vs llama.cpp's chain (top_k -> temp -> dist)
   (d) a full verify with γ = 8 where every row is accepted
 
-for every kernel ISA this CPU supports.  Prints a markdown table and writes it
-into bench/RESULTS.md under "## Kernels" (other sections are kept).
+for every kernel ISA this CPU supports.  Writes every time's median and
+minimum to bench/results/kernels/kernels_results.json and the "## Kernels"
+section of bench/RESULTS.md from it (``--report-only FILE`` re-renders).
 
 This is a measurement script, not a test: it never fails on a missed target,
 it reports it.
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import glob
+import json
 import os
 import platform
 import statistics
@@ -35,6 +38,8 @@ import numpy as np
 
 from specdec_cpu import SamplingParams, sampling
 
+from .common import command_line, publish, results_dir
+
 try:  # llama.cpp's sampler chain is a peer; the bench still runs without it
     import llama_cpp
 except ImportError:  # pragma: no cover
@@ -43,7 +48,7 @@ except ImportError:  # pragma: no cover
 VOCABS = (32_000, 151_936, 262_144)
 CACHE = Path(os.environ.get("SPECDEC_CACHE_DIR", Path.home() / ".cache" / "specdec-cpu"))
 CAPTURE = CACHE / "bench" / "qwen2.5-coder-0.5b-logits.npy"
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+HEADING = "## Kernels"
 N_ROWS = 8  # distinct rows cycled through, so no call sees a row hot from the previous one
 
 P_SOFTMAX = SamplingParams(temperature=1.0)
@@ -311,12 +316,13 @@ def check_agreement(rows: np.ndarray) -> float:
 # --------------------------------------------------------------------------
 
 
-def med(ts: list[float]) -> float:
-    return statistics.median(ts)
+def summary(times: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Each implementation's ``[median, min]`` µs per call, as the results file keeps them."""
+    return {k: [statistics.median(ts), min(ts)] for k, ts in times.items()}
 
 
-def fmt(ts: list[float]) -> str:
-    return f"{med(ts):,.0f} / {min(ts):,.0f}"
+def fmt(t: list[float]) -> str:
+    return f"{t[0]:,.0f} / {t[1]:,.0f}"
 
 
 def cpu_model() -> str:
@@ -333,18 +339,21 @@ def times_str(r: float) -> str:
     return f"{r:.1f}×" if r >= 10 else f"{r:.2f}×"
 
 
-def report(results, isas, command, notes) -> str:
+def render(results: dict, data: str = "kernels_results.json") -> str:
+    """The "## Kernels" section of a run; ``data`` links its results file."""
+    isas, m = results["isas"], results["machine"]
     best = isas[-1]
     lines = [
-        f"Command: `{command}`",
+        HEADING,
         "",
-        f"Machine: {cpu_model()}, {os.cpu_count()} logical CPUs; kernel ISAs supported here: "
-        f"{', '.join(isas)} (default {sampling.active_isa()}); kernels and llama.cpp's sampler are single-threaded. "
-        f"numpy {np.__version__}, llama-cpp-python {getattr(llama_cpp, '__version__', 'absent')}, "
-        f"Python {platform.python_version()}.",
+        f"Command: `{results['command']}` (every time is in [kernels_results.json]({data}))",
+        "",
+        f"Machine: {m['cpu']}, {m['cpus']} logical CPUs; kernel ISAs supported here: "
+        f"{', '.join(isas)} (default {results['default_isa']}); kernels and llama.cpp's sampler are single-threaded. "
+        f"numpy {m['numpy']}, llama-cpp-python {m['llama_cpp_python']}, Python {m['python']}.",
         "",
         "Times are µs per call, `median / min` over the repeats, all implementations interleaved "
-        "call by call in one run. Rows: " + "; ".join(notes) + ".",
+        "call by call in one run. Rows: " + "; ".join(results["rows"]) + ".",
         "",
         "- softmax: `distribution()` at T = 1, no truncation; *copy* is `row.copy()` (one read + one write pass).",
         "- top-p: T = 0.8, top_p = 0.95; top-k: T = 0.8, top_k = 40. *dist* is `distribution()` (full "
@@ -359,58 +368,79 @@ def report(results, isas, command, notes) -> str:
         "bonus token is drawn: 9 distributions, 8 acceptance sums and one draw.",
         "",
     ]
-    head = ["V", "rows", "op", "numpy / copy", "llama.cpp apply", "llama.cpp total"] + [
-        f"ours {isa}" for isa in isas
-    ]
-    lines.append("| " + " | ".join(head) + " |")
-    lines.append("|" + "---|" * len(head))
-    for (v, kind), t in results.items():
-        def ours(key):
+    head = ["V", "rows", "op", "numpy / copy", "llama.cpp apply", "llama.cpp total"] + [f"ours {i}" for i in isas]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def row(*cells: str) -> None:
+        lines.append("| " + " | ".join(cells) + " |")
+
+    for case in results["cases"]:
+        v, kind, t = f"{case['v']:,}", case["kind"], case["times"]
+
+        def ours(key: str) -> list[str]:
             return [fmt(t[f"{isa} {key}"]) for isa in isas]
 
+        row(v, kind, "softmax", "copy " + fmt(t["copy"]), "", "", *ours("softmax"))
         has_llama = "llama topp apply" in t
-        cells = [f"{v:,}", kind, "softmax", "copy " + fmt(t["copy"]), "", ""] + ours("softmax")
-        lines.append("| " + " | ".join(cells) + " |")
         for op, key in (("top-p", "topp"), ("top-k", "topk")):
             lp = [fmt(t[f"llama {key} apply"]), fmt(t[f"llama {key} total"])] if has_llama else ["n/a", "n/a"]
-            cells = [f"{v:,}", kind, f"{op} dist", fmt(t[f"numpy {key}"]), "", ""] + ours(f"{key} dist")
-            lines.append("| " + " | ".join(cells) + " |")
-            lines.append("| " + " | ".join([f"{v:,}", kind, f"{op} sample", "", *lp] + ours(f"{key} sample")) + " |")
-        cells = [f"{v:,}", kind, "verify γ=8, T=0.8 top-p", "", "", ""] + ours("verify8")
-        lines.append("| " + " | ".join(cells) + " |")
-        lines.append("| " + " | ".join([f"{v:,}", kind, "verify γ=8, T=1", "", "", ""] + ours("verify8 plain")) + " |")
+            row(v, kind, f"{op} dist", fmt(t[f"numpy {key}"]), "", "", *ours(f"{key} dist"))
+            row(v, kind, f"{op} sample", "", *lp, *ours(f"{key} sample"))
+        row(v, kind, "verify γ=8, T=0.8 top-p", "", "", "", *ours("verify8"))
+        row(v, kind, "verify γ=8, T=1", "", "", "", *ours("verify8 plain"))
 
-    # targets at the largest vocabulary
-    lines += ["", f"Targets at V = 262,144 (medians, ours = {best}):", ""]
-    lines.append("| rows | target | measured | met |")
-    lines.append("|---|---|---|---|")
-    for (v, kind), t in results.items():
-        if v != 262_144:
+    lines += ["", f"Targets at V = 262,144 (medians, ours = {best}):", "", "| rows | target | measured | met |",
+              "|---|---|---|---|"]
+    for case in results["cases"]:
+        if case["v"] != 262_144:
             continue
+        med = {k: v[0] for k, v in case["times"].items()}
         checks = []
-        r = med(t["numpy topp"]) / med(t[f"{best} topp dist"])
+        r = med["numpy topp"] / med[f"{best} topp dist"]
         checks.append(("top-p dist ≥ 20× faster than numpy", times_str(r), r >= 20))
-        if "llama topp apply" in t:
-            for what in ("apply", "total"):
-                r = med(t[f"llama topp {what}"]) / med(t[f"{best} topp sample"])
-                checks.append((f"top-p sample ≥ 10× faster than llama.cpp ({what})", times_str(r), r >= 10))
-            for what in ("apply", "total"):
-                r = med(t[f"llama topk {what}"]) / med(t[f"{best} topk sample"])
-                checks.append((f"top-k sample ≥ 2× faster than llama.cpp ({what})", times_str(r), r >= 2))
-        r = med(t[f"{best} softmax"]) / med(t["copy"])
+        if "llama topp apply" in med:
+            for op, key, goal in (("top-p", "topp", 10), ("top-k", "topk", 2)):
+                for what in ("apply", "total"):
+                    r = med[f"llama {key} {what}"] / med[f"{best} {key} sample"]
+                    checks.append((f"{op} sample ≥ {goal}× faster than llama.cpp ({what})", times_str(r), r >= goal))
+        r = med[f"{best} softmax"] / med["copy"]
         checks.append(("softmax ≤ 4× a numpy copy", times_str(r), r <= 4))
         for key, label in (("verify8", "T=0.8, top_p=0.95"), ("verify8 plain", "T=1")):
-            ms = med(t[f"{best} {key}"]) / 1e3
+            ms = med[f"{best} {key}"] / 1e3
             checks.append((f"verify γ=8 ({label}) < 1.5 ms", f"{ms:.3f} ms", ms < 1.5))
         for what, got, ok in checks:
-            lines.append(f"| {kind} | {what} | {got} | {'yes' if ok else '**no**'} |")
+            lines.append(f"| {case['kind']} | {what} | {got} | {'yes' if ok else '**no**'} |")
     return "\n".join(lines) + "\n"
 
 
-def write_section(text: str, path: Path = RESULTS, heading: str = "## Kernels") -> None:
-    """Replace (or add) the ``## Kernels`` section of RESULTS.md in place, keeping the rest."""
-    from .common import write_section as replace_section
-    replace_section(path, heading + "\n\n" + text, heading)
+def measure(args: argparse.Namespace, command: str) -> dict:
+    """Every case of one run, as the results file keeps it."""
+    isas = sampling.supported_isas()
+    default_isa = sampling.active_isa()
+    captured, how = captured_rows()
+    rows_note = ["*synthetic*: N(0, 1) × 3 logits, 8 rows"]
+    if captured is not None:
+        rows_note.append(
+            f"*qwen*: 8 logit rows of Qwen2.5-Coder-0.5B-Instruct (Q4_K_M) at the last positions of a code "
+            f"prompt ({how}, vocabulary {captured.shape[1]:,}); for other V they are subsampled (each row's "
+            f"top 1,000 kept) or padded with values resampled from the row's own tail (marked qwen*)"
+        )
+    else:
+        rows_note.append(f"no captured rows ({how})")
+    cases = []
+    for v in args.vocab:
+        sets = [("synthetic", synthetic_rows(v))]
+        if captured is not None:
+            sets.append(("qwen" + ("" if v == captured.shape[1] else "*"), fit_rows(captured, v)[0]))
+        for kind, rows in sets:
+            sampling.set_isa(default_isa)
+            print(f"V={v:,} {kind}: max |ours - numpy| = {check_agreement(rows):.2e}", file=sys.stderr)
+            cases.append({"v": v, "kind": kind, "times": summary(run_case(rows, args.repeats, isas))})
+    sampling.set_isa(default_isa)
+    machine = {"cpu": cpu_model(), "cpus": os.cpu_count(), "numpy": np.__version__,
+               "llama_cpp_python": getattr(llama_cpp, "__version__", "absent"), "python": platform.python_version()}
+    return {"command": command, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "machine": machine, "isas": isas, "default_isa": default_isa, "rows": rows_note, "cases": cases}
 
 
 def main(argv=None) -> int:
@@ -418,44 +448,18 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=101, help="timed calls per implementation and row set")
     ap.add_argument("--vocab", type=int, nargs="*", default=list(VOCABS), help="vocabulary sizes")
     ap.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
+    ap.add_argument("--output-dir", type=Path, default=results_dir("kernels"))
+    ap.add_argument("--report-only", type=Path, default=None, metavar="RESULTS.json")
     args = ap.parse_args(argv)
-    command = "python -m bench.kernels" + "".join(
-        f" {a}" for a in (argv if argv is not None else sys.argv[1:])
-    )
-
-    isas = sampling.supported_isas()
-    default_isa = sampling.active_isa()
-    captured, how = captured_rows()
-    notes = ["*synthetic*: N(0, 1) × 3 logits, 8 rows"]
-    if captured is not None:
-        notes.append(
-            f"*qwen*: 8 logit rows of Qwen2.5-Coder-0.5B-Instruct (Q4_K_M) at the last positions of a code "
-            f"prompt ({how}, vocabulary {captured.shape[1]:,}); for other V they are subsampled (each row's "
-            f"top 1,000 kept) or padded with values resampled from the row's own tail"
-        )
+    if args.report_only is not None:
+        results = json.loads(args.report_only.read_text())
     else:
-        notes.append(f"no captured rows ({how})")
-
-    results = {}
-    for v in args.vocab:
-        sets = [("synthetic", synthetic_rows(v))]
-        if captured is not None:
-            rows, _ = fit_rows(captured, v)
-            sets.append(("qwen" + ("" if v == captured.shape[1] else "*"), rows))
-        for kind, rows in sets:
-            sampling.set_isa(default_isa)
-            diff = check_agreement(rows)
-            print(f"V={v:,} {kind}: max |ours - numpy| = {diff:.2e}", file=sys.stderr)
-            results[(v, kind)] = run_case(rows, args.repeats, isas)
-    sampling.set_isa(default_isa)
-
-    if captured is not None:
-        notes[-1] += " (marked qwen*)"
-    text = report(results, isas, command, notes)
-    print(text)
-    if not args.no_write:
-        write_section(text)
-        print(f"written to {RESULTS}", file=sys.stderr)
+        results = measure(args, command_line("python -m bench.kernels", argv))
+    if args.no_write:
+        print(render(results))
+        return 0
+    publish("kernels", results, render, HEADING, output_dir=args.output_dir, name="kernels_results.json",
+            report_only=args.report_only)
     return 0
 
 
