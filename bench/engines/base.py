@@ -1,31 +1,28 @@
-"""What the engine adapters share: the one interface the studies drive them
-through, and what goes in and comes out of it.
+"""What the engine adapters share: the :class:`Engine` interface the studies drive them
+through, its inputs and outputs, and starting, probing and stopping a server process.
 
-An :class:`Engine` is started for K sequences at once (``start(k, threads)``)
-and then serves
-
-- streamed requests, one per client thread (bench/serving.py,
-  bench/layer_latency.py): ``request`` fills a :class:`Request` with what the
-  client saw (arrival of every piece, tokens);
-- or whole sequences whose sampled token ids the exactness audit scores
-  (bench/audit.py): ``start_audit(ctx)`` with a :class:`Ctx`, then
-  ``run(jobs, setting)`` returns one :class:`Sample` per :class:`Job`.
-
-An engine implements what its studies use; the rest raises NotImplementedError.
+An engine is started for K sequences at once (``start(k, threads)``), then serves either
+streamed requests (``request`` fills a :class:`Request`; bench/serving.py) or audited
+sequences (``start_audit(ctx)``, then ``run(jobs, setting)`` gives one :class:`Sample` per
+:class:`Job`; bench/audit.py).  What an engine's studies do not use raises NotImplementedError.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import http.client
+import os
 import re
+import signal
+import socket
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-#: Tokens of context per sequence in the serving and audit studies (a prompt of
-#: up to ~520 tokens and the new tokens fit).
+#: Tokens of context per sequence in the serving and audit studies (prompt and new tokens).
 N_CTX = 1024
 
 
@@ -41,6 +38,11 @@ def short_paths(text: str) -> str:
     return text.replace(str(cache_dir()), "<cache>")
 
 
+def shown(cmd: Sequence[str]) -> str:
+    """A command as one shell line, the cache directory written ``<cache>``."""
+    return short_paths(" ".join(quote(str(c)) for c in cmd))
+
+
 def pair_paths() -> Tuple[str, str]:
     """The demo pair's files: the F32 target and the Q4_0 draft (downloaded once)."""
     from specdec_cpu.demo_models import ensure_model
@@ -50,9 +52,65 @@ def pair_paths() -> Tuple[str, str]:
     return str(ensure_model(F32)), str(ensure_model(Q4_0))
 
 
-# ---------------------------------------------------------------------------
-# streamed requests (serving)
-# ---------------------------------------------------------------------------
+# processes ----------------------------------------------------------------
+
+
+def tool_env() -> Dict[str, str]:
+    """The environment of a llama.cpp tool (C locale: its numbers are parsed)."""
+    env = dict(os.environ)
+    env.setdefault("LC_ALL", "C")
+    return env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def http_ok(url: str, path: str, timeout: float = 5.0) -> bool:
+    """Whether ``GET url + path`` answers 200."""
+    conn = http.client.HTTPConnection(url.split("://", 1)[-1].rstrip("/"), timeout=timeout)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False  # not listening yet
+    finally:
+        conn.close()
+
+
+def wait_ready(proc: subprocess.Popen, ready: Callable[[], bool], timeout: float,
+               fail: Callable[[str], Exception]) -> None:
+    """Poll ``ready`` until it holds; ``fail(why)`` is raised if ``proc`` exits or ``timeout`` s pass."""
+    deadline, delay = time.monotonic() + timeout, 0.05
+    while True:
+        if proc.poll() is not None:
+            raise fail(f"exited with {proc.returncode} while starting")
+        if ready():
+            return
+        if time.monotonic() > deadline:
+            raise fail(f"not ready after {timeout:.0f} s")
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+
+
+def stop_process(proc: Optional[subprocess.Popen], timeout: float) -> None:
+    """SIGTERM, then SIGKILL after ``timeout`` seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    except ProcessLookupError:
+        pass
+
+
+# streamed requests (serving) ------------------------------------------------
 
 
 @dataclass
@@ -66,8 +124,7 @@ class Request:
     tokens: int = 0
     arrivals: List[float] = field(default_factory=list)  # each piece, seconds since sent
     error: Optional[str] = None
-    #: ours called directly: the decoder's own time to first token (submission → first token)
-    decoder_ttft: Optional[float] = None
+    decoder_ttft: Optional[float] = None  # ours called directly: submission → first token, as the decoder saw it
 
     @property
     def ttft(self) -> Optional[float]:
@@ -92,9 +149,7 @@ def params(setting: Any, seed: int, ignore_eos: bool) -> Any:
     return dataclasses.replace(setting.params(seed), ignore_eos=ignore_eos)
 
 
-# ---------------------------------------------------------------------------
-# audited sequences (audit)
-# ---------------------------------------------------------------------------
+# audited sequences (audit) -------------------------------------------------
 
 #: Sampler chains (specdec_cpu.audit.chains).
 FIRST, LAST = "temperature-first", "temperature-last"
@@ -133,19 +188,14 @@ class Sample:
         return {"prompt": self.text, "tokens": self.tokens, "stopped": self.stopped}
 
     def meta(self) -> List[Any]:
-        return [self.job, self.prompt, self.seed, len(self.tokens), self.stopped, self.produced,
-                self.drafted, self.accepted, self.text_check]
+        return [getattr(self, f) if f != "tokens" else len(self.tokens) for f in META_FIELDS]
 
 
 META_FIELDS = ["job", "prompt", "seed", "tokens", "stopped", "produced", "drafted", "accepted", "text_check"]
 
 
 def cut(ids: Sequence[int], max_tokens: int, is_eog: Callable[[int], bool]) -> Tuple[List[int], bool]:
-    """The ids up to the first EOG (stopped) or the first ``max_tokens`` ids.
-
-    Cutting at a fixed length or at the first EOG depends on nothing after
-    it, so every kept position is still a draw from the engine's law.
-    """
+    """The ids up to the first EOG (stopped) or the first ``max_tokens`` ids (an unbiased stopping rule)."""
     for i, t in enumerate(ids[:max_tokens]):
         if is_eog(int(t)):
             return [int(x) for x in ids[:i]], True
@@ -175,16 +225,11 @@ class Engine:
 
     id = "?"
     label = "?"
-    #: serving: loaded only for its own runs (started before each, stopped
-    #: after), so that no other engine of its kind is loaded beside it
-    alone = False
-    #: audit: the sampler chain the engine applies, where the ids come from,
-    #: whether it is a control (plain decoding)
-    chain = FIRST
-    ids_from = "?"
-    control = False
-    #: audit: generates ``ctx.parallel`` sequences at once (else one)
-    batched = False
+    alone = False  # serving: loaded only for its own runs, no other engine of its kind beside it
+    chain = FIRST  # audit: the sampler chain the engine applies
+    ids_from = "?"  # audit: where the sampled ids are read
+    control = False  # audit: plain decoding
+    batched = False  # audit: ``ctx.parallel`` sequences at once (else one)
     parallel = 1
 
     def start(self, k: int, threads: int) -> None:
@@ -194,12 +239,9 @@ class Engine:
     def stop(self) -> None:
         pass
 
-    # serving ---------------------------------------------------------------
-
     def request(self, prompt: str, setting: Any, max_tokens: int, seed: int, rec: Request,
                 t0: float, ignore_eos: bool = False) -> None:
-        """Serve one request, filling ``rec``; ``ignore_eos``: end-of-generation
-        tokens banned, so that the answer runs to ``max_tokens``."""
+        """Serve one streamed request, filling ``rec`` (``ignore_eos``: run to ``max_tokens``)."""
         raise NotImplementedError
 
     def mark(self) -> None:
@@ -209,18 +251,15 @@ class Engine:
         """Counters since the last call (engines that have them)."""
         return {}
 
-    # audit -----------------------------------------------------------------
-
     def start_audit(self, ctx: Ctx) -> None:
-        """Start for the audit: ``ctx.parallel`` sequences at once if ``batched``
-        (its ``{parallel}`` filled into the label), else one."""
+        """Start for the audit (``{parallel}`` in the label filled in)."""
         self.ctx = ctx
         self.parallel = ctx.parallel if self.batched else 1
         self.label = self.label.replace("{parallel}", str(self.parallel))
         self.start(self.parallel, ctx.threads)
 
     def run(self, jobs: List[Job], setting: Any) -> List[Sample]:
-        """One Sample per job, in job order: ``parallel`` jobs at once (one client thread each)."""
+        """One Sample per job, in job order, ``parallel`` client threads at once."""
         if self.parallel == 1:
             return [self.one(job, setting) for job in jobs]
         with ThreadPoolExecutor(self.parallel) as pool:

@@ -1,27 +1,15 @@
 """llama.cpp's command-line tools as engines, and the build of every llama.cpp binary.
 
-The binaries are built once, from the llama.cpp sources vendored in the pinned
-``llama-cpp-python`` sdist (so they run the very same llama.cpp revision as our
-engine), and cached under ``<cache>/peers/llama.cpp-<llama-cpp-python version>/``:
-
-- ``plain``: ``llama-completion`` (non-interactive single-prompt generation;
-  ``llama-cli`` in this revision is a chat front-end built with the server);
-- ``speculative``: ``llama-speculative`` (draft model, rejection sampling
-  with the draft's probabilities);
-- ``speculative-simple``: ``llama-speculative-simple`` (greedy draft proposals
-  checked by sampling the target and comparing);
-- ``server``: ``llama-server``, run by bench/engines/llama_server.py.
-
-:func:`run_plain` and :func:`run_speculative` return the numbers each tool
-prints about itself (decode-only tokens/s, drafted/accepted counts) together
-with the wall time and the raw output, so the suite can compare like with
-like.  :class:`SpeculativeTool` is the exactness audit's adapter: it reads the
-ids the speculative tools sampled from their debug log.  Nothing here asserts
-a time.
+The binaries are built once from the llama.cpp vendored in the pinned llama-cpp-python
+sdist (the revision our engine runs) into ``<cache>/peers/llama.cpp-<version>/``.
+:func:`run_plain` / :func:`run_speculative` return what each tool prints about itself
+(:class:`PeerResult`); :class:`SpeculativeTool` is the audit's adapter, reading the sampled
+ids from the tools' debug log.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -31,24 +19,18 @@ import sys
 import tarfile
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, TextIO, Union
+from typing import Any, Dict, List, Optional, Sequence, TextIO, Union
 
 from specdec_cpu.paths import cache_dir
 
-from .base import N_CTX, Ctx, Engine, Job, Sample, cut, quote, short_paths
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - non-POSIX
-    fcntl = None  # type: ignore[assignment]
+from .base import N_CTX, Ctx, Engine, Job, Sample, cut, quote, short_paths, shown, tool_env
 
 #: The llama-cpp-python release whose vendored llama.cpp the peers are built from.
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 
-#: Peer role -> CMake target / binary name.
+#: Peer role -> CMake target / binary name (``llama-cli`` is a chat front-end in this revision).
 PEER_BINARIES: Dict[str, str] = {
     "plain": "llama-completion",
     "speculative": "llama-speculative",
@@ -56,45 +38,20 @@ PEER_BINARIES: Dict[str, str] = {
     "server": "llama-server",
 }
 
-#: CMake cache entries used for the peer build.  GGML_NATIVE stays at its
-#: default (on): the peers are a local benchmark tool, not something we ship.
-#: ``llama-server`` lives in tools/server and needs LLAMA_BUILD_TOOLS and
-#: LLAMA_BUILD_SERVER (LLAMA_BUILD_APP is the unified ``llama`` binary, not
-#: needed).  Its web UI is not built (LLAMA_BUILD_UI=OFF: no npm) nor fetched
-#: (LLAMA_USE_PREBUILT_UI=OFF: no download from the Hugging Face bucket), so
-#: the server embeds an empty asset table; its HTTP API is all we use.  No
-#: curl, no OpenSSL: the peers only talk to 127.0.0.1.
+#: The peer build: no web UI (no npm, no download), no curl/OpenSSL (the peers only talk to 127.0.0.1).
 CMAKE_FLAGS: List[str] = [
-    "-DCMAKE_BUILD_TYPE=Release",
-    "-DBUILD_SHARED_LIBS=OFF",
-    "-DLLAMA_CURL=OFF",
-    "-DLLAMA_OPENSSL=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=ON",
-    "-DLLAMA_BUILD_TOOLS=ON",
-    "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_SERVER=ON",
-    "-DLLAMA_BUILD_UI=OFF",
-    "-DLLAMA_USE_PREBUILT_UI=OFF",
-    "-DLLAMA_BUILD_APP=OFF",
+    "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_BUILD_APP=OFF",
 ]
-#: On a CPU with AMX, ``-march=native`` compiles in ggml's AMX matrix
-#: product, which crashes on some machines (llama.cpp issue 20824) and is
-#: what specdec-cpu's own engine turns off at run time
-#: (specdec_cpu.engine.backend.use_extra_buffers): the peers are built
-#: without it, so they keep the same repacked CPU buffers as ours.
+#: ggml's AMX path crashes on some CPUs (llama.cpp issue 20824) and ours turns it off: so do the peers.
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-
-
-def _cpu_has_amx() -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            return " amx_int8" in f.read()
-    except OSError:
-        return False
-
-
-if _cpu_has_amx():
-    CMAKE_FLAGS += [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]
+try:
+    with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as _f:
+        if " amx_int8" in _f.read():
+            CMAKE_FLAGS += [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]
+except OSError:
+    pass
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -107,83 +64,52 @@ class PeerRunError(RuntimeError):
     """A peer tool failed or printed output that could not be parsed."""
 
 
-# ---------------------------------------------------------------------------
-# building
-# ---------------------------------------------------------------------------
+# building -------------------------------------------------------------------
 
 
 def peers_dir(version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
-    """Directory holding the cached peer build for ``version``."""
     return cache_dir() / "peers" / f"llama.cpp-{version}"
 
 
 def peer_paths(version: str = LLAMA_CPP_PYTHON_VERSION) -> Dict[str, Path]:
-    """Where each peer binary lives once built (they may not exist yet)."""
-    bindir = peers_dir(version) / "bin"
-    return {role: bindir / name for role, name in PEER_BINARIES.items()}
+    """Where each peer binary lives once built."""
+    return {role: peers_dir(version) / "bin" / name for role, name in PEER_BINARIES.items()}
 
 
-def _all_present(paths: Dict[str, Path]) -> bool:
-    return all(p.is_file() and os.access(p, os.X_OK) for p in paths.values())
-
-
-@contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as fh:
-        if fcntl is not None:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            if fcntl is not None:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
-def _run_logged(cmd: Sequence[str], log: Optional[TextIO], cwd: Optional[Path] = None) -> None:
+def _run_logged(cmd: Sequence[str], log: Optional[TextIO]) -> None:
     if log is not None:
         print("+ " + " ".join(quote(c) for c in cmd), file=log, flush=True)
-    proc = subprocess.run(
-        list(cmd), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    proc = subprocess.run(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         tail = "\n".join(proc.stdout.splitlines()[-40:])
         raise PeerBuildError(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{tail}")
-    if log is not None and proc.stdout:
-        # keep the log readable: the last lines say what was built
+    if log is not None:
         for line in proc.stdout.splitlines()[-5:]:
             print("  " + line, file=log, flush=True)
 
 
 def _fetch_sdist(root: Path, version: str, log: Optional[TextIO]) -> Path:
-    """The llama-cpp-python sdist tarball, downloaded with pip once."""
-    sdist_dir = root / "sdist"
-    pattern = f"llama_cpp_python-{version}.tar.gz"
+    """The llama-cpp-python sdist (``SPECDEC_LLAMA_CPP_SDIST``, or downloaded with pip once)."""
     local = os.environ.get("SPECDEC_LLAMA_CPP_SDIST")
     if local:
-        p = Path(local).expanduser()
-        if not p.is_file():
+        if not Path(local).expanduser().is_file():
             raise PeerBuildError(f"SPECDEC_LLAMA_CPP_SDIST={local} is not a file")
-        return p
+        return Path(local).expanduser()
+    sdist_dir, pattern = root / "sdist", f"llama_cpp_python-{version}.tar.gz"
     found = sorted(sdist_dir.glob(pattern)) if sdist_dir.is_dir() else []
-    if found:
-        return found[0]
-    sdist_dir.mkdir(parents=True, exist_ok=True)
-    _run_logged(
-        # Only this package as source: ":all:" would also build its build
-        # dependencies (cmake among them) from source to read its metadata.
-        [sys.executable, "-m", "pip", "download", "--no-binary", "llama-cpp-python", "--no-deps",
-         f"llama-cpp-python=={version}", "-d", str(sdist_dir)],
-        log,
-    )
-    found = sorted(sdist_dir.glob(pattern)) or sorted(sdist_dir.glob("llama_cpp_python-*.tar.gz"))
+    if not found:
+        sdist_dir.mkdir(parents=True, exist_ok=True)
+        # --no-binary for this package only: ":all:" would build its build dependencies from source too
+        _run_logged([sys.executable, "-m", "pip", "download", "--no-binary", "llama-cpp-python", "--no-deps",
+                     f"llama-cpp-python=={version}", "-d", str(sdist_dir)], log)
+        found = sorted(sdist_dir.glob(pattern)) or sorted(sdist_dir.glob("llama_cpp_python-*.tar.gz"))
     if not found:
         raise PeerBuildError(f"pip download left no llama-cpp-python sdist in {sdist_dir}")
     return found[0]
 
 
 def _extract_llama_cpp(tarball: Path, dest: Path, log: Optional[TextIO]) -> Path:
-    """Extract ``vendor/llama.cpp`` of the sdist into ``dest`` (atomically)."""
+    """Extract the sdist's ``vendor/llama.cpp`` into ``dest`` (atomically, no links)."""
     if (dest / "CMakeLists.txt").is_file():
         return dest
     if log is not None:
@@ -191,103 +117,73 @@ def _extract_llama_cpp(tarball: Path, dest: Path, log: Optional[TextIO]) -> Path
     tmp = Path(tempfile.mkdtemp(prefix=".src-", dir=dest.parent))
     try:
         with tarfile.open(tarball, "r:gz") as tf:
-            members = []
-            prefix = None
+            members, prefix = [], None
             for m in tf.getmembers():
                 parts = Path(m.name).parts
                 if len(parts) >= 3 and parts[1:3] == ("vendor", "llama.cpp"):
                     prefix = Path(*parts[:3])
-                    if m.issym() or m.islnk() or ".." in parts or m.name.startswith("/"):
-                        continue  # the tree needs no links; never follow one out
-                    members.append(m)
+                    if not (m.issym() or m.islnk() or ".." in parts or m.name.startswith("/")):
+                        members.append(m)
             if prefix is None:
                 raise PeerBuildError(f"{tarball} has no vendor/llama.cpp directory")
-            kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
-            tf.extractall(tmp, members=members, **kwargs)
-        src = tmp / prefix
+            tf.extractall(tmp, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         if dest.exists():
             shutil.rmtree(dest)
-        os.replace(src, dest)
+        os.replace(tmp / prefix, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
 
-def ensure_peers(
-    *,
-    version: str = LLAMA_CPP_PYTHON_VERSION,
-    jobs: int = 2,
-    log: Optional[TextIO] = sys.stderr,
-    force: bool = False,
-) -> Dict[str, Path]:
-    """Build (once) and return the peer binaries: ``{"plain", "speculative", "speculative-simple", "server"}``.
-
-    Cached: when every binary already exists nothing is downloaded or built.
-    Builds use at most ``jobs`` parallel compile jobs.  A lock file keeps two
-    processes from building at once.
-    """
+def ensure_peers(*, version: str = LLAMA_CPP_PYTHON_VERSION, jobs: int = 2, log: Optional[TextIO] = sys.stderr,
+                 force: bool = False) -> Dict[str, Path]:
+    """Build (once, ``jobs`` compile jobs, under a lock) and return the peer binaries by role."""
     paths = peer_paths(version)
-    if not force and _all_present(paths):
+
+    def present() -> bool:
+        return not force and all(p.is_file() and os.access(p, os.X_OK) for p in paths.values())
+
+    if present():
         return paths
     root = peers_dir(version)
     root.mkdir(parents=True, exist_ok=True)
-    with _locked(root.parent / f".llama.cpp-{version}.lock"):
-        if not force and _all_present(paths):
+    with open(root.parent / f".llama.cpp-{version}.lock", "a+b") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        if present():
             return paths
         if shutil.which("cmake") is None:
             raise PeerBuildError("building the llama.cpp peers needs cmake on PATH")
         t0 = time.monotonic()
         tarball = _fetch_sdist(root, version, log)
         src = _extract_llama_cpp(tarball, root / "src", log)
-        build = root / "build"
+        build, bindir = root / "build", root / "bin"
         configure = ["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS]
         stamp = build / ".specdec-cmake-flags"
-        if (build / "CMakeCache.txt").is_file():
-            # configured before: keep its generator; re-run only when the flags changed
-            if not stamp.is_file() or stamp.read_text() != "\n".join(CMAKE_FLAGS):
-                _run_logged(configure, log)
-        else:
-            if shutil.which("ninja"):
-                configure += ["-G", "Ninja"]
-            _run_logged(configure, log)
+        if not (build / "CMakeCache.txt").is_file():
+            _run_logged(configure + (["-G", "Ninja"] if shutil.which("ninja") else []), log)
+        elif not stamp.is_file() or stamp.read_text() != "\n".join(CMAKE_FLAGS):
+            _run_logged(configure, log)  # configured before: keep its generator
         stamp.write_text("\n".join(CMAKE_FLAGS))
         targets = list(PEER_BINARIES.values())
-        _run_logged(
-            ["cmake", "--build", str(build), "--config", "Release", "-j", str(max(1, jobs)),
-             "--target", *targets],
-            log,
-        )
-        bindir = root / "bin"
+        _run_logged(["cmake", "--build", str(build), "--config", "Release", "-j", str(max(1, jobs)),
+                     "--target", *targets], log)
         bindir.mkdir(exist_ok=True)
         for role, name in PEER_BINARIES.items():
-            built = build / "bin" / name
-            if not built.is_file():
-                raise PeerBuildError(f"the build did not produce {built}")
-            tmp = bindir / f".{name}.tmp"
-            shutil.copy2(built, tmp)
-            os.replace(tmp, paths[role])
-        info = {
-            "llama_cpp_python": version,
-            "sdist": tarball.name,
-            "cmake_flags": CMAKE_FLAGS,
-            "targets": targets,
-            "build_seconds": round(time.monotonic() - t0, 1),
-            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
+            if not (build / "bin" / name).is_file():
+                raise PeerBuildError(f"the build did not produce {build / 'bin' / name}")
+            shutil.copy2(build / "bin" / name, bindir / f".{name}.tmp")
+            os.replace(bindir / f".{name}.tmp", paths[role])
+        info = {"llama_cpp_python": version, "sdist": tarball.name, "cmake_flags": CMAKE_FLAGS, "targets": targets,
+                "build_seconds": round(time.monotonic() - t0, 1), "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         (bindir / "BUILD-INFO.json").write_text(json.dumps(info, indent=2) + "\n")
         if log is not None:
             print(f"peers built in {info['build_seconds']} s -> {bindir}", file=log, flush=True)
     return paths
 
 
-# ---------------------------------------------------------------------------
-# running
-# ---------------------------------------------------------------------------
+# running ----------------------------------------------------------------------
 
-#: The order our sampler applies its filters in (temperature first, then the
-#: truncations; docs/kernels.md §2).  llama.cpp's default chain is different
-#: (penalties, dry, top-n-sigma, top-k, typical, top-p, min-p, xtc, temperature),
-#: so the peers are always given this chain explicitly.
+#: Our sampler's order (docs/kernels.md §2), given explicitly: llama.cpp's default chain differs.
 SAMPLER_CHAIN = "temperature;top_k;top_p;min_p"
 
 
@@ -295,15 +191,9 @@ SAMPLER_CHAIN = "temperature;top_k;top_p;min_p"
 class PeerResult:
     """What one peer run reported about itself.
 
-    ``tokens_per_s`` is the decode-phase throughput the tool prints (the prompt
-    is excluded):
-
-    - plain (``llama-completion``): its ``eval time`` line, i.e. single-token
-      decode calls only; ``tokens_per_s_with_sampling`` also counts the time
-      spent in the sampler chain, which is what a generation loop pays and what
-      the speculative tools' figure includes;
-    - speculative tools: their ``decoded N tokens in X seconds, speed: Y t/s``
-      line (the whole draft/verify/accept loop).
+    ``tokens_per_s``: the tool's decode-phase rate (llama-completion: its ``eval time``,
+    sampling excluded, see ``tokens_per_s_with_sampling``; the speculative tools: their
+    ``decoded N tokens ... t/s``, the whole loop).
     """
 
     tool: str
@@ -320,7 +210,7 @@ class PeerResult:
     n_draft_max: Optional[int] = None
     n_drafted: Optional[int] = None
     n_accepted: Optional[int] = None
-    acceptance: Optional[float] = None  # n_accepted / n_drafted, as a fraction
+    acceptance: Optional[float] = None  # n_accepted / n_drafted
     target_perf: Dict[str, float] = field(default_factory=dict)
     text: str = ""
     stdout: str = field(default="", repr=False)
@@ -331,208 +221,111 @@ class PeerResult:
         return " ".join(quote(c) for c in self.command)
 
     def record(self) -> Dict[str, Any]:
-        """The suite's record of the run (its command with the cache directory as ``<cache>``)."""
-        return {
-            "tokens": self.n_decoded,
-            "tps": self.tokens_per_s,
-            "decode_seconds": self.decode_seconds,
-            "prompt_seconds": self.prompt_seconds,
-            "prompt_tokens": self.prompt_tokens,
-            "acceptance": self.acceptance,
-            "drafted": self.n_drafted,
-            "accepted": self.n_accepted,
-            "n_draft_max": self.n_draft_max,
-            "command": short_paths(self.command_line),
-            "text": self.text,
-        }
+        """The suite's record of the run."""
+        return {"tokens": self.n_decoded, "tps": self.tokens_per_s, "decode_seconds": self.decode_seconds,
+                "prompt_seconds": self.prompt_seconds, "prompt_tokens": self.prompt_tokens,
+                "acceptance": self.acceptance, "drafted": self.n_drafted, "accepted": self.n_accepted,
+                "n_draft_max": self.n_draft_max, "command": short_paths(self.command_line), "text": self.text}
 
 
 _NUM = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|inf|nan)"
-_RE_DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+" + _NUM + r" seconds, speed:\s+" + _NUM + r" t/s")
-_RE_ENCODED = re.compile(r"encoded\s+(\d+) tokens in\s+" + _NUM + r" seconds, speed:\s+" + _NUM + r" t/s")
-_RE_KV = {
-    "n_draft": re.compile(r"\bn_draft\s+=\s+(\d+)"),
-    "n_predict": re.compile(r"\bn_predict\s+=\s+(\d+)"),
-    "n_drafted": re.compile(r"\bn_drafted\s+=\s+(\d+)"),
-    "n_accept": re.compile(r"\bn_accept\s+=\s+(\d+)"),
-}
-_RE_ACCEPT = re.compile(r"\baccept\s+=\s+" + _NUM + r"%")
-_RE_SAMPLING = re.compile(r"perf_print:\s+sampling time =\s+" + _NUM + r" ms")
-_RE_PROMPT_EVAL = re.compile(
-    r"perf_print:\s+prompt eval time =\s+" + _NUM + r" ms /\s+(\d+) tokens"
-)
-_RE_EVAL = re.compile(
-    r"perf_print:\s+eval time =\s+" + _NUM + r" ms /\s+(\d+) runs\s+\(\s*" + _NUM
-    + r" ms per token,\s+" + _NUM + r" tokens per second\)"
-)
-_RE_LOAD = re.compile(r"perf_print:\s+load time =\s+" + _NUM + r" ms")
-_RE_TOTAL = re.compile(r"perf_print:\s+total time =\s+" + _NUM + r" ms /\s+(\d+) tokens")
+#: ``common_perf_print`` lines: keys of the numbers each gives.
+_PERF = [
+    (re.compile(r"perf_print:\s+sampling time =\s+" + _NUM + r" ms"), ("sampling_ms",)),
+    (re.compile(r"perf_print:\s+load time =\s+" + _NUM + r" ms"), ("load_ms",)),
+    (re.compile(r"perf_print:\s+prompt eval time =\s+" + _NUM + r" ms /\s+(\d+) tokens"),
+     ("prompt_eval_ms", "prompt_eval_tokens")),
+    (re.compile(r"perf_print:\s+eval time =\s+" + _NUM + r" ms /\s+(\d+) runs\s+\(\s*" + _NUM
+                + r" ms per token,\s+" + _NUM + r" tokens per second\)"),
+     ("eval_ms", "eval_runs", None, "eval_tokens_per_s")),
+    (re.compile(r"perf_print:\s+total time =\s+" + _NUM + r" ms /\s+(\d+) tokens"), ("total_ms", "total_tokens")),
+]
+_SPEC = [
+    (re.compile(r"decoded\s+(\d+) tokens in\s+" + _NUM + r" seconds, speed:\s+" + _NUM + r" t/s"),
+     ("decoded_tokens", "decode_seconds", "decode_tokens_per_s")),
+    (re.compile(r"encoded\s+(\d+) tokens in\s+" + _NUM + r" seconds, speed:\s+" + _NUM + r" t/s"),
+     ("encoded_tokens", "encode_seconds", None)),
+    *((re.compile(rf"\b{k}\s+=\s+(\d+)"), (k,)) for k in ("n_draft", "n_predict", "n_drafted", "n_accept")),
+    (re.compile(r"\baccept\s+=\s+" + _NUM + r"%"), ("accept_percent",)),
+]
 
 
-def _f(x: str) -> float:
-    return float(x)
-
-
-def _perf_section(text: str) -> Dict[str, float]:
-    """The ``common_perf_print`` numbers found in ``text`` (the last of each)."""
+def _numbers(text: str, patterns: list, last: bool) -> Dict[str, float]:
+    """The numbers of each pattern's last (else first) match in ``text``, by key."""
     out: Dict[str, float] = {}
-    m = _RE_SAMPLING.findall(text)
-    if m:
-        out["sampling_ms"] = _f(m[-1])
-    m = _RE_LOAD.findall(text)
-    if m:
-        out["load_ms"] = _f(m[-1])
-    m = _RE_PROMPT_EVAL.findall(text)
-    if m:
-        out["prompt_eval_ms"], out["prompt_eval_tokens"] = _f(m[-1][0]), float(m[-1][1])
-    m = _RE_EVAL.findall(text)
-    if m:
-        ms, runs, _, tps = m[-1]
-        out["eval_ms"], out["eval_runs"], out["eval_tokens_per_s"] = _f(ms), float(runs), _f(tps)
-    m = _RE_TOTAL.findall(text)
-    if m:
-        out["total_ms"], out["total_tokens"] = _f(m[-1][0]), float(m[-1][1])
+    for rx, keys in patterns:
+        found = rx.findall(text) if last else [m.groups() for m in [rx.search(text)] if m]
+        if found:
+            groups = found[-1] if isinstance(found[-1], tuple) else (found[-1],)
+            out.update((k, float(v)) for k, v in zip(keys, groups) if k)
     return out
 
 
 def parse_plain_output(stderr: str) -> Dict[str, float]:
     """Numbers ``llama-completion`` prints at exit (its ``common_perf_print`` block)."""
-    perf = _perf_section(stderr)
+    perf = _numbers(stderr, _PERF, last=True)
     if "eval_ms" not in perf:
         raise PeerRunError("no 'eval time = ... tokens per second' line in llama-completion's output")
     return perf
 
 
 def parse_speculative_output(stderr: str) -> Dict[str, float]:
-    """Numbers ``llama-speculative[-simple]`` print at exit."""
-    out: Dict[str, float] = {}
-    m = _RE_DECODED.search(stderr)
-    if not m:
+    """Numbers ``llama-speculative[-simple]`` print at exit (the target's perf block prefixed ``target_``)."""
+    out = _numbers(stderr, _SPEC, last=False)
+    if "decoded_tokens" not in out:
         raise PeerRunError("no 'decoded N tokens in X seconds, speed: Y t/s' line in the output")
-    out["decoded_tokens"], out["decode_seconds"], out["decode_tokens_per_s"] = (
-        float(m.group(1)), _f(m.group(2)), _f(m.group(3)))
-    m = _RE_ENCODED.search(stderr)
-    if m:
-        out["encoded_tokens"], out["encode_seconds"] = float(m.group(1)), _f(m.group(2))
-    for key, rx in _RE_KV.items():
-        m = rx.search(stderr)
-        if m:
-            out[key] = float(m.group(1))
-    m = _RE_ACCEPT.search(stderr)
-    if m:
-        out["accept_percent"] = _f(m.group(1))
-    # the target's perf block comes after the "target:" heading
     idx = stderr.rfind("target:")
     if idx >= 0:
-        for k, v in _perf_section(stderr[idx:]).items():
-            out["target_" + k] = v
+        out.update(("target_" + k, v) for k, v in _numbers(stderr[idx:], _PERF, last=True).items())
     return out
 
 
 def sampling_args(temp: float, top_k: int, top_p: float, min_p: float, seed: int) -> List[str]:
-    return [
-        "--samplers", SAMPLER_CHAIN,
-        "--temp", repr(float(temp)),
-        "--top-k", str(int(top_k)),
-        "--top-p", repr(float(top_p)),
-        "--min-p", repr(float(min_p)),
-        "-s", str(int(seed)),
-    ]
+    return ["--samplers", SAMPLER_CHAIN, "--temp", repr(float(temp)), "--top-k", str(int(top_k)),
+            "--top-p", repr(float(top_p)), "--min-p", repr(float(min_p)), "-s", str(int(seed))]
 
 
-def _run(tool: str, cmd: List[str], timeout: Optional[float]) -> "tuple[int, str, str, float]":
-    env = dict(os.environ)
-    env.setdefault("LC_ALL", "C")
+def _run(tool: str, cmd: List[str], timeout: Optional[float]) -> "tuple[str, str, float]":
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(
-            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            timeout=timeout, env=env,
-        )
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              timeout=timeout, env=tool_env())
     except subprocess.TimeoutExpired as e:
         raise PeerRunError(f"{tool} did not finish within {timeout} s: {' '.join(cmd)}") from e
     wall = time.perf_counter() - t0
-    out = proc.stdout.decode("utf-8", "replace")
-    err = proc.stderr.decode("utf-8", "replace")
+    out, err = proc.stdout.decode("utf-8", "replace"), proc.stderr.decode("utf-8", "replace")
     if proc.returncode != 0:
         tail = "\n".join(err.strip().splitlines()[-15:])
         raise PeerRunError(f"{tool} exited with {proc.returncode}: {' '.join(cmd)}\n{tail}")
-    return proc.returncode, out, err, wall
+    return out, err, wall
 
 
-def _strip_plain_text(stdout: str) -> str:
-    text = stdout
-    if text.endswith("\n\n"):
-        text = text[:-2]
-    if text.endswith(" [end of text]\n"):
-        text = text[: -len(" [end of text]\n")]
-    return text
+def _strip(text: str, head: str, tail: str) -> str:
+    text = text[len(head):] if head and text.startswith(head) else text
+    return text[:-len(tail)] if text.endswith(tail) else text
 
 
-def _strip_speculative_text(stdout: str, prompt: str) -> str:
-    text = stdout
-    if text.startswith("\n\n"):
-        text = text[2:]
-    if text.endswith("\n\n\n\n"):
-        text = text[:-4]
-    if text.startswith(prompt):
-        text = text[len(prompt):]
-    return text
-
-
-def run_plain(
-    model: PathLike,
-    prompt: str,
-    n_predict: int = 128,
-    threads: int = 2,
-    temp: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int = 1234,
-    *,
-    min_p: float = 0.0,
-    ctx: int = 2048,
-    ignore_eos: bool = False,
-    binary: Optional[PathLike] = None,
-    timeout: Optional[float] = 1800.0,
-) -> PeerResult:
-    """Plain decoding of ``prompt`` with ``llama-completion`` (raw prompt, no chat template).
-
-    ``top_k=0``, ``top_p=1`` and ``min_p=0`` mean off; ``temp=0`` is greedy.
-    """
+def run_plain(model: PathLike, prompt: str, n_predict: int = 128, threads: int = 2, temp: float = 0.0,
+              top_k: int = 0, top_p: float = 1.0, seed: int = 1234, *, min_p: float = 0.0, ctx: int = 2048,
+              ignore_eos: bool = False, binary: Optional[PathLike] = None,
+              timeout: Optional[float] = 1800.0) -> PeerResult:
+    """Plain decoding with ``llama-completion`` (raw prompt; top_k 0, top_p 1, min_p 0 are off, temp 0 greedy)."""
     exe = Path(binary) if binary is not None else ensure_peers()["plain"]
-    cmd = [
-        str(exe), "-m", os.fspath(model), "-p", prompt, "-n", str(int(n_predict)),
-        "-t", str(int(threads)), "-tb", str(int(threads)), "-c", str(int(ctx)),
-        *sampling_args(temp, top_k, top_p, min_p, seed),
-        "-no-cnv", "--no-display-prompt", "--no-escape",
-    ]
-    if ignore_eos:
-        cmd.append("--ignore-eos")
-    _, out, err, wall = _run("llama-completion", cmd, timeout)
+    t = str(int(threads))
+    cmd = [str(exe), "-m", os.fspath(model), "-p", prompt, "-n", str(int(n_predict)), "-t", t, "-tb", t,
+           "-c", str(int(ctx)), *sampling_args(temp, top_k, top_p, min_p, seed),
+           "-no-cnv", "--no-display-prompt", "--no-escape"] + (["--ignore-eos"] if ignore_eos else [])
+    out, err, wall = _run("llama-completion", cmd, timeout)
     perf = parse_plain_output(err)
-    runs = int(perf["eval_runs"])
-    eval_s = perf["eval_ms"] / 1e3
-    with_sampling = None
-    if "sampling_ms" in perf and perf["eval_ms"] + perf["sampling_ms"] > 0:
-        with_sampling = runs / ((perf["eval_ms"] + perf["sampling_ms"]) / 1e3)
+    runs, eval_ms, sampling_ms = int(perf["eval_runs"]), perf["eval_ms"], perf.get("sampling_ms")
+    with_sampling = runs / ((eval_ms + sampling_ms) / 1e3) if sampling_ms is not None and eval_ms + sampling_ms > 0 \
+        else None
     return PeerResult(
-        tool="plain",
-        command=cmd,
-        returncode=0,
-        wall_seconds=wall,
-        tokens_per_s=perf["eval_tokens_per_s"],
-        n_decoded=runs,
-        decode_seconds=eval_s,
+        "plain", cmd, 0, wall, perf["eval_tokens_per_s"], runs, eval_ms / 1e3,
         prompt_tokens=int(perf["prompt_eval_tokens"]) if "prompt_eval_tokens" in perf else None,
         prompt_seconds=perf["prompt_eval_ms"] / 1e3 if "prompt_eval_ms" in perf else None,
-        sampling_ms=perf.get("sampling_ms"),
-        tokens_per_s_with_sampling=with_sampling,
-        target_perf=perf,
-        text=_strip_plain_text(out),
-        stdout=out,
-        stderr=err,
-    )
+        sampling_ms=sampling_ms, tokens_per_s_with_sampling=with_sampling, target_perf=perf,
+        text=_strip(_strip(out, "", "\n\n"), "", " [end of text]\n"), stdout=out, stderr=err)
 
 
 def speculative_command(target: PathLike, draft: PathLike, prompt: str, n_predict: int, threads: int, temp: float,
@@ -543,88 +336,49 @@ def speculative_command(target: PathLike, draft: PathLike, prompt: str, n_predic
         raise ValueError(f"variant must be 'speculative' or 'speculative-simple', got {variant!r}")
     exe = Path(binary) if binary is not None else ensure_peers()[variant]
     t = str(int(threads))
-    cmd = [
-        str(exe), "-m", os.fspath(target), "-md", os.fspath(draft), "-p", prompt,
-        "-n", str(int(n_predict)), "-t", t, "-tb", t, "-td", t, "-tbd", t, "-c", str(int(ctx)),
-        *sampling_args(temp, top_k, top_p, min_p, seed),
-        "--no-escape",
-        "--spec-draft-n-max", str(int(draft_max)), "--spec-draft-n-min", str(int(draft_min)),
-    ]
-    if variant == "speculative-simple":
-        # this revision enables no speculative implementation unless asked to
-        cmd += ["--spec-type", "draft-simple"]
-    return cmd
+    cmd = [str(exe), "-m", os.fspath(target), "-md", os.fspath(draft), "-p", prompt, "-n", str(int(n_predict)),
+           "-t", t, "-tb", t, "-td", t, "-tbd", t, "-c", str(int(ctx)),
+           *sampling_args(temp, top_k, top_p, min_p, seed), "--no-escape",
+           "--spec-draft-n-max", str(int(draft_max)), "--spec-draft-n-min", str(int(draft_min))]
+    # this revision enables no speculative implementation unless asked to
+    return cmd + (["--spec-type", "draft-simple"] if variant == "speculative-simple" else [])
 
 
-def run_speculative(
-    target: PathLike,
-    draft: PathLike,
-    prompt: str,
-    n_predict: int = 128,
-    threads: int = 2,
-    temp: float = 0.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
-    seed: int = 1234,
-    *,
-    min_p: float = 0.0,
-    draft_max: int = 4,
-    draft_min: int = 0,
-    variant: str = "speculative",
-    ctx: int = 2048,
-    ignore_eos: bool = False,
-    binary: Optional[PathLike] = None,
-    timeout: Optional[float] = 1800.0,
-) -> PeerResult:
-    """Speculative decoding of ``prompt`` with llama.cpp's own example tools.
+def _drafted(nums: Dict[str, float]) -> "tuple[Optional[int], Optional[int]]":
+    return (int(nums["n_drafted"]) if "n_drafted" in nums else None,
+            int(nums["n_accept"]) if "n_accept" in nums else None)
 
-    ``variant="speculative"`` runs ``llama-speculative``: the draft samples with
-    the same sampler settings and the target accepts by comparing the two
-    models' probabilities.  ``variant="speculative-simple"`` runs
-    ``llama-speculative-simple``: the draft proposes its greedy (top-1)
-    continuation and the target samples each position, keeping the draft token
-    when it samples the same one.  ``draft_max`` is the number of tokens drafted
-    per step (γ); both models get ``threads`` threads.
-    """
+
+def run_speculative(target: PathLike, draft: PathLike, prompt: str, n_predict: int = 128, threads: int = 2,
+                    temp: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 1234, *, min_p: float = 0.0,
+                    draft_max: int = 4, draft_min: int = 0, variant: str = "speculative", ctx: int = 2048,
+                    ignore_eos: bool = False, binary: Optional[PathLike] = None,
+                    timeout: Optional[float] = 1800.0) -> PeerResult:
+    """Speculative decoding with ``llama-speculative`` (the draft samples, acceptance by the two
+    models' probabilities) or ``llama-speculative-simple`` (greedy draft, the target keeps what it
+    samples the same); ``draft_max`` tokens drafted per step."""
     cmd = speculative_command(target, draft, prompt, n_predict, threads, temp, top_k, top_p, seed, min_p=min_p,
                               draft_max=draft_max, draft_min=draft_min, variant=variant, ctx=ctx, binary=binary)
-    if ignore_eos:
-        cmd.append("--ignore-eos")
-    _, out, err, wall = _run(f"llama-{variant}", cmd, timeout)
+    cmd += ["--ignore-eos"] if ignore_eos else []
+    out, err, wall = _run(f"llama-{variant}", cmd, timeout)
     nums = parse_speculative_output(err)
-    n_drafted = int(nums["n_drafted"]) if "n_drafted" in nums else None
-    n_accepted = int(nums["n_accept"]) if "n_accept" in nums else None
-    acceptance = (n_accepted / n_drafted) if n_drafted and n_accepted is not None else None
+    n_drafted, n_accepted = _drafted(nums)
     return PeerResult(
-        tool=variant,
-        command=cmd,
-        returncode=0,
-        wall_seconds=wall,
-        tokens_per_s=nums["decode_tokens_per_s"],
-        n_decoded=int(nums["decoded_tokens"]),
-        decode_seconds=nums["decode_seconds"],
+        variant, cmd, 0, wall, nums["decode_tokens_per_s"], int(nums["decoded_tokens"]), nums["decode_seconds"],
         prompt_tokens=int(nums["encoded_tokens"]) if "encoded_tokens" in nums else None,
-        prompt_seconds=nums.get("encode_seconds"),
-        sampling_ms=nums.get("target_sampling_ms"),
-        n_draft_max=int(nums["n_draft"]) if "n_draft" in nums else None,
-        n_drafted=n_drafted,
+        prompt_seconds=nums.get("encode_seconds"), sampling_ms=nums.get("target_sampling_ms"),
+        n_draft_max=int(nums["n_draft"]) if "n_draft" in nums else None, n_drafted=n_drafted,
         n_accepted=n_accepted,
-        acceptance=acceptance,
+        acceptance=(n_accepted / n_drafted) if n_drafted and n_accepted is not None else None,
         target_perf={k[len("target_"):]: v for k, v in nums.items() if k.startswith("target_")},
-        text=_strip_speculative_text(out, prompt),
-        stdout=out,
-        stderr=err,
-    )
+        text=_strip(out, "\n\n", "\n\n\n\n").removeprefix(prompt), stdout=out, stderr=err)
 
 
-# ---------------------------------------------------------------------------
-# the exactness audit's adapter
-# ---------------------------------------------------------------------------
+# the exactness audit's adapter ----------------------------------------------------
 
 
 class SpeculativeTool(Engine):
-    """llama.cpp's ``llama-speculative`` / ``llama-speculative-simple``, one process per sequence,
-    ids read from their ``-lv 5`` debug log."""
+    """Audit: ``llama-speculative[-simple]``, one process per sequence, ids read from the ``-lv 5`` log."""
 
     def __init__(self, variant: str, draft_max: int = 4) -> None:
         self.variant, self.draft_max = variant, draft_max
@@ -641,95 +395,72 @@ class SpeculativeTool(Engine):
         self.exe = ensure_peers()[self.variant]
         self._last_cmd: List[str] = []
 
-    def cmd(self, job: Job, setting) -> List[str]:
-        return speculative_command(
-            self.ctx.target, self.ctx.draft, job.text, self.ctx.max_tokens, self.ctx.threads, setting.temperature,
-            setting.top_k, setting.top_p, job.seed, min_p=setting.min_p, draft_max=self.draft_max, draft_min=0,
-            variant=self.variant, ctx=N_CTX, binary=self.exe) + ["-lv", "5"]
-
     def run(self, jobs, setting):
         if setting.temperature <= 0:
             raise ValueError("the log parsers follow the stochastic paths (T > 0) only")
         return super().run(jobs, setting)
 
     def one(self, job: Job, setting) -> Sample:
-        cmd = self.cmd(job, setting)
+        c = self.ctx
+        cmd = speculative_command(
+            c.target, c.draft, job.text, c.max_tokens, c.threads, setting.temperature, setting.top_k, setting.top_p,
+            job.seed, min_p=setting.min_p, draft_max=self.draft_max, draft_min=0, variant=self.variant, ctx=N_CTX,
+            binary=self.exe) + ["-lv", "5"]
         self._last_cmd = cmd
-        env = dict(os.environ)
-        env.setdefault("LC_ALL", "C")
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env=env, timeout=1800)
+                              env=tool_env(), timeout=1800)
         if proc.returncode != 0:
             tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-5:]
             return Sample(job.index, job.prompt, job.text, job.seed, [], False,
                           error=f"exit {proc.returncode}: {' | '.join(tail)[:300]}")
-        parse = parse_speculative_log if self.variant == "speculative" else parse_simple_log
-        ids = parse(proc.stderr)
-        check = printed_text_matches(proc.stdout, job, ids, self.ctx, self.variant)
-        tokens, stopped = cut(ids, self.ctx.max_tokens, self.ctx.is_eog)
+        ids = (parse_speculative_log if self.variant == "speculative" else parse_simple_log)(proc.stderr)
+        tokens, stopped = cut(ids, c.max_tokens, c.is_eog)
         try:
-            nums = parse_speculative_output(proc.stderr.decode("utf-8", "replace"))
+            drafted, accepted = _drafted(parse_speculative_output(proc.stderr.decode("utf-8", "replace")))
         except PeerRunError:
-            nums = {}
-        return Sample(job.index, job.prompt, job.text, job.seed, tokens, stopped, produced=len(ids),
-                      drafted=int(nums["n_drafted"]) if "n_drafted" in nums else None,
-                      accepted=int(nums["n_accept"]) if "n_accept" in nums else None, text_check=check)
+            drafted = accepted = None
+        return Sample(job.index, job.prompt, job.text, job.seed, tokens, stopped, produced=len(ids), drafted=drafted,
+                      accepted=accepted, text_check=printed_text_matches(proc.stdout, job, ids, c, self.variant))
 
     def command(self) -> str:
         cmd = list(self._last_cmd)
         if not cmd:
             return ""
         cmd[cmd.index("-p") + 1] = "<chat-templated prompt>"
-        return " ".join(short_paths(quote(c)) for c in cmd)
+        return shown(cmd)
 
 
 _RE_SPEC = re.compile(
     rb"draft token \d+ of sequence \d+ \((\d+), '.*?'\) (accepted|rejected)\n"
     rb"|the sampled target token \((\d+), '", re.S)
-
 _RE_SIMPLE = re.compile(
     rb"draft candidate\s+(\d+), pos\s+(\d+):\s+(\d+) \("
     rb"|accepted (\d+)/(\d+) draft tokens, the last target token is: \((\d+)\)")
 
 
 def parse_speculative_log(stderr: bytes) -> List[int]:
-    """The ids ``llama-speculative`` emitted (T > 0), in order, from its ``-lv 5`` log.
-
-    examples/speculative/speculative.cpp, stochastic branch: each round emits
-    the draft tokens it accepts (``draft token i of sequence s (ID, '…')
-    accepted``) and ends with one token sampled from the target or the
-    residual (``the sampled target token (ID, '…') did not match, or we ran
-    out of drafted tokens``).  Rejected draft tokens are logged too and are
-    not emitted.
-    """
+    """The ids ``llama-speculative`` emitted (T > 0): each round's accepted draft tokens, then
+    its one token sampled from the target or the residual (examples/speculative/speculative.cpp)."""
     ids: List[int] = []
     for m in _RE_SPEC.finditer(stderr):
-        if m.group(1) is not None:
-            if m.group(2) == b"accepted":
-                ids.append(int(m.group(1)))
-        else:
+        if m.group(1) is None:
             ids.append(int(m.group(3)))
+        elif m.group(2) == b"accepted":
+            ids.append(int(m.group(1)))
     return ids
 
 
 def parse_simple_log(stderr: bytes) -> List[int]:
-    """The ids ``llama-speculative-simple`` emitted, in order, from its ``-lv 5`` log.
-
-    Each round drafts greedily (common/speculative.cpp, draft-simple: the
-    top candidate at each position, logged as ``draft candidate 0, pos i:
-    ID``), the target samples every position
-    (``common_sampler_sample_and_accept_n``) and the round emits the first N
-    draft tokens it matched and its own last sample: ``accepted N/M draft
-    tokens, the last target token is: (ID)``.
-    """
+    """The ids ``llama-speculative-simple`` emitted: each round's greedy draft (``draft candidate
+    0, pos i: ID``), of which ``accepted N/M ... (ID)`` keeps N, then the target's own sample."""
     ids: List[int] = []
     draft: List[int] = []
     for m in _RE_SIMPLE.finditer(stderr):
         if m.group(1) is not None:
             if int(m.group(1)) == 0:
-                pos = int(m.group(2))
-                if pos != len(draft):
-                    raise ValueError(f"draft candidate at position {pos} after {len(draft)} drafted tokens")
+                if int(m.group(2)) != len(draft):
+                    raise ValueError(f"draft candidate at position {m.group(2).decode()} after {len(draft)} "
+                                     "drafted tokens")
                 draft.append(int(m.group(3)))
         else:
             n, size, last = int(m.group(4)), int(m.group(5)), int(m.group(6))
@@ -741,20 +472,9 @@ def parse_simple_log(stderr: bytes) -> List[int]:
 
 
 def printed_text_matches(stdout: bytes, job: Job, ids: Sequence[int], ctx: Ctx, variant: str) -> bool:
-    """Whether the ids' pieces give exactly the text the tool printed.
-
-    Both tools print "\\n\\n", the prompt's pieces, the generated pieces and
-    "\\n\\n" twice.  ``llama-speculative`` prints every token it emits (an
-    EOG's text and what follows it in the same round included);
-    ``llama-speculative-simple`` stops printing at an EOG.
-    """
+    """Whether the ids' pieces give exactly what the tool printed ("\\n\\n", prompt, generated
+    pieces, "\\n\\n\\n\\n"); ``llama-speculative-simple`` stops printing at an EOG."""
+    shown_ids = list(ids)
     if variant == "speculative-simple":
-        shown = []
-        for t in ids:
-            if ctx.is_eog(t):
-                break
-            shown.append(t)
-    else:
-        shown = list(ids)
-    expected = b"\n\n" + ctx.render(job.ids) + ctx.render(shown) + b"\n\n\n\n"
-    return stdout == expected
+        shown_ids = next((shown_ids[:i] for i, t in enumerate(ids) if ctx.is_eog(t)), shown_ids)
+    return stdout == b"\n\n" + ctx.render(job.ids) + ctx.render(shown_ids) + b"\n\n\n\n"

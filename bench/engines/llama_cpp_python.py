@@ -1,10 +1,6 @@
-"""llama-cpp-python as an engine: its high-level ``Llama`` (plain, or with
-``LlamaPromptLookupDecoding``), and its OpenAI-compatible server.
-
-Used here as a peer only (the package itself never touches the ``Llama``
-class).  :class:`LcpRunner` is the suite's, :class:`LcpPromptLookup` the
-exactness audit's and :class:`LcpServer` the serving study's adapter.
-"""
+"""llama-cpp-python as a peer: ``Llama`` plain or with ``LlamaPromptLookupDecoding``
+(:class:`LcpRunner` for the suite, :class:`LcpPromptLookup` for the audit) and its server
+(:class:`LcpServer`, serving)."""
 
 from __future__ import annotations
 
@@ -18,43 +14,33 @@ from .ours_batched import OpenAIServer
 
 
 class LcpRunner:
-    """``Llama`` with ``LlamaPromptLookupDecoding`` (or no draft model).
-
-    Decode speed is measured from the first generated token to the last:
-    (n − 1) tokens over that time, so prompt processing is excluded as it is
-    for the other engines.
-    """
+    """``Llama`` with ``LlamaPromptLookupDecoding`` (or none); decode speed is (n − 1) tokens
+    over first to last token, the prompt excluded as for the other engines."""
 
     def __init__(self, model: Path, threads: int, n_ctx: int) -> None:
         from llama_cpp import Llama
         from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         self._pld = LlamaPromptLookupDecoding
-        # A draft model makes the context compute every row's logits, but the
-        # Python-side score buffer only gets n_ctx rows with an explicit
-        # logits_all=True (else n_batch rows, overflowing once prompt +
-        # generation pass n_batch tokens).
+        # a draft model needs logits_all=True, else the score buffer overflows past n_batch tokens
         self.llm = Llama(model_path=str(model), n_ctx=n_ctx, n_batch=512, n_threads=threads,
                          n_threads_batch=threads, draft_model=LlamaPromptLookupDecoding(),
                          logits_all=True, verbose=False)
 
     def sample(self, tokens: Sequence[int], max_tokens: int, setting: Any) -> Tuple[List[int], bool, Optional[float]]:
-        """Generate from prompt ids with the setting's sampler (llama-cpp-python's
-        other samplers off) until an EOG id or ``max_tokens`` ids: (the ids,
-        whether an EOG ended them, when the first token came)."""
+        """Generate from prompt ids (the setting's sampler, the others off) until an EOG or
+        ``max_tokens`` ids: (ids, ended by an EOG, when the first token came)."""
         import llama_cpp
 
         llm = self.llm
         out: List[int] = []
-        t_first = None
-        stopped = False
+        t_first, stopped = None, False
         gen = llm.generate(list(tokens), top_k=setting.top_k, top_p=setting.top_p, min_p=setting.min_p,
                            typical_p=1.0, temp=setting.temperature, repeat_penalty=1.0,
                            frequency_penalty=0.0, presence_penalty=0.0)
         try:
             for tok in gen:
-                if t_first is None:
-                    t_first = time.perf_counter()
+                t_first = t_first or time.perf_counter()
                 if llama_cpp.llama_vocab_is_eog(llm._model.vocab, tok):
                     stopped = True
                     break
@@ -66,26 +52,19 @@ class LcpRunner:
         return out, stopped, t_first
 
     def run(self, text: str, max_tokens: int, setting: Any, seed: int, num_pred_tokens: int) -> Dict[str, Any]:
-        """The suite's record of one generation from ``text`` (prompt lookup of
-        ``num_pred_tokens``, none for 0)."""
+        """The suite's record of one generation (prompt lookup of ``num_pred_tokens``, none for 0)."""
         llm = self.llm
-        llm.draft_model = (self._pld(max_ngram_size=2, num_pred_tokens=num_pred_tokens)
-                           if num_pred_tokens else None)
+        llm.draft_model = self._pld(max_ngram_size=2, num_pred_tokens=num_pred_tokens) if num_pred_tokens else None
         llm.set_seed(seed)
         tokens = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
         t_start = time.perf_counter()
         out, stopped, t_first = self.sample(tokens, max_tokens, setting)
-        t_end = time.perf_counter()
-        decode = (t_end - t_first) if t_first is not None else 0.0
+        decode = (time.perf_counter() - t_first) if t_first is not None else 0.0
         n = len(out)
         return {
-            "tokens": n,
-            "tps": (n - 1) / decode if n > 1 and decode > 0 else None,
-            "decode_seconds": decode,
-            "prompt_seconds": (t_first - t_start) if t_first is not None else None,
-            "prompt_tokens": len(tokens),
-            "finish": "stop" if stopped else "length",
-            "text": llm.detokenize(out).decode("utf-8", "replace"),
+            "tokens": n, "tps": (n - 1) / decode if n > 1 and decode > 0 else None, "decode_seconds": decode,
+            "prompt_seconds": (t_first - t_start) if t_first is not None else None, "prompt_tokens": len(tokens),
+            "finish": "stop" if stopped else "length", "text": llm.detokenize(out).decode("utf-8", "replace"),
         }
 
     def close(self) -> None:
@@ -123,9 +102,8 @@ class LcpPromptLookup(Engine):
 
 
 class LcpServer(OpenAIServer):
-    """Serving: llama-cpp-python's server (``python -m llama_cpp.server``), one
-    request at a time, plain decoding (its prompt lookup drafts from the
-    prompt, which the serving study's chat requests barely repeat)."""
+    """Serving: ``python -m llama_cpp.server``, plain decoding (its prompt lookup would barely
+    find repeats in chat requests)."""
 
     health = "/v1/models"
 
@@ -139,7 +117,7 @@ class LcpServer(OpenAIServer):
                 "--host", "127.0.0.1"]
 
     def _ban_eos(self, ignore_eos: bool) -> Dict[str, Any]:
-        """llama-cpp-python's server has no ignore_eos: a bias of −100 on every end id."""
+        """No ignore_eos here: a bias of −100 on every end id."""
         from ..common import pair_tokenizer
 
         return {"logit_bias": {str(t): -100.0 for t in pair_tokenizer().eog_ids}} if ignore_eos else {}

@@ -1,31 +1,25 @@
-"""Ours, batched: ``BatchedDecoder`` (K sequences share every target pass),
-called directly or behind our HTTP server (``specdec-cpu serve``, optionally
-through Ray Serve) driven with the official ``openai`` client.
-
-:class:`OursBatched` is the adapter of the serving studies (bench/serving.py,
-bench/layer_latency.py) and of the exactness audit; :class:`OpenAIServer` the
-serving studies'.
-"""
+"""Ours, batched: ``BatchedDecoder`` called directly (:class:`OursBatched`, serving and audit),
+or a server process driven with the ``openai`` client (:class:`OpenAIServer`: ``specdec-cpu
+serve``, optionally through Ray Serve)."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..common import BENCH
-from .base import N_CTX, Engine, consume, pair_paths, params
-from .llama_server import free_port
+from .base import N_CTX, Engine, consume, free_port, http_ok, pair_paths, params, stop_process, wait_ready
 from .ours_single import sample_of
 
 
 class OursBatched(Engine):
-    """BatchedDecoder: K sequences share every target pass (γ auto, or a fixed
-    γ such as 0: continuous batching alone), with the draft model, n-gram
-    lookup, both or neither."""
+    """BatchedDecoder: K sequences share every target pass (γ auto, or fixed; 0: continuous
+    batching alone), with the draft model, n-gram lookup, both or neither."""
 
     ids_from = "`Generation.tokens`"
     batched = True
@@ -39,23 +33,21 @@ class OursBatched(Engine):
         self.label = label or (f"ours, BatchedDecoder γ={gamma}"
                                + (f", draft cut to {draft_vocab} ids" if draft_vocab else ""))
         self.dec = None
-        self._last = None
-        #: a JSON-lines file for the decoder's step records (--trace-steps), and the run they belong to
-        self.trace_path: Optional[Path] = None
+        self.trace_path: Optional[Path] = None  # JSON lines of the decoder's steps (--trace-steps)
         self._trace = None
         self._run = 0
 
     def start(self, k: int, threads: int) -> None:
         from specdec_cpu import BatchedDecoder
 
-        step_trace, self._k = None, k
+        self._k = k
         if self.trace_path is not None:
             self._trace = open(self.trace_path, "a")
-            step_trace = self._write_step
         target, draft = pair_paths()
         self.dec = BatchedDecoder.from_gguf(target, draft if self.use_draft else None, ngram=self.ngram,
                                             max_sequences=k, n_ctx=N_CTX, n_threads=threads, gamma=self.gamma,
-                                            step_trace=step_trace, draft_vocab=self.draft_vocab)
+                                            step_trace=self._write_step if self._trace else None,
+                                            draft_vocab=self.draft_vocab)
         self._last = self.dec.metrics()
 
     def _write_step(self, record) -> None:
@@ -73,21 +65,19 @@ class OursBatched(Engine):
     def stats(self) -> Dict[str, Any]:
         m = self.dec.metrics()
         last, self._last = self._last, m
-        passes = m.target_passes - last.target_passes
-        drafted = m.drafted - last.drafted
-        rows = m.alpha_rows - last.alpha_rows
+        d = {k: getattr(m, k) - getattr(last, k) for k in (
+            "target_passes", "target_rows", "tokens_generated", "drafted", "accepted", "alpha_rows", "alpha_sum",
+            "target_seconds", "draft_seconds", "sampling_seconds", "scheduler_seconds", "step_seconds")}
+        passes, drafted, rows = d["target_passes"], d["drafted"], d["alpha_rows"]
         return {
             "target_passes": passes,
-            "rows_per_pass": (m.target_rows - last.target_rows) / passes if passes else None,
-            "tokens_per_pass": (m.tokens_generated - last.tokens_generated) / passes if passes else None,
+            "rows_per_pass": d["target_rows"] / passes if passes else None,
+            "tokens_per_pass": d["tokens_generated"] / passes if passes else None,
             "drafted": drafted,
-            "acceptance": (m.accepted - last.accepted) / drafted if drafted else None,
-            "mean_alpha": (m.alpha_sum - last.alpha_sum) / rows if rows else None,
-            "target_s": m.target_seconds - last.target_seconds,
-            "draft_s": m.draft_seconds - last.draft_seconds,
-            "sampling_s": m.sampling_seconds - last.sampling_seconds,
-            "scheduler_s": m.scheduler_seconds - last.scheduler_seconds,
-            "step_s": m.step_seconds - last.step_seconds,
+            "acceptance": d["accepted"] / drafted if drafted else None,
+            "mean_alpha": d["alpha_sum"] / rows if rows else None,
+            **{k.replace("seconds", "s"): d[k] for k in ("target_seconds", "draft_seconds", "sampling_seconds",
+                                                         "scheduler_seconds", "step_seconds")},
         }
 
     def one(self, job, setting):
@@ -103,26 +93,25 @@ class OursBatched(Engine):
             self._trace = None
 
     def command(self) -> str:
-        draft = "Q4_0" if self.use_draft else "None"
-        return (f"BatchedDecoder.from_gguf(F32, {draft}, ngram={self.ngram}, gamma={self.gamma!r}, "
-                f"max_sequences={self.parallel}, n_ctx={N_CTX}, n_threads={self.ctx.threads}), "
+        return (f"BatchedDecoder.from_gguf(F32, {'Q4_0' if self.use_draft else 'None'}, ngram={self.ngram}, "
+                f"gamma={self.gamma!r}, max_sequences={self.parallel}, n_ctx={N_CTX}, n_threads={self.ctx.threads}), "
                 f"{self.parallel} client threads calling .generate(prompt_ids, max_tokens={self.ctx.max_tokens}, "
                 "params=SamplingParams(temperature, top_p, seed))")
 
 
 def _thread_cpu(pid: int, tid: int) -> float:
-    """CPU seconds (user + system) of thread ``tid`` of process ``pid`` (0 if it has gone)."""
+    """CPU seconds (user + system) of thread ``tid`` of process ``pid`` (0 once it has gone)."""
     try:
         with open(f"/proc/{pid}/task/{tid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _raylet_running() -> bool:
-    """Whether a Ray cluster's raylet runs on this machine (Linux /proc)."""
-    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+    """Whether a Ray raylet runs on this host."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if Path(f"/proc/{pid}/comm").read_text(errors="replace").strip() == "raylet":
                 return True
@@ -132,12 +121,9 @@ def _raylet_running() -> bool:
 
 
 class OpenAIServer(Engine):
-    """Serving: a server process driven with the official ``openai`` client
-    (streamed /v1/completions with the templated prompt): ours (``specdec-cpu
-    serve``, optionally through Ray Serve; llama-cpp-python's server is a
-    subclass, bench/engines/llama_cpp_python.py).  ``python``: the interpreter
-    that runs the server (default this one; the previous main's for
-    ``ours-baseline``)."""
+    """Serving: a server process (ours, ``specdec-cpu serve``, optionally through Ray; or a
+    subclass's) fed streamed /v1/completions by the ``openai`` client.  ``python``: the
+    interpreter running it (the previous main's for ``ours-baseline``)."""
 
     health = "/health"
 
@@ -147,9 +133,7 @@ class OpenAIServer(Engine):
         self.python = python or sys.executable
         self.replicas, self.fixed_threads = replicas, threads
         self.proc = None
-        # One Ray cluster at a time: an idle cluster's processes (controller,
-        # HAProxy health checks) would take CPU from the other's runs.
-        self.alone = bool(replicas)
+        self.alone = bool(replicas)  # an idle Ray cluster's processes would take CPU from the other's runs
         self.ingress: Optional[str] = None
 
     def _command(self, k: int, threads: int, port: int) -> List[str]:
@@ -157,39 +141,24 @@ class OpenAIServer(Engine):
         cmd = [self.python, "-m", "specdec_cpu.cli", "serve", target, draft, "--port", str(port),
                "--threads", str(threads), "--n-ctx", str(N_CTX), "--max-sequences", str(k),
                "--model-name", "bench", "--log-level", "warning"]
-        if self.replicas:
-            cmd += ["--ray", "--replicas", str(self.replicas)]
-        return cmd
+        return cmd + (["--ray", "--replicas", str(self.replicas)] if self.replicas else [])
 
     def start(self, k, threads):
-        import subprocess
-
-        import httpx
         import openai
 
-        t = self.fixed_threads or threads
-        if self.replicas:  # the last Ray cluster's processes may still be ending: not on our cores
+        if self.replicas:  # the last Ray cluster may still be ending: not on our cores
             end = time.monotonic() + 60
             while _raylet_running() and time.monotonic() < end:
                 time.sleep(0.5)
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.log = open(BENCH / f".serving-{self.id}.log", "w")
-        self.proc = subprocess.Popen(self._command(k, t, port), stdout=self.log, stderr=subprocess.STDOUT)
-        end = time.monotonic() + 600
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.id} exited with {self.proc.returncode}; see {self.log.name}")
-            try:
-                if httpx.get(self.url + self.health, timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise RuntimeError(f"{self.id} not ready after 600 s")
+        self.proc = subprocess.Popen(self._command(k, self.fixed_threads or threads, port), stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+        wait_ready(self.proc, lambda: http_ok(self.url, self.health, timeout=2), 600,
+                   lambda why: RuntimeError(f"{self.id} {why}; see {self.log.name}"))
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="bench", max_retries=0, timeout=900)
-        if self.replicas:  # which ingress took HTTP: the serving line says (printed just after /health answers)
+        if self.replicas:  # which ingress took HTTP: the serving line, printed just after /health answers
             end, log = time.monotonic() + 60, ""
             while "through Ray Serve on" not in log and time.monotonic() < end:
                 log = Path(self.log.name).read_text(errors="replace")
@@ -203,40 +172,36 @@ class OpenAIServer(Engine):
             model="bench", prompt=prompt, max_tokens=max_tokens, temperature=setting.temperature,
             top_p=setting.top_p, seed=seed, stream=True, stream_options={"include_usage": True},
             extra_body={"top_k": setting.top_k, "min_p": setting.min_p, **self._ban_eos(ignore_eos)})
-        tokens = 0
-        for chunk in stream:
-            if chunk.choices and chunk.choices[0].text:
-                now = time.perf_counter()
-                if rec.first is None:
-                    rec.first = now - t0
-                rec.arrivals.append(now - t_sent)
-            if chunk.usage is not None:
-                tokens = chunk.usage.completion_tokens
-        rec.tokens = tokens or len(rec.arrivals)
+        usage: List[int] = []
+
+        def texts():
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].text:
+                    yield chunk
+                if chunk.usage is not None:
+                    usage.append(chunk.usage.completion_tokens)
+
+        consume(texts(), rec, t_sent, t0)
+        rec.tokens = (usage[-1] if usage else 0) or len(rec.arrivals)
 
     def mark(self) -> None:
         self._mark = self._counters(scrape_first=True) if self._measures_cpu() else None
 
     def stats(self) -> Dict[str, Any]:
-        """Our server's CPU during the run: its event loop (the main thread:
-        HTTP, JSON, server-sent events; the decoder runs on other threads)
-        and the whole process, with the decoder's steps (from ``/metrics``);
-        through Ray, the ingress that took HTTP."""
+        """Our server's CPU during the run (its event loop, i.e. the main thread, and the whole
+        process) and decoder steps; through Ray, the ingress that took HTTP."""
         if self.replicas:
             return {"ingress": self.ingress}
         if getattr(self, "_mark", None) is None:
             return {}
-        end = self._counters(scrape_first=False)
-        loop, proc, steps = (b - a for a, b in zip(self._mark, end))
+        loop, proc, steps = (b - a for a, b in zip(self._mark, self._counters(scrape_first=False)))
         return {"server_loop_cpu_s": loop, "server_cpu_s": proc, "steps": steps}
 
     def _measures_cpu(self) -> bool:
         return self.kind == "ours" and not self.replicas and Path(f"/proc/{self.proc.pid}/task").is_dir()
 
     def _counters(self, scrape_first: bool) -> tuple:
-        """(event-loop CPU s, process CPU s, decoder steps).  The /metrics
-        scrape is outside the measured span: before the CPU readings at a
-        run's start, after them at its end."""
+        """(event-loop CPU s, process CPU s, decoder steps), the /metrics scrape outside the measured span."""
         def steps() -> float:
             return self._metric_samples("specdec_steps")["specdec_steps_total"]
 
@@ -247,16 +212,13 @@ class OpenAIServer(Engine):
         return loop, proc, first if scrape_first else steps()
 
     def decoder_ttft_total(self) -> tuple[float, int]:
-        """Our server's decoder: the sum of its requests' times to first token
-        (submission → first token, seconds) and their count so far, from
-        ``/metrics`` (summed over Ray replicas)."""
+        """The sum of the decoder's times to first token and their count so far (``/metrics``, all replicas)."""
         samples = self._metric_samples("specdec_time_to_first_token_seconds")
         return (samples.get("specdec_time_to_first_token_seconds_sum", 0.0),
                 int(samples.get("specdec_time_to_first_token_seconds_count", 0)))
 
     def _metric_samples(self, family: str) -> Dict[str, float]:
-        """One metric family of the server's ``/metrics``: each sample name's
-        value, summed over label sets (Ray replicas, histogram buckets)."""
+        """One family of ``/metrics``: each sample name's value summed over label sets."""
         import httpx
         from prometheus_client.parser import text_string_to_metric_families
 
@@ -271,12 +233,5 @@ class OpenAIServer(Engine):
         return {"ignore_eos": True} if ignore_eos else {}
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            import signal
-
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(120)
-            except Exception:
-                self.proc.kill()
+        stop_process(self.proc, 120)
         self.proc = None
