@@ -5,49 +5,17 @@
     python -m bench audit --dry-run        # the engines, settings and estimated duration
     python -m bench audit --report-only    # re-render the section and plot from bench/results/audit/results.json
 
-The pair is the demo pair (F32 target, Q4_0 draft).  Every engine generates
-sequences from many chat prompts (``AUDIT_PROMPTS``: open requests, and
-grounded ones whose answer copies text of the prompt, where prompt-lookup
-drafters draft), each sequence with its own seed and at most
-``--max-tokens`` new tokens, and reports the token ids it **sampled** —
-never its text tokenized again (a sampler may emit a non-canonical split of a
-text; tokenizing the text again would give other ids at other ranks, a fake
-bias).  ``specdec_cpu.audit`` then scores the ids against the F32 target's
-own distribution at every position, with the engine's own sampler chain.
-
-Two settings: T = 1 untruncated, where every chain is the plain softmax, and
-T = 0.7 with top-p 0.95, where each engine's chain order is modelled
-(``temperature-first`` for ours and llama.cpp's tools, which are given
-``--samplers temperature;top_k;top_p;min_p``; ``temperature-last`` for
-llama-cpp-python's ``Llama``).  Positions where the target's distribution is
-a single token (common at T = 0.7 with top-p) carry no information and are
-only checked, so sequences are generated in rounds until at least
-``--tokens`` informative positions are audited.
-
-How each engine's ids are obtained:
-
-- ours: ``Generation.tokens`` (and ``finish_reason == "stop"`` for an EOG);
-- llama-server (with ``-md`` or without a draft): the ``tokens`` of its
-  ``/completion`` answer (``return_tokens``);
-- llama-cpp-python: the ids ``Llama.generate`` yields;
-- ``llama-speculative`` and ``llama-speculative-simple`` print only text, so
-  they run with ``-lv 5`` and the ids are read from their debug log:
-  ``llama-speculative`` logs every accepted draft token as ``draft token i of
-  sequence s (ID, '...') accepted`` and the token that ends each round as
-  ``the sampled target token (ID, ...)``; ``llama-speculative-simple`` logs
-  each round's draft (``draft candidate 0, pos i: ID``) and ``accepted N/M
-  draft tokens, the last target token is: (ID)``, so a round emits the
-  first N draft ids and that last id.  Both reconstructions are checked
-  against the text the tool printed (the ids' pieces must give it byte for
-  byte).
-
-A sequence that ends at an end-of-generation token is cut before it and
-marked ``"stopped": true``; every sequence that was started is kept, whole,
-whatever its length.  Raw samples go to ``bench/results/audit/samples/<setting>/
-<engine>.jsonl.gz`` (the audit's input format), results to
-``bench/results/audit/results.json``, the table to the "## Is it exact?" section of
-bench/RESULTS.md (other sections are kept) and the plot to
-bench/results/audit/plot_audit.png.
+Every engine generates sequences of the demo pair (F32 target, Q4_0 draft)
+from many chat prompts, each with its own seed, and reports the token ids it
+sampled (never its text tokenized again); ``specdec_cpu.audit`` scores them
+against the target's own distribution with the engine's sampler chain, at
+T = 1 and at T = 0.7 with top-p 0.95, until ``--tokens`` informative positions
+are audited.  Each engine's ``ids_from`` (bench/engines/) says where its ids
+come from (llama.cpp's speculative tools: their debug log, checked against the
+text they printed); docs/audit.md describes the tests.  Samples go to
+``<output-dir>/samples/<setting>/<engine>.jsonl.gz`` (the audit's input
+format), results to ``<output-dir>/results.json``, the table and plot to the
+"## Is it exact?" section of bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -65,8 +33,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .common import BENCH, RESULTS_MD, results_dir, say, versions, write_section
-from .common import command_line as common_command_line
+from .common import BENCH, RESULTS_MD, command_line, link, machine_info, results_dir, say, versions, write_section
 from .engines import llama_cli
 from .engines.base import META_FIELDS, N_CTX, Ctx, Engine, Job, Sample
 from .engines.llama_cli import SpeculativeTool
@@ -80,18 +47,11 @@ from .suite import F32, Q4_0, SETTINGS, Setting
 
 SECTION = "## Is it exact?"
 FORMAT = 1
-
-#: Audited tokens per engine and setting of the full run.
-FULL_TOKENS = 20000
-#: Draft length of every engine with a draft model (ours γ = 4 and the peers' --spec-draft-n-max).
-DRAFT_MAX = 4
-#: Settings audited, in order: T = 1 untruncated, then T = 0.7 with top-p.
+FULL_TOKENS = 20000  # audited tokens per engine and setting of the full run
+DRAFT_MAX = 4  # ours γ = 4 and the peers' --spec-draft-n-max
 AUDIT_SETTINGS: Tuple[str, ...] = ("t1", "t0.7")
 
-
-# ---------------------------------------------------------------------------
-# prompts
-# ---------------------------------------------------------------------------
+# --- prompts: open requests, and grounded ones whose answer copies text of the prompt ---
 
 _CSV = """\
 date,store,item,units,unit_price
@@ -102,7 +62,6 @@ date,store,item,units,unit_price
 2024-03-03,south,folder,25,1.10
 2024-03-03,east,pen,31,0.80
 """
-
 _BUGGY = '''\
 def moving_average(values, window):
     """Return the list of averages of each run of `window` consecutive values."""
@@ -116,7 +75,6 @@ def moving_average(values, window):
         averages.append(total / window)
     return averages
 '''
-
 _JS_SOURCE = '''\
 def parse_duration(text):
     """Parse strings such as '1h30m', '45s' or '2h' into a number of seconds."""
@@ -135,78 +93,67 @@ def parse_duration(text):
         raise ValueError(f"missing unit in {text!r}")
     return total
 '''
-
 _NOTES = (
-    "Meeting notes, 14 May. Attendees: Priya, Tom, Aiko, Marcus. Priya reported that the beta "
-    "signup form went live on Monday and collected 312 signups by Wednesday, well above the 200 "
-    "expected. Tom said the email confirmation step fails for addresses with a plus sign and "
-    "promised a fix by Friday. Aiko proposed moving the launch from 3 June to 10 June so that the "
-    "onboarding videos can be re-recorded with the new interface; Marcus agreed but asked for the "
-    "press release to stay on 3 June with the date corrected. The team decided to drop the dark "
-    "mode from the first release. Next meeting: 21 May, same time."
+    "Meeting notes, 14 May. Attendees: Priya, Tom, Aiko, Marcus. Priya reported that the beta signup form went live "
+    "on Monday and collected 312 signups by Wednesday, well above the 200 expected. Tom said the email confirmation "
+    "step fails for addresses with a plus sign and promised a fix by Friday. Aiko proposed moving the launch from 3 "
+    "June to 10 June so that the onboarding videos can be re-recorded with the new interface; Marcus agreed but "
+    "asked for the press release to stay on 3 June with the date corrected. The team decided to drop the dark mode "
+    "from the first release. Next meeting: 21 May, same time."
 )
-
-#: One user message per prompt: open requests (nothing in the prompt to copy)
-#: and grounded ones (the answer repeats text given in the prompt).
-AUDIT_PROMPTS: Tuple[Tuple[str, str, str], ...] = tuple(
-    (p.name, p.kind, p.user) for p in SUITE_PROMPTS
-) + tuple(  # the serving benchmark's chat requests
-    (name, "open", text) for name, text in zip(("merge-sorted", "hash-table", "lighthouse", "clean-code", "sql-top5",
-                                                "tcp-udp", "backup-sh", "closures-js"), USER_PROMPTS)
-) + (
-    ("binary-search", "open", "Implement binary search in C and explain the loop invariant."),
-    ("rust-ownership", "open", "Explain Rust's ownership and borrowing rules to a Python programmer."),
-    ("git-rebase", "open", "When should I use git rebase instead of git merge? Give an example workflow."),
-    ("regex-email", "open", "Write a regular expression that roughly validates email addresses and explain "
-     "each part of it."),
-    ("poem-autumn", "open", "Write a poem of four stanzas about autumn in a big city."),
-    ("dialogue", "open", "Write a dialogue between a cat and a dog arguing about who is the better pet."),
-    ("recipe", "open", "Give me a simple recipe for a vegetable curry that serves four people."),
-    ("trip-plan", "open", "Plan a three-day trip to Lisbon for someone who loves history and food."),
-    ("interview", "open", "What are good questions to ask at the end of a job interview for a software "
-     "engineering role?"),
-    ("big-o", "open", "Explain big-O notation with examples of O(1), O(log n), O(n) and O(n^2) code."),
-    ("docker", "open", "Write a Dockerfile for a small Flask application and explain each line."),
-    ("unit-tests", "open", "Write pytest unit tests for a function `is_palindrome(s)` that ignores case "
-     "and punctuation."),
-    ("async-io", "open", "Explain the difference between threads and asyncio in Python, and when each "
-     "is the better choice."),
-    ("email-late", "open", "Write a polite email to a client explaining that their project will be "
-     "delivered one week late."),
-    ("photosynthesis", "open", "Explain photosynthesis to a ten-year-old."),
-    ("linked-list", "open", "Implement a singly linked list in Java with add, remove and reverse "
-     "methods."),
-    ("kv-store", "open", "Design a simple key-value store: which data structures and which trade-offs "
-     "would you choose, and why?"),
-    ("numbers-game", "open", "Write a Python program for a number-guessing game in the terminal."),
-    ("history-print", "open", "Summarise the history of the printing press in a few paragraphs."),
-    ("debug-tips", "open", "My Python program gets slower the longer it runs. How do I find out why?"),
-    ("riddle", "open", "Invent three riddles with their answers."),
-    ("css-center", "open", "Show three different ways to center a div horizontally and vertically in "
-     "CSS."),
-    ("matrix-mult", "open", "Write a function that multiplies two matrices in Go, with error handling "
-     "for incompatible sizes."),
-    ("habits", "open", "How can I build a habit of reading every day? Give practical advice."),
-    ("fix-bug", "grounded", "This function returns wrong averages. Find the bug, explain it in one "
-     "sentence, and reply with the corrected function.\n\n```python\n" + _BUGGY + "```"),
-    ("to-js", "grounded", "Translate this Python function to JavaScript, keeping the names and the "
-     "docstring as a comment.\n\n```python\n" + _JS_SOURCE + "```"),
-    ("type-hints", "grounded", "Add type hints to this function and reply with the complete function.\n\n"
-     "```python\n" + _JS_SOURCE + "```"),
-    ("csv-json", "grounded", "Convert this CSV data to a JSON array of objects, one object per row.\n\n"
-     + _CSV),
-    ("csv-table", "grounded", "Reformat this CSV data as a Markdown table.\n\n" + _CSV),
-    ("notes-actions", "grounded", "List the decisions and the action items from these meeting notes, "
-     "quoting the notes.\n\n" + _NOTES),
-    ("notes-email", "grounded", "Rewrite these meeting notes as an email to the team, keeping every "
-     "fact.\n\n" + _NOTES),
+_OPEN = {
+    "binary-search": "Implement binary search in C and explain the loop invariant.",
+    "rust-ownership": "Explain Rust's ownership and borrowing rules to a Python programmer.",
+    "git-rebase": "When should I use git rebase instead of git merge? Give an example workflow.",
+    "regex-email": "Write a regular expression that roughly validates email addresses and explain each part of it.",
+    "poem-autumn": "Write a poem of four stanzas about autumn in a big city.",
+    "dialogue": "Write a dialogue between a cat and a dog arguing about who is the better pet.",
+    "recipe": "Give me a simple recipe for a vegetable curry that serves four people.",
+    "trip-plan": "Plan a three-day trip to Lisbon for someone who loves history and food.",
+    "interview": "What are good questions to ask at the end of a job interview for a software engineering role?",
+    "big-o": "Explain big-O notation with examples of O(1), O(log n), O(n) and O(n^2) code.",
+    "docker": "Write a Dockerfile for a small Flask application and explain each line.",
+    "unit-tests": "Write pytest unit tests for a function `is_palindrome(s)` that ignores case and punctuation.",
+    "async-io": "Explain the difference between threads and asyncio in Python, and when each is the better choice.",
+    "email-late": "Write a polite email to a client explaining that their project will be delivered one week late.",
+    "photosynthesis": "Explain photosynthesis to a ten-year-old.",
+    "linked-list": "Implement a singly linked list in Java with add, remove and reverse methods.",
+    "kv-store": "Design a simple key-value store: which data structures and which trade-offs would you choose, and "
+    "why?",
+    "numbers-game": "Write a Python program for a number-guessing game in the terminal.",
+    "history-print": "Summarise the history of the printing press in a few paragraphs.",
+    "debug-tips": "My Python program gets slower the longer it runs. How do I find out why?",
+    "riddle": "Invent three riddles with their answers.",
+    "css-center": "Show three different ways to center a div horizontally and vertically in CSS.",
+    "matrix-mult": "Write a function that multiplies two matrices in Go, with error handling for incompatible sizes.",
+    "habits": "How can I build a habit of reading every day? Give practical advice.",
+}
+_GROUNDED = {
+    "fix-bug": "This function returns wrong averages. Find the bug, explain it in one sentence, and reply with the "
+    "corrected function.\n\n```python\n" + _BUGGY + "```",
+    "to-js": "Translate this Python function to JavaScript, keeping the names and the docstring as a comment.\n\n"
+    "```python\n" + _JS_SOURCE + "```",
+    "type-hints": "Add type hints to this function and reply with the complete function.\n\n```python\n"
+    + _JS_SOURCE + "```",
+    "csv-json": "Convert this CSV data to a JSON array of objects, one object per row.\n\n" + _CSV,
+    "csv-table": "Reformat this CSV data as a Markdown table.\n\n" + _CSV,
+    "notes-actions": "List the decisions and the action items from these meeting notes, quoting the notes.\n\n"
+    + _NOTES,
+    "notes-email": "Rewrite these meeting notes as an email to the team, keeping every fact.\n\n" + _NOTES,
+}
+_SERVING_NAMES = ("merge-sorted", "hash-table", "lighthouse", "clean-code", "sql-top5", "tcp-udp", "backup-sh",
+                  "closures-js")
+#: (name, kind, user message): the suite's prompts, the serving benchmark's requests, then the ones above.
+AUDIT_PROMPTS: Tuple[Tuple[str, str, str], ...] = (
+    tuple((p.name, p.kind, p.user) for p in SUITE_PROMPTS)
+    + tuple((name, "open", text) for name, text in zip(_SERVING_NAMES, USER_PROMPTS))
+    + tuple((name, "open", text) for name, text in _OPEN.items())
+    + tuple((name, "grounded", text) for name, text in _GROUNDED.items())
 )
 
 
 class Jobs:
-    """The endless job list every engine draws from: job j is prompt j mod P
-    (replicate-major, so consecutive sequences come from different contexts)
-    with its own seed."""
+    """Job j is prompt j mod P (consecutive sequences come from different prompts) with its own seed."""
 
     def __init__(self, tokenizer, seed: int, setting_index: int) -> None:
         self.prompts = []
@@ -214,21 +161,14 @@ class Jobs:
             text = tokenizer.chat_prompt([{"role": "user", "content": user}], add_generation_prompt=True)
             if text is None:
                 raise RuntimeError("the target has no chat template")
-            ids = tuple(tokenizer.tokenize(text, add_special=True, parse_special=True))
-            self.prompts.append((name, text, ids))
+            self.prompts.append((name, text, tuple(tokenizer.tokenize(text, add_special=True, parse_special=True))))
         self.seed = seed + 100_000 * setting_index
 
-    def __getitem__(self, j: int) -> Job:
-        name, text, ids = self.prompts[j % len(self.prompts)]
-        return Job(j, name, text, ids, self.seed + j)
-
     def take(self, start: int, n: int) -> List[Job]:
-        return [self[j] for j in range(start, start + n)]
+        return [Job(j, *self.prompts[j % len(self.prompts)], self.seed + j) for j in range(start, start + n)]
 
 
-# ---------------------------------------------------------------------------
-# engines
-# ---------------------------------------------------------------------------
+# --- engines ---
 
 _AT_ONCE = "{parallel} sequences at once"
 ENGINES: Dict[str, Callable[[], Engine]] = {
@@ -250,30 +190,20 @@ ENGINES: Dict[str, Callable[[], Engine]] = {
                                               label="llama.cpp llama-server, no draft ({parallel} slots)"),
 }
 
-#: Rough generation rates at 2 threads on the 2-core reference machine (tokens/s,
-#: all sequences together) and seconds of fixed cost per sequence, for --dry-run.
+#: For --dry-run: tokens/s at 2 threads on the 2-core reference machine and seconds of fixed cost per sequence.
 RATES: Dict[str, Tuple[float, float]] = {
     "ours-g4": (25.0, 0.1), "ours-auto": (25.0, 0.1), "ours-batched-auto": (40.0, 0.0),
     "ours-ngram": (35.0, 0.0), "ours-plain": (35.0, 0.0),
     "llama-speculative": (18.0, 4.5), "llama-speculative-simple": (20.0, 4.5),
     "llama-server-md": (35.0, 0.0), "lcp-pld": (15.0, 0.2), "llama-server-plain": (35.0, 0.0),
 }
-#: Informative share of the emitted positions (the rest are single-token
-#: distributions), per setting, for --dry-run and the first round's size.
-INFORMATIVE: Dict[str, float] = {"t1": 1.0, "t0.7": 0.55}
-#: Mean new tokens per sequence, as a share of --max-tokens (sequences that
-#: stop at an EOG are shorter), for the first round's size.
-MEAN_LENGTH = 0.7
-#: Rows per second the audit scores (F32 target pass + distributions), for --dry-run.
-SCORE_RATE = 60.0
-#: Most tokens one round generates: the samples and the run's progress are saved
-#: after every round, so an interrupted run loses at most one round (a few minutes).
-ROUND_TOKENS = 4096
+INFORMATIVE: Dict[str, float] = {"t1": 1.0, "t0.7": 0.55}  # share of positions that are not single-token
+MEAN_LENGTH = 0.7  # mean new tokens per sequence, as a share of --max-tokens
+SCORE_RATE = 60.0  # rows per second the audit scores
+ROUND_TOKENS = 4096  # most tokens one round generates (progress is saved after each round)
 
 
-# ---------------------------------------------------------------------------
-# running
-# ---------------------------------------------------------------------------
+# --- running ---
 
 
 def _mmss(seconds: float) -> str:
@@ -281,53 +211,37 @@ def _mmss(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def _by_prompt(job: int) -> Tuple[int, int]:
+    """Scoring order: a prompt's sequences back to back (the audit keeps the prompt's context between them)."""
+    return job % len(AUDIT_PROMPTS), job
+
+
 def retokenization(ctx: Ctx, samples: Sequence[Sample]) -> Dict[str, Any]:
     """How often tokenizing the emitted text again gives other ids than were sampled."""
-    seqs = changed_seqs = tokens = changed = 0
-    for s in samples:
-        if not s.tokens:
-            continue
-        text = ctx.render(s.tokens).decode("utf-8", "replace")
-        again = ctx.tokenizer.tokenize(text, add_special=False, parse_special=True)
-        seqs += 1
-        tokens += len(s.tokens)
+    out = dict.fromkeys(("sequences", "sequences_changed", "tokens", "tokens_changed"), 0)
+    for s in (s for s in samples if s.tokens):
+        again = ctx.tokenizer.tokenize(ctx.render(s.tokens).decode("utf-8", "replace"), add_special=False,
+                                       parse_special=True)
+        out["sequences"] += 1
+        out["tokens"] += len(s.tokens)
         if again != s.tokens:
-            changed_seqs += 1
-            sm = difflib.SequenceMatcher(a=s.tokens, b=again, autojunk=False)
-            changed += sum(i2 - i1 for tag, i1, i2, _, _ in sm.get_opcodes() if tag != "equal")
-    return {"sequences": seqs, "sequences_changed": changed_seqs, "tokens": tokens, "tokens_changed": changed}
-
-
-def write_samples(path: Path, samples: Sequence[Sample]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with gzip.open(tmp, "wt", encoding="utf-8") as fh:
-        for s in samples:
-            fh.write(json.dumps(s.record(), ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+            out["sequences_changed"] += 1
+            ops = difflib.SequenceMatcher(a=s.tokens, b=again, autojunk=False).get_opcodes()
+            out["tokens_changed"] += sum(i2 - i1 for tag, i1, i2, _, _ in ops if tag != "equal")
+    return out
 
 
 def read_samples(path: Path):
     """The audit's GeneratedSequence objects of a samples file (plain or gzipped JSONL)."""
     from specdec_cpu.audit import parse_lines
 
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as fh:
+    with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as fh:
         return parse_lines(fh.readlines(), path.name)
 
 
 def _progress_path(samples_path: Path) -> Path:
-    """Where a run in progress keeps what its samples file cannot hold (the
-    sequences' metadata, the next job, the time spent), so that ``--resume``
-    can continue it round by round."""
+    """What an unfinished run keeps beside its samples for --resume (metadata, next job, time spent)."""
     return samples_path.with_name(samples_path.name.replace(".jsonl.gz", ".progress.json"))
-
-
-def _progress_key(args, setting: Setting) -> Dict[str, Any]:
-    """What must match for an earlier run's rounds to count in this one (the
-    jobs, hence the prompts and seeds, follow from the seed and the setting)."""
-    return {"tokens_target": args.tokens, "max_tokens": args.max_tokens, "seed": args.seed,
-            "setting": asdict(setting)}
 
 
 def _load_progress(path: Path, key: Dict[str, Any]) -> Optional[Dict[str, Any]]:
@@ -339,21 +253,21 @@ def _load_progress(path: Path, key: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     if state.get("key") != json.loads(json.dumps(key)):
         return None
     records = [json.loads(line) for line in gzip.open(path, "rt", encoding="utf-8")]
-    metas = state["sequence_meta"]
-    if len(records) != len(metas):
+    if len(records) != len(state["sequence_meta"]):
         return None  # the two files disagree: start over rather than guess
-    fields = {f: i for i, f in enumerate(META_FIELDS)}
     state["samples"] = [
-        Sample(job=m[fields["job"]], prompt=m[fields["prompt"]], text=r["prompt"], seed=m[fields["seed"]],
-               tokens=[int(t) for t in r["tokens"]], stopped=bool(r["stopped"]), produced=m[fields["produced"]],
-               drafted=m[fields["drafted"]], accepted=m[fields["accepted"]], text_check=m[fields["text_check"]],
-               passes=p)
-        for r, m, p in zip(records, metas, state["passes"])]
+        Sample(**{**dict(zip(META_FIELDS, m)), "tokens": [int(t) for t in r["tokens"]], "stopped": bool(r["stopped"])},
+               text=r["prompt"], passes=p)
+        for r, m, p in zip(records, state["sequence_meta"], state["passes"])]
     return state
 
 
 def _save_progress(path: Path, key: Dict[str, Any], samples: Sequence[Sample], **state: Any) -> None:
-    write_samples(path, samples)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with gzip.open(tmp, "wt", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(s.record(), ensure_ascii=False) + "\n" for s in samples)
+    os.replace(tmp, path)
     progress = _progress_path(path)
     tmp = progress.with_suffix(".tmp")
     tmp.write_text(json.dumps({"key": key, "sequence_meta": [s.meta() for s in samples],
@@ -363,41 +277,30 @@ def _save_progress(path: Path, key: Dict[str, Any], samples: Sequence[Sample], *
 
 def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx: Ctx, model, args,
                        out_dir: Path) -> Dict[str, Any]:
-    """Generate rounds of sequences until ``args.tokens`` positions are audited; score as we go.
-
-    After every round the samples and the run's progress are saved; with
-    ``args.resume`` an unfinished run of the same size, seed and setting is
-    continued (its sequences scored again, its next job generated next).
-    """
+    """Generate and score rounds of sequences until ``args.tokens`` positions are audited (saved after each round;
+    with ``args.resume`` an unfinished run of the same key is continued)."""
     from specdec_cpu.audit import AuditSession, GeneratedSequence
 
     jobs = Jobs(ctx.tokenizer, args.seed, setting_index)
     session = AuditSession(model, setting.params(), chain=engine.chain)
-    samples: List[Sample] = []
-    errors: List[str] = []
-    gen_s = score_s = 0.0
-    rounds = 0
-    next_job = 0
-    emitted = 0
     path = out_dir / "samples" / setting.id / f"{engine.id}.jsonl.gz"
-    key = _progress_key(args, setting)
+    key = {"tokens_target": args.tokens, "max_tokens": args.max_tokens, "seed": args.seed,
+           "setting": asdict(setting)}
 
     def score(new: Sequence[Sample], first_line: int) -> float:
-        """Score ``new``, lines ``first_line``... of the samples file."""
         t0 = time.monotonic()
-        lines = {id(s): first_line + i for i, s in enumerate(new)}
-        # Sequences of one prompt scored back to back: the audit's context keeps the prompt between them.
-        session.add([GeneratedSequence(prompt=s.text, tokens=s.tokens, stopped=s.stopped,
-                                       source=f"{path.name}:{lines[id(s)]}")
-                     for s in sorted(new, key=lambda s: (s.job % len(jobs.prompts), s.job))])
+        numbered = sorted(((s, first_line + i) for i, s in enumerate(new)), key=lambda x: _by_prompt(x[0].job))
+        session.add([GeneratedSequence(prompt=s.text, tokens=s.tokens, stopped=s.stopped, source=f"{path.name}:{n}")
+                     for s, n in numbered])
         return time.monotonic() - t0
 
-    earlier = _load_progress(path, key) if getattr(args, "resume", False) else None
+    samples: List[Sample] = []
+    errors: List[str] = []
+    rounds, next_job, gen_s, score_s = 0, 0, 0.0, 0.0
+    earlier = _load_progress(path, key) if args.resume else None
     if earlier is not None:
-        samples = earlier["samples"]
-        errors, rounds, next_job = earlier["failed_sequences"], earlier["rounds"], earlier["next_job"]
-        gen_s, score_s = earlier["generate_seconds"], earlier["score_seconds"]
-        emitted = sum(len(s.tokens) for s in samples)
+        samples, errors, rounds, next_job, gen_s, score_s = (earlier[k] for k in (
+            "samples", "failed_sequences", "rounds", "next_job", "generate_seconds", "score_seconds"))
         score_s += score(samples, 1)
         say(f"{engine.id} {setting.id}: continuing an unfinished run ({len(samples)} sequences, {rounds} rounds, "
             f"{session.tokens} / {args.tokens} audited tokens)")
@@ -405,11 +308,9 @@ def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx
     while session.tokens < args.tokens:
         remaining = args.tokens - session.tokens
         if session.tokens > 0 and next_job > 0:
-            per_job = session.tokens / next_job
-            n = math.ceil(1.05 * remaining / max(per_job, 1.0))
+            n = math.ceil(1.05 * remaining / max(session.tokens / next_job, 1.0))
         else:  # first round: ~80% of the estimate, the next rounds use what was measured
-            per_job = MEAN_LENGTH * args.max_tokens * INFORMATIVE.get(setting.id, 0.6)
-            n = math.ceil(0.8 * remaining / per_job)
+            n = math.ceil(0.8 * remaining / (MEAN_LENGTH * args.max_tokens * INFORMATIVE.get(setting.id, 0.6)))
         n = min(max(n, 1), per_round)
         if engine.parallel > 1:
             n = engine.parallel * math.ceil(n / engine.parallel)
@@ -427,7 +328,6 @@ def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx
         new = [s for s in new if not s.error]
         samples += new
         n_new = sum(len(s.tokens) for s in new)
-        emitted += n_new
         score_s += score(new, len(samples) - len(new) + 1)
         _save_progress(path, key, samples, next_job=next_job, rounds=rounds, failed_sequences=errors,
                        generate_seconds=round(gen_s, 1), score_seconds=round(score_s, 1))
@@ -435,20 +335,21 @@ def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx
             f"({n_new / dt if dt > 0 else 0:.1f} tok/s); audited {session.tokens} / {args.tokens} "
             f"({session.positions} positions, {session.accumulator.point_mass} single-token)")
     report = session.report()
-    _progress_path(path).unlink(missing_ok=True)  # the run is complete: results.json holds it now
-    rep = _report_record(report)
-    drafted = [s.drafted for s in samples if s.drafted is not None]
-    accepted = [s.accepted for s in samples if s.accepted is not None]
+    _progress_path(path).unlink(missing_ok=True)  # complete: results.json holds it now
+
+    def total(field: str) -> Optional[int]:
+        values = [getattr(s, field) for s in samples if getattr(s, field) is not None]
+        return sum(values) if values else None
+
     checks = [s.text_check for s in samples if s.text_check is not None]
-    passes = [s.passes for s in samples if s.passes is not None]
+    emitted = sum(len(s.tokens) for s in samples)
     return {
         "engine": engine.id, "label": engine.label, "setting": setting.id, "setting_label": setting.label,
         "chain": engine.chain, "ids_from": engine.ids_from, "control": engine.control,
         "command": engine.command(),
-        "report": rep, "verdict": report.verdict,
+        "report": _report_record(report), "verdict": report.verdict,
         "sequences": len(samples), "stopped": sum(s.stopped for s in samples), "emitted": emitted,
-        "drafted": sum(drafted) if drafted else None, "accepted": sum(accepted) if accepted else None,
-        "target_passes": sum(passes) if passes else None,
+        "drafted": total("drafted"), "accepted": total("accepted"), "target_passes": total("passes"),
         "text_checks": len(checks), "text_mismatches": sum(1 for c in checks if not c),
         "failed_sequences": errors,
         "rounds": rounds, "generate_seconds": round(gen_s, 1), "score_seconds": round(score_s, 1),
@@ -473,9 +374,7 @@ def _report_record(report) -> Dict[str, Any]:
 
 
 def rescore(args: argparse.Namespace, command: str) -> Dict[str, Any]:
-    """Score the saved samples of the finished runs in results.json again with
-    the audit as it is now (named engines and settings; nothing is generated),
-    replacing their reports and verdicts."""
+    """Score the saved samples of the named finished runs again with the current audit (nothing generated)."""
     from specdec_cpu.audit import AuditSession, TargetModel
     from specdec_cpu.demo_models import ensure_model
 
@@ -489,13 +388,10 @@ def rescore(args: argparse.Namespace, command: str) -> Dict[str, Any]:
     try:
         for rec in runs:
             t0 = time.monotonic()
-            path = args.output_dir / rec["samples_file"]
-            jobs = {i: m[META_FIELDS.index("job")] for i, m in enumerate(rec["sequence_meta"])}
-            seqs = read_samples(path)
-            n_prompts = len(AUDIT_PROMPTS)
-            order = sorted(range(len(seqs)), key=lambda i: (jobs[i] % n_prompts, jobs[i]))
+            jobs = [m[META_FIELDS.index("job")] for m in rec["sequence_meta"]]
+            seqs = read_samples(args.output_dir / rec["samples_file"])
             with AuditSession(model, SETTINGS[rec["setting"]].params(), chain=rec["chain"]) as session:
-                session.add([seqs[i] for i in order])
+                session.add([seqs[i] for i in sorted(range(len(seqs)), key=lambda i: _by_prompt(jobs[i]))])
                 report = session.report()
             rec["report"], rec["verdict"] = _report_record(report), report.verdict
             rec["rescored"] = {"command": command, "seconds": round(time.monotonic() - t0, 1),
@@ -512,9 +408,7 @@ def rescore(args: argparse.Namespace, command: str) -> Dict[str, Any]:
 
 
 def load_results(path: Path) -> Dict[str, Any]:
-    if path.is_file():
-        return json.loads(path.read_text())
-    return {}
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def save_results(results: Dict[str, Any], path: Path) -> None:
@@ -528,14 +422,16 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
     from specdec_cpu.audit import TargetModel
     from specdec_cpu.demo_models import ensure_model
 
-    from .common import machine_info
-
     out_dir: Path = args.output_dir
     res_path = out_dir / "results.json"
     old = load_results(res_path) if args.resume else {}
     done = {(r["engine"], r["setting"]): r for r in old.get("runs", [])
             if r.get("tokens_target") == args.tokens and r.get("max_tokens") == args.max_tokens}
     target, draft = ensure_model(F32), ensure_model(Q4_0)
+    try:
+        peers = llama_cli.ensure_peers(log=None)
+    except (OSError, llama_cli.PeerBuildError):
+        peers = None
     results: Dict[str, Any] = {
         "format": FORMAT, "command": command, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "config": {"tokens": args.tokens, "max_tokens": args.max_tokens, "threads": args.threads,
@@ -544,11 +440,10 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
                    "target": F32, "draft": Q4_0, "prompts": [p[0] for p in AUDIT_PROMPTS]},
         "settings": {s: asdict(SETTINGS[s]) for s in args.settings},
         "machine": machine_info(args.threads),
-        "versions": _versions(),
+        "versions": versions(peers),
         "runs": [], "errors": [],
     }
-    # --resume keeps every earlier run of these sizes, of the engines and settings named now or not
-    # (a full audit can be run piecewise), and adds their time to the total.
+    # --resume keeps every earlier run of these sizes (a full audit can be run piecewise) and adds its time.
     kept = [r for key, r in done.items() if key[0] not in args.engines or key[1] not in args.settings]
     results["runs"] += kept
     if done:  # the section names every command whose runs it shows
@@ -560,11 +455,11 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
     try:
         ctx = Ctx(target, draft, args.threads, args.parallel, args.max_tokens, model.tokenizer)
         for eid in args.engines:
-            todo = [s for s in args.settings if (eid, s) not in done]
             for s in args.settings:
                 if (eid, s) in done:
                     say(f"{eid} {s}: kept from {res_path} (--resume)")
                     results["runs"].append(done[(eid, s)])
+            todo = [s for s in args.settings if (eid, s) not in done]
             if not todo:
                 continue
             engine = ENGINES[eid]()
@@ -578,9 +473,8 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
             say(f"{eid}: started in {time.monotonic() - t0:.0f} s ({engine.label})")
             try:
                 for sid in todo:
-                    setting = SETTINGS[sid]
                     try:
-                        rec = run_engine_setting(engine, setting, AUDIT_SETTINGS.index(sid), ctx, model, args,
+                        rec = run_engine_setting(engine, SETTINGS[sid], AUDIT_SETTINGS.index(sid), ctx, model, args,
                                                  out_dir)
                     except Exception as exc:  # noqa: BLE001
                         say(f"{eid} {sid}: FAILED: {exc}")
@@ -604,109 +498,58 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
     return results
 
 
-def _versions() -> Dict[str, Any]:
-    """Package versions, the checkout's commit and the peers' llama.cpp build."""
-    try:
-        paths = llama_cli.ensure_peers(log=None)
-    except (OSError, llama_cli.PeerBuildError):
-        paths = None
-    return versions(paths)
-
-
-# ---------------------------------------------------------------------------
-# estimate
-# ---------------------------------------------------------------------------
-
-
 def estimate(args: argparse.Namespace) -> Tuple[float, List[str]]:
     """Seconds the run should take on the idle 2-core reference machine, and a line per engine."""
-    lines = []
-    total = 0.0
-    mean_len = MEAN_LENGTH * args.max_tokens
+    lines, total = [], 0.0
     for eid in args.engines:
         rate, fixed = RATES[eid]
         secs = 0.0
         for sid in args.settings:
             emitted = args.tokens / INFORMATIVE.get(sid, 0.6) * 1.05
-            seqs = emitted / mean_len
-            gen = emitted / rate + seqs * fixed
-            score = (emitted + seqs * 150) / SCORE_RATE
-            secs += gen + score
+            seqs = emitted / (MEAN_LENGTH * args.max_tokens)
+            secs += emitted / rate + seqs * fixed + (emitted + seqs * 150) / SCORE_RATE
         secs += 20.0  # loading
         total += secs
         lines.append(f"  {eid:26s} ≈ {secs / 60:5.1f} min")
     return total, lines
 
 
-# ---------------------------------------------------------------------------
-# report
-# ---------------------------------------------------------------------------
+# --- report ---
 
 
 def _p(x: Optional[float]) -> str:
-    if x is None:
-        return "–"
-    if x == 0.0:
-        return "< 1e-300"
-    return f"{x:.2g}" if x < 0.01 else f"{x:.2f}"
+    return "–" if x is None else "< 1e-300" if x == 0.0 else f"{x:.2g}" if x < 0.01 else f"{x:.2f}"
 
 
 def _p_eq(x: Optional[float]) -> str:
     """``p = 0.52``, or ``p < 1e-300`` where it underflowed."""
-    text = _p(x)
-    return f"p {text}" if text.startswith("<") else f"p = {text}"
+    return f"p {_p(x)}" if x == 0.0 else f"p = {_p(x)}"
 
 
-def _outside_text(outside: int, near_ties: int) -> str:
-    """How many emitted tokens lie outside the audit's support, and how many are near ties."""
-    head = f"{outside} token{'s' if outside != 1 else ''} outside the support"
-    if near_ties == outside:
-        return head + (", a near tie" if outside == 1 else ", all near ties")
-    return head + f", {near_ties} of them near ties"
-
-
-def _runs(results, engine=None, setting=None) -> List[Dict[str, Any]]:
-    return [r for r in results.get("runs", []) if (engine is None or r["engine"] == engine)
-            and (setting is None or r["setting"] == setting)]
-
-
-def _engine_order(results) -> List[str]:
-    seen: List[str] = []
-    for eid in list(ENGINES) + [r["engine"] for r in results.get("runs", [])]:
-        if eid not in seen and _runs(results, eid):
-            seen.append(eid)
-    return seen
+def _ordered_runs(results) -> List[Dict[str, Any]]:
+    """The runs, engine by engine (in ENGINES' order, then any other)."""
+    runs = results.get("runs", [])
+    order = list(dict.fromkeys([*ENGINES, *(r["engine"] for r in runs)]))
+    return sorted(runs, key=lambda r: order.index(r["engine"]))
 
 
 def _setting_text(r) -> str:
     return "T = 1" if r["setting"] == "t1" else "T = 0.7, top-p 0.95"
 
 
-def _data_dir(out_dir: Optional[Path]) -> str:
+def _data_dir(out_dir: Path) -> str:
     """The output directory as a user would type it from the checkout's root."""
-    if out_dir is None:
-        return "bench/audit"
     try:
         return str(out_dir.resolve().relative_to(BENCH.parent))
     except ValueError:
         return str(out_dir)
 
 
-def _dir_arg(out_dir: Optional[Path]) -> str:
-    """`` --output-dir DIR``, or nothing for the default directory."""
-    d = _data_dir(out_dir)
-    return "" if d == "bench/audit" else f" --output-dir {d}"
-
-
-def _command_text(results: Dict[str, Any], out_dir: Optional[Path]) -> str:
-    """The command line of the run, and how long it took.
-
-    A run made piecewise with ``--resume`` records every piece's command
-    (joined by "`, then `"); the section shows the command they add up to
-    and the rows' own generation and scoring time summed, since the
-    pieces' wall-clock spans include the stops between them."""
+def _command_text(results: Dict[str, Any], out_dir: Path) -> str:
+    """The command line and its duration; a run made in pieces with --resume records every piece's command."""
     pieces = str(results.get("command", "python -m bench audit")).split("`, then `")
-    rerender = f"`python -m bench audit --report-only{_dir_arg(out_dir)}`"
+    d = _data_dir(out_dir)
+    rerender = f"`python -m bench audit --report-only{'' if d == 'bench/audit' else f' --output-dir {d}'}`"
     started = results.get("started", "?")
     if len(pieces) == 1:
         hours = (results.get("duration_seconds") or 0) / 3600
@@ -720,7 +563,7 @@ def _command_text(results: Dict[str, Any], out_dir: Optional[Path]) -> str:
             f"the rows; re-render with {rerender}).")
 
 
-def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Optional[Path] = None) -> str:
+def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Path) -> str:
     cfg = results.get("config", {})
     L = [SECTION, ""]
     if cfg.get("tokens", FULL_TOKENS) < FULL_TOKENS:
@@ -729,39 +572,38 @@ def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Optional[
               "gap above the upper end of its interval (the power test in tests/ flags a 0.02 gap within "
               f"{FULL_TOKENS:,} tokens; the interval's width shrinks as one over the square root of the tokens). "
               "`python -m bench audit` runs the full one.", ""]
-    L += [_command_text(results, out_dir), ""]
-    L.append(
-        "Every engine's **sampled token ids** scored by `specdec_cpu.audit` against the F32 target's own "
-        "distribution at each position (docs/audit.md): rank-bin chi-square with the counts' exact "
-        "covariance, surprisal z (negative: the engine picks likely tokens too often), and the 99.9% interval "
-        "of the total-variation gap between the engine's and the target's pooled rank-bin laws; the verdict "
-        "fails when either p-value is below 1e-3 (the audit's defaults). F32 target, Q4_0 draft "
-        f"(Qwen2.5-Coder-0.5B-Instruct); {len(cfg.get('prompts', []))} chat prompts (open requests and "
-        "grounded ones whose answer copies the prompt), sequences of at most "
-        f"{cfg.get('max_tokens', '?')} new tokens, each with its own seed, until at least "
-        f"{cfg.get('tokens', 0):,} informative positions are audited per engine and setting (positions "
-        "where the target's distribution is a single token are only checked). *chain*: the sampler order the "
-        "audit models — temperature → top-k → top-p → min-p for ours and llama.cpp's tools (run with "
-        "`--samplers temperature;top_k;top_p;min_p`), top-k → top-p → min-p → temperature for "
-        "llama-cpp-python's `Llama`; at T = 1 untruncated both are the plain softmax.")
-    L.append("")
-    L += ["| engine | setting | chain | tokens audited | χ² p | z (p) | TV gap, 99.9% interval | verdict |",
+    L += [_command_text(results, out_dir), "",
+          "Every engine's **sampled token ids** scored by `specdec_cpu.audit` against the F32 target's own "
+          "distribution at each position (docs/audit.md): rank-bin chi-square with the counts' exact "
+          "covariance, surprisal z (negative: the engine picks likely tokens too often), and the 99.9% interval "
+          "of the total-variation gap between the engine's and the target's pooled rank-bin laws; the verdict "
+          "fails when either p-value is below 1e-3 (the audit's defaults). F32 target, Q4_0 draft "
+          f"(Qwen2.5-Coder-0.5B-Instruct); {len(cfg.get('prompts', []))} chat prompts (open requests and "
+          "grounded ones whose answer copies the prompt), sequences of at most "
+          f"{cfg.get('max_tokens', '?')} new tokens, each with its own seed, until at least "
+          f"{cfg.get('tokens', 0):,} informative positions are audited per engine and setting (positions "
+          "where the target's distribution is a single token are only checked). *chain*: the sampler order the "
+          "audit models — temperature → top-k → top-p → min-p for ours and llama.cpp's tools (run with "
+          "`--samplers temperature;top_k;top_p;min_p`), top-k → top-p → min-p → temperature for "
+          "llama-cpp-python's `Llama`; at T = 1 untruncated both are the plain softmax.", "",
+          "| engine | setting | chain | tokens audited | χ² p | z (p) | TV gap, 99.9% interval | verdict |",
           "|---|---|---|---|---|---|---|---|"]
-    for eid in _engine_order(results):
-        for r in _runs(results, eid):
-            rep = r["report"]
-            label = r["label"] + (" *(control)*" if r.get("control") else "")
-            verdict = "pass" if r["verdict"] == "pass" else "**fail**"
-            extra = ""
-            outside = rep.get("impossible_count", 0) + rep.get("mismatches_count", 0)
-            if outside:
-                extra = f" ({_outside_text(outside, rep.get('near_ties', 0))})"
-            tv = rep.get("tv") or [0.0, 1.0]
-            z = rep.get("z")
-            z_text = "–" if z is None else f"{z:+.2f} ({_p(rep.get('z_p'))})"
-            L.append(f"| {label} | {_setting_text(r)} | {r['chain'].replace('temperature-', 'temp-')} | "
-                     f"{rep['tokens']:,} | {_p(rep.get('chi2_p'))} | {z_text} | "
-                     f"[{tv[0]:.4f}, {tv[1]:.4f}] | {verdict}{extra} |")
+    runs = _ordered_runs(results)
+    for r in runs:
+        rep = r["report"]
+        extra = ""
+        outside = rep.get("impossible_count", 0) + rep.get("mismatches_count", 0)
+        if outside:
+            ties = rep.get("near_ties", 0)
+            extra = f" ({outside} token{'s' if outside != 1 else ''} outside the support" + (
+                (", a near tie" if outside == 1 else ", all near ties") if ties == outside
+                else f", {ties} of them near ties") + ")"
+        tv = rep.get("tv") or [0.0, 1.0]
+        z_text = "–" if rep.get("z") is None else f"{rep['z']:+.2f} ({_p(rep.get('z_p'))})"
+        L.append(f"| {r['label']}{' *(control)*' if r.get('control') else ''} | {_setting_text(r)} | "
+                 f"{r['chain'].replace('temperature-', 'temp-')} | {rep['tokens']:,} | {_p(rep.get('chi2_p'))} | "
+                 f"{z_text} | [{tv[0]:.4f}, {tv[1]:.4f}] | {'pass' if r['verdict'] == 'pass' else '**fail**'}"
+                 f"{extra} |")
     L.append("")
     if plot_name:
         L += [f"![surprisal z and TV gap per engine]({plot_name})", ""]
@@ -770,36 +612,31 @@ def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Optional[
           "| engine | setting | ids from | sequences (stopped at EOG) | new tokens | drafted / accepted | "
           "generation tok/s | ids re-render the printed text |",
           "|---|---|---|---|---|---|---|---|"]
-    for eid in _engine_order(results):
-        for r in _runs(results, eid):
-            da = "–" if not r.get("drafted") else f"{r['drafted']:,} / {r['accepted']:,}"
-            chk = ("–" if not r.get("text_checks")
-                   else f"{r['text_checks'] - r['text_mismatches']} of {r['text_checks']}")
-            tps = "–" if not r.get("tokens_per_second") else f"{r['tokens_per_second']:.1f}"
-            L.append(f"| {r['label']} | {_setting_text(r)} | {r['ids_from']} | {r['sequences']} ({r['stopped']}) | "
-                     f"{r['emitted']:,} | {da} | {tps} | {chk} |")
+    for r in runs:
+        da = "–" if not r.get("drafted") else f"{r['drafted']:,} / {r['accepted']:,}"
+        chk = "–" if not r.get("text_checks") else f"{r['text_checks'] - r['text_mismatches']} of {r['text_checks']}"
+        tps = "–" if not r.get("tokens_per_second") else f"{r['tokens_per_second']:.1f}"
+        L.append(f"| {r['label']} | {_setting_text(r)} | {r['ids_from']} | {r['sequences']} ({r['stopped']}) | "
+                 f"{r['emitted']:,} | {da} | {tps} | {chk} |")
     L.append("")
     rt = [r["retokenization"] for r in results.get("runs", []) if r["engine"].startswith("ours")]
     if rt:
-        seqs = sum(x["sequences"] for x in rt)
-        ch = sum(x["sequences_changed"] for x in rt)
-        toks = sum(x["tokens"] for x in rt)
-        cht = sum(x["tokens_changed"] for x in rt)
+        seqs, ch, toks, cht = (sum(x[k] for x in rt) for k in ("sequences", "sequences_changed", "tokens",
+                                                               "tokens_changed"))
         L += [f"Why ids and not text: tokenizing our own engines' emitted text again gives other ids than "
               f"were sampled in {ch} of {seqs} sequences ({cht:,} of {toks:,} ids, "
               f"{100 * cht / max(toks, 1):.2f}%, in the differing stretches); an audit of re-tokenized text "
               "would score those stretches at the wrong ranks.", ""]
-    drafting = [r for r in results.get("runs", []) if r.get("drafted")]
-    if drafting:
+    if any(r.get("drafted") for r in results.get("runs", [])):
         L += ["Drafted / accepted show that speculation really ran (for llama-cpp-python's prompt lookup the "
               "library reports no counts). Generation tok/s is what each engine ran at while audited, with "
               "whatever else the machine did at the time: not a speed comparison (bench/serving.py and "
               "`python -m bench` measure speed side by side).", ""]
-    errs = results.get("errors") or []
     failed = [f"{r['engine']} {r['setting']}: {len(r['failed_sequences'])} sequences failed and were left out "
               f"({r['failed_sequences'][0]})" for r in results.get("runs", []) if r.get("failed_sequences")]
-    if errs or failed:
-        L += ["### Problems", ""] + [f"- {e}" for e in errs + failed] + [""]
+    problems = (results.get("errors") or []) + failed
+    if problems:
+        L += ["### Problems", ""] + [f"- {e}" for e in problems] + [""]
     data_dir = _data_dir(out_dir)
     L += ["### Method", "",
           "- Engines: ours — `SpeculativeDecoder` γ = 4 and γ = auto (one sequence at a time), and "
@@ -819,27 +656,21 @@ def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Optional[
           "it and run `specdec-cpu audit --target F32.gguf --input FILE --temperature … [--top-p 0.95] "
           "[--chain temperature-last]` to re-score one); per-sequence prompt, seed and counts in "
           f"`{data_dir}/results.json`.", ""]
-    lines = [r.get("command") for r in results.get("runs", []) if r.get("command")]
-    if lines:
+    commands: Dict[str, str] = {}
+    for r in results.get("runs", []):
+        if r.get("command"):
+            commands.setdefault(r["engine"], re.sub(r"(-s) \d+", r"\1 SEED", r["command"]))
+    if commands:
         L += ["Engine command lines (one per engine, prompt and seed abbreviated):", ""]
-        seen = set()
-        for r in results.get("runs", []):
-            if r["engine"] in seen or not r.get("command"):
-                continue
-            seen.add(r["engine"])
-            cmd = re.sub(r"(-s) \d+", r"\1 SEED", r["command"])
-            L.append(f"- {r['engine']}: `{cmd}`")
-        L.append("")
+        L += [f"- {e}: `{c}`" for e, c in commands.items()] + [""]
     return "\n".join(L).rstrip() + "\n"
 
 
-def _same_sequences(out_dir: Optional[Path], by: Dict[Tuple[str, str], Any], a: str, b: str) -> List[str]:
-    """Per setting where both engines ran (``by``: runs by engine and
-    setting): how many of their sequences (same prompts, same seeds, in
-    order) are the same token ids."""
+def _same_sequences(out_dir: Path, by: Dict[Tuple[str, str], Any], a: str, b: str) -> List[str]:
+    """Per setting where both engines ran: how many of their sequences (same prompts and seeds) are the same ids."""
     out = []
     for sid in AUDIT_SETTINGS:
-        if out_dir is None or (a, sid) not in by or (b, sid) not in by:
+        if (a, sid) not in by or (b, sid) not in by:
             continue
         try:
             xs, ys = (read_samples(out_dir / by[(e, sid)]["samples_file"]) for e in (a, b))
@@ -850,7 +681,29 @@ def _same_sequences(out_dir: Optional[Path], by: Dict[Tuple[str, str], Any], a: 
     return out
 
 
-def findings(results, out_dir: Optional[Path] = None) -> List[str]:
+#: Why each llama.cpp-based engine is exact, from its source (the findings' per-engine lines).
+_MATCH_RULE = {
+    "llama-speculative-simple": (
+        "`llama-speculative-simple`", "Its draft is greedy (common/speculative.cpp, "
+        "`common_speculative_impl_draft_simple::draft`: the top candidate), and `common_sampler_sample_and_accept_n` "
+        "(common/sampling.cpp) samples the target at every drafted position and keeps a draft token only when the "
+        "target's own sample equals it, stopping at the first difference: every emitted token is the target's own "
+        "sample given the tokens before it, which is exact whatever the draft proposes (the draft only decides how "
+        "many samples one pass yields)."),
+    "llama-server-md": (
+        "`llama-server -md`", "tools/server/server-context.cpp verifies a slot's draft with the same "
+        "`common_sampler_sample_and_accept_n` (draft from common/speculative.cpp's draft-simple), so at T > 0 it is "
+        "the match rule of `llama-speculative-simple`: exact, with a lower acceptance than rejection sampling would "
+        "give."),
+    "lcp-pld": (
+        "llama-cpp-python `LlamaPromptLookupDecoding`", "`Llama.generate` (llama_cpp/llama.py) evaluates the "
+        "prompt-lookup draft with the target, samples each row with the request's sampler and drops the rest of the "
+        "draft at the first sampled token that differs from it: the same match rule, exact, with "
+        "llama-cpp-python's temperature-last chain (audited with that chain)."),
+}
+
+
+def findings(results, out_dir: Path) -> List[str]:
     """What the numbers say, engine by engine, with what the source says where it matters."""
     L = ["### Findings", ""]
     by = {(r["engine"], r["setting"]): r for r in results.get("runs", [])}
@@ -859,17 +712,13 @@ def findings(results, out_dir: Optional[Path] = None) -> List[str]:
         return [by[(eid, s)] for s in AUDIT_SETTINGS if (eid, s) in by]
 
     def summary(rs):
-        parts = []
-        for r in rs:
-            rep = r["report"]
-            parts.append(f"{_setting_text(r)}: χ² {_p_eq(rep['chi2_p'])}, z = {rep['z']:+.2f}, "
-                         f"TV gap [{rep['tv'][0]:.3f}, {rep['tv'][1]:.3f}] over {rep['tokens']:,} tokens")
-        return "; ".join(parts)
+        return "; ".join(f"{_setting_text(r)}: χ² {_p_eq(r['report']['chi2_p'])}, z = {r['report']['z']:+.2f}, "
+                         f"TV gap [{r['report']['tv'][0]:.3f}, {r['report']['tv'][1]:.3f}] over "
+                         f"{r['report']['tokens']:,} tokens" for r in rs)
 
     spec = verdicts("llama-speculative")
     if spec:
-        failed = [r for r in spec if r["verdict"] != "pass"]
-        head = ("**`llama-speculative` is biased.**" if failed else
+        head = ("**`llama-speculative` is biased.**" if any(r["verdict"] != "pass" for r in spec) else
                 "`llama-speculative` passed here, although its source is not exact:")
         L.append(
             f"- {head} {summary(spec)}. In examples/speculative/speculative.cpp (`main`, drafting loop) the "
@@ -885,41 +734,18 @@ def findings(results, out_dir: Optional[Path] = None) -> List[str]:
             "dist_dft.data[i].p`), which pairs different tokens as soon as the two nuclei differ. "
             "(The stochastic verification came with llama.cpp PR #5625, whose description already noted that "
             "the drafting stayed greedy.)")
-    simple = verdicts("llama-speculative-simple")
-    if simple:
-        ok = all(r["verdict"] == "pass" for r in simple)
-        L.append(
-            f"- `llama-speculative-simple`: {'no bias detected' if ok else '**biased**'} ({summary(simple)}). "
-            "Its draft is greedy (common/speculative.cpp, `common_speculative_impl_draft_simple::draft`: "
-            "the top candidate), and `common_sampler_sample_and_accept_n` (common/sampling.cpp) samples the "
-            "target at every drafted position and keeps a draft token only when the target's own sample "
-            "equals it, stopping at the first difference: every emitted token is the target's own sample "
-            "given the tokens before it, which is exact whatever the draft proposes (the draft only "
-            "decides how many samples one pass yields).")
-    server = verdicts("llama-server-md")
-    if server:
-        ok = all(r["verdict"] == "pass" for r in server)
-        L.append(
-            f"- `llama-server -md`: {'no bias detected' if ok else '**biased**'} ({summary(server)}). "
-            "tools/server/server-context.cpp verifies a slot's draft with the same "
-            "`common_sampler_sample_and_accept_n` (draft from common/speculative.cpp's draft-simple), so at "
-            "T > 0 it is the match rule of `llama-speculative-simple`: exact, with a lower acceptance than "
-            "rejection sampling would give.")
-        same = _same_sequences(out_dir, by, "llama-server-md", "llama-server-plain")
+    for eid, (name, why) in _MATCH_RULE.items():
+        rs = verdicts(eid)
+        if not rs:
+            continue
+        ok = all(r["verdict"] == "pass" for r in rs)
+        L.append(f"- {name}: {'no bias detected' if ok else '**biased**'} ({summary(rs)}). {why}")
+        same = _same_sequences(out_dir, by, eid, "llama-server-plain") if eid == "llama-server-md" else []
         if same:
             L[-1] += (" It is also why, with the same seeds, its sequences are llama-server's plain ones "
                       f"({'; '.join(same)}; a difference starts where a batched pass rounds a logit "
                       "differently): the match rule emits the plain sampler's own draws, so these two rows are "
                       "one piece of evidence, not two.")
-    lcp = verdicts("lcp-pld")
-    if lcp:
-        ok = all(r["verdict"] == "pass" for r in lcp)
-        L.append(
-            f"- llama-cpp-python `LlamaPromptLookupDecoding`: {'no bias detected' if ok else '**biased**'} "
-            f"({summary(lcp)}). `Llama.generate` (llama_cpp/llama.py) evaluates the prompt-lookup draft with "
-            "the target, samples each row with the request's sampler and drops the rest of the draft at the "
-            "first sampled token that differs from it: the same match rule, exact, with llama-cpp-python's "
-            "temperature-last chain (audited with that chain).")
     ours = [r for eid in ENGINES if eid.startswith("ours") for r in verdicts(eid)]
     if ours:
         bad = [r for r in ours if r["verdict"] != "pass"]
@@ -957,22 +783,19 @@ def plot(results: Dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    engines = _engine_order(results)
+    engines = list(dict.fromkeys(r["engine"] for r in _ordered_runs(results)))
     if not engines:
         return
-    label = {r["engine"]: r["engine"] for r in results.get("runs", [])}
     fig, (ax_z, ax_tv) = plt.subplots(1, 2, figsize=(12, 0.45 * len(engines) + 1.6), sharey=True)
     ys = {e: len(engines) - 1 - i for i, e in enumerate(engines)}
     marks = {"t1": ("o", "C0", -0.12), "t0.7": ("s", "C1", 0.12)}
-    zlim = 3.29  # two-sided p = 1e-3
-    ax_z.axvspan(-zlim, zlim, color="0.9", zorder=0, label="|z| < 3.29 (p > 1e-3)")
+    ax_z.axvspan(-3.29, 3.29, color="0.9", zorder=0, label="|z| < 3.29 (p > 1e-3)")
     for r in results.get("runs", []):
         rep = r["report"]
         if rep.get("z") is None:
             continue
         m, c, dy = marks.get(r["setting"], ("^", "C2", 0.0))
-        y = ys[r["engine"]] + dy
-        z = rep["z"]
+        y, z = ys[r["engine"]] + dy, rep["z"]
         shown = max(min(z, 12.0), -12.0)
         face = c if r["verdict"] == "pass" else "none"
         ax_z.plot([shown], [y], marker=m, color=c, markerfacecolor=face, markersize=8, linestyle="none")
@@ -986,25 +809,20 @@ def plot(results: Dict[str, Any], path: Path) -> None:
     for s, (m, c, _) in marks.items():
         ax_z.plot([], [], marker=m, color=c, linestyle="none", label=SETTINGS[s].label)
     ax_z.plot([], [], marker="o", color="0.3", markerfacecolor="none", linestyle="none", label="verdict: fail")
-    ax_z.set_yticks(list(ys.values()))
-    ax_z.set_yticklabels([label[e] for e in ys])
-    ax_z.set_xlim(-12.5, 12.5)
+    ax_z.set(yticks=list(ys.values()), yticklabels=list(ys), xlim=(-12.5, 12.5),
+             xlabel="surprisal z (< 0: likely tokens too often; clipped at ±12)")
     ax_z.axvline(0, color="0.5", linewidth=0.8)
-    ax_z.set_xlabel("surprisal z (< 0: likely tokens too often; clipped at ±12)")
     ax_z.legend(fontsize=7, loc="lower left")
-    ax_z.grid(axis="x", alpha=0.3)
-    ax_tv.set_xlabel("TV gap of the pooled rank-bin laws: 99.9% interval and estimate")
-    ax_tv.set_xlim(left=0)
-    ax_tv.grid(axis="x", alpha=0.3)
+    ax_tv.set(xlabel="TV gap of the pooled rank-bin laws: 99.9% interval and estimate", xlim=(0, None))
+    for ax in (ax_z, ax_tv):
+        ax.grid(axis="x", alpha=0.3)
     fig.suptitle("Is it exact? Each engine's sampled ids against the F32 target", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-# ---------------------------------------------------------------------------
-# command line
-# ---------------------------------------------------------------------------
+# --- command line ---
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -1012,10 +830,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--tokens", type=int, default=None,
                     help="informative positions to audit per engine and setting (default 20000; --quick 1000)")
     ap.add_argument("--quick", action="store_true",
-                    help="~1,000 audited tokens per engine and setting, 128 tokens per sequence, written under "
-                         "bench/results/audit/quick/ (RESULTS.md untouched)")
-    ap.add_argument("--engines", default=",".join(ENGINES),
-                    help=f"comma-separated (default all: {','.join(ENGINES)})")
+                    help="1,000 audited tokens, 128 per sequence, all under bench/results/audit/quick/")
+    ap.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated (default all: {','.join(ENGINES)})")
     ap.add_argument("--settings", default=",".join(AUDIT_SETTINGS),
                     help=f"comma-separated (default {','.join(AUDIT_SETTINGS)})")
     ap.add_argument("--max-tokens", type=int, default=None, help="new tokens per sequence (default 256)")
@@ -1026,15 +842,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--output-dir", type=Path, default=None,
                     help="samples and results.json (default bench/results/audit, --quick bench/results/audit/quick)")
     ap.add_argument("--results-md", type=Path, default=None,
-                    help="the RESULTS.md whose section is written (default bench/RESULTS.md; --quick: in the "
-                         "output directory)")
+                    help="the RESULTS.md to write (default bench/RESULTS.md; --quick: in the output directory)")
     ap.add_argument("--resume", action="store_true",
-                    help="keep the engine × setting results already in results.json (same --tokens and "
-                         "--max-tokens), continue unfinished ones from their last saved round, run the others")
+                    help="keep finished results of the same --tokens and --max-tokens, continue unfinished ones")
     ap.add_argument("--report-only", action="store_true", help="re-render the section and plot from results.json")
     ap.add_argument("--rescore", action="store_true",
-                    help="score the saved samples of the named engines × settings in results.json again with "
-                         "the current audit (no generation), then re-render")
+                    help="score the saved samples of the named engines × settings again (no generation)")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and estimated duration")
     args = ap.parse_args(argv)
@@ -1056,11 +869,6 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return args
 
 
-def command_line(argv: Optional[Sequence[str]]) -> str:
-    args = list(sys.argv[1:] if argv is None else argv)
-    return common_command_line("python -m bench audit", args[1:] if args[:1] == ["audit"] else args)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if args.dry_run:
@@ -1077,15 +885,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"no results in {res_path}", file=sys.stderr)
             return 1
     elif args.rescore:
-        results = rescore(args, command_line(argv))
+        results = rescore(args, command_line("python -m bench audit", argv))
     else:
-        results = run(args, command_line(argv))
+        results = run(args, command_line("python -m bench audit", argv))
     plot_path = args.output_dir / "plot_audit.png"
     name = None
     if not args.no_plot:
         try:
             plot(results, plot_path)
-            name = os.path.relpath(plot_path, args.results_md.parent)
+            name = link(plot_path, args.results_md)
         except ImportError:
             say("matplotlib is missing: no plot")
     write_section(args.results_md, render(results, name, args.output_dir), SECTION)
