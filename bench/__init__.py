@@ -4,5 +4,6 @@
 bench/engines/ holds the engines the studies compare (ours, llama.cpp's tools,
 llama-server, llama-cpp-python), one module each; bench/common.py what the
 studies share (machine facts, CPU meter, paired runs, bootstrap intervals,
-RESULTS.md sections).
+RESULTS.md sections); bench/render.py re-renders the whole of bench/RESULTS.md from
+bench/results/.
 """

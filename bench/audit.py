@@ -33,7 +33,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .common import BENCH, RESULTS_MD, command_line, link, machine_info, results_dir, say, versions, write_section
+from .common import (
+    BENCH,
+    RESULTS_MD,
+    command_line,
+    link,
+    machine_info,
+    notes_of,
+    results_dir,
+    say,
+    versions,
+    write_section,
+)
 from .engines import llama_cli
 from .engines.base import META_FIELDS, N_CTX, Ctx, Engine, Job, Sample
 from .engines.llama_cli import SpeculativeTool
@@ -663,6 +674,7 @@ def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Path) -> 
     if commands:
         L += ["Engine command lines (one per engine, prompt and seed abbreviated):", ""]
         L += [f"- {e}: `{c}`" for e, c in commands.items()] + [""]
+    L += notes_of(out_dir / "results.json")
     return "\n".join(L).rstrip() + "\n"
 
 
