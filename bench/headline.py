@@ -5,13 +5,18 @@ decode tok/s, ours over a llama.cpp engine run in the same block, with its
 bootstrap 95% interval.  The README holds the rendered table between two
 markers; ``python -m bench.headline`` rewrites it, ``--check`` fails when
 the README differs from what the result files say (tests/test_readme.py runs
-the check, so the README cannot drift from the data).
+the check, so the README cannot drift from the data).  ``--run`` measures it
+again first: it reruns the command each result file records (the suite,
+bench.structured and bench.infill, about three hours on 2 cores), then
+writes the table.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -130,7 +135,8 @@ def render(results_dir: Path = BENCH / "results") -> str:
     lines = [f"Measured on {where} ({', '.join(sorted(dates))}), on the demo models "
              "(Qwen2.5-Coder-0.5B-Instruct); the median of per-block ratios of decode tok/s, ours over "
              "llama.cpp run in the same block, [95% interval]. Every peer at its fastest "
-             "setting; the commands and every table: [bench/RESULTS.md](bench/RESULTS.md).", "",
+             "setting; the commands and every table: [bench/RESULTS.md](bench/RESULTS.md); "
+             "`python -m bench.headline --run` measures this table again.", "",
              "| workload | ours | against llama.cpp's | ours ÷ theirs |", "|---|---|---|---|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
@@ -144,12 +150,26 @@ def splice(text: str, table: str) -> str:
     return head + START + "\n" + table + "\n" + END + rest.split(END, 1)[1]
 
 
+def rerun(results_dir: Path) -> None:
+    """Run again the command each of the table's result files records (``python -m bench...``)."""
+    for name, _ in STUDIES:
+        data = _load(name, results_dir)
+        if data is None:
+            raise SystemExit(f"{results_dir / name} is missing: it records the command to rerun")
+        command = shlex.split(data["command"])
+        print(f"running {data['command']}", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, *command[1:]], cwd=BENCH.parent, check=True)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.headline", description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="exit 1 if README.md's table differs from the results")
+    ap.add_argument("--run", action="store_true", help="measure again first: rerun each result file's command")
     ap.add_argument("--readme", type=Path, default=README)
     ap.add_argument("--results-dir", type=Path, default=BENCH / "results")
     args = ap.parse_args(argv)
+    if args.run:
+        rerun(args.results_dir)
     old = args.readme.read_text()
     new = splice(old, render(args.results_dir))
     if args.check:

@@ -100,3 +100,19 @@ def test_headline_table_matches_the_result_files():
 
     assert headline.START in README and headline.END in README
     assert headline.splice(README, headline.render()) == README, "run python -m bench.headline"
+
+
+def test_headline_run_reruns_the_command_each_result_file_records(tmp_path):
+    """``python -m bench.headline --run`` measures the table again: each result
+    file's own recorded command is run (here commands that only leave a mark)."""
+    import json
+
+    from bench import headline
+
+    for name, _ in headline.STUDIES:
+        mark = tmp_path / (name.replace("/", "_") + ".ran")
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(json.dumps({"command": f"python -c \"open({str(mark)!r}, 'w')\""}))
+    headline.rerun(tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("*.ran")) == sorted(
+        n.replace("/", "_") + ".ran" for n, _ in headline.STUDIES)
