@@ -98,6 +98,12 @@ def rendered() -> str:
     return "\n\n".join([TITLE, *(s().strip() for s in SECTIONS)]) + "\n"
 
 
+def difference(text: str) -> List[str]:
+    """The unified diff from bench/RESULTS.md to ``text`` (empty when they agree)."""
+    return list(difflib.unified_diff(RESULTS_MD.read_text().splitlines(), text.splitlines(),
+                                     "bench/RESULTS.md", "rendered from bench/results/", lineterm="", n=1))
+
+
 def main(argv: List[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true", help="compare with bench/RESULTS.md instead of writing it")
@@ -107,8 +113,7 @@ def main(argv: List[str] | None = None) -> int:
         RESULTS_MD.write_text(text)
         print(f"wrote {RESULTS_MD}", file=sys.stderr)
         return 0
-    diff = list(difflib.unified_diff(RESULTS_MD.read_text().splitlines(), text.splitlines(),
-                                     "bench/RESULTS.md", "rendered from bench/results/", lineterm="", n=1))
+    diff = difference(text)
     print("\n".join(diff[:200]) if diff else "bench/RESULTS.md is what bench/results/ gives")
     return 1 if diff else 0
 
