@@ -2,17 +2,12 @@
 ``python -m bench serving [...]``: concurrent streams, ours against llama-server (bench/serving.py);
 ``python -m bench audit [...]``: the exactness audit of every engine (bench/audit.py)."""
 
+import importlib
 import sys
 
-if sys.argv[1:2] == ["audit"]:
-    from .audit import main as audit_main
-
-    sys.exit(audit_main(sys.argv[2:]))
-
-if sys.argv[1:2] == ["serving"]:
-    from .serving import main as serving_main
-
-    sys.exit(serving_main(sys.argv[2:]))
+if sys.argv[1:2] in (["audit"], ["serving"]):
+    study = importlib.import_module(f"bench.{sys.argv[1]}")
+    sys.exit(study.main(sys.argv[2:]))
 
 from .run import main
 

@@ -1,19 +1,9 @@
-"""The fixed prompts of the benchmark suite.
+"""The fixed prompts of the benchmark suite, of three kinds, because acceptance (and so speed-up) depends on what is
+generated: ``open`` (nothing in the prompt to copy), ``grounded`` (the answer largely repeats the prompt: the regime
+of prompt-lookup drafting) and ``summary`` (in between).
 
-Five kinds of request, because acceptance (and so speed-up) depends on what is
-being generated:
-
-- ``open``: free generation (code writing, open chat): nothing in the prompt
-  to copy, the drafter must predict the target;
-- ``grounded``: the answer largely repeats text given in the prompt (editing
-  code that is in the prompt, answering from a given document): the regime of
-  prompt-lookup (n-gram) drafting;
-- ``summary``: condensing a given paragraph: in between.
-
-Each prompt is one user message; the engines see it through the target's chat
-template (the same templated text for every engine).  The texts are fixed so
-that runs can be compared over time: change them only together with a note in
-bench/RESULTS.md.
+Each is one user message, sent through the target's chat template.  The texts are fixed so that runs compare over
+time: change them only together with a note in bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -24,8 +14,6 @@ from typing import Dict, List, Tuple
 
 @dataclass(frozen=True)
 class Prompt:
-    """One benchmark request."""
-
     name: str
     kind: str  # "open", "grounded" or "summary"
     description: str
@@ -148,6 +136,7 @@ PROMPTS: Tuple[Prompt, ...] = (
         + _DOCUMENT,
     ),
 )
+
 
 def by_name(names) -> List[Prompt]:
     """The prompts called ``names``, in that order (ValueError on an unknown name)."""

@@ -8,8 +8,8 @@ decoding, else ours), with a bootstrap interval (bench/common.py).
 from __future__ import annotations
 
 import math
+import re
 import statistics
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -39,24 +39,11 @@ def baseline_label(results) -> str:
     return "llama.cpp plain" if baseline_id(results) == "llama-completion" else "our plain"
 
 
-_BLOCK_TPS: Dict[int, tuple] = {}
-
-
-def block_tps(results) -> Dict[int, Dict[str, float]]:
-    """block -> engine -> tok/s of the successful runs."""
-    key, n = id(results), len(results["runs"])
-    if _BLOCK_TPS.get(key, (None,))[0] != n:
-        out: Dict[int, Dict[str, float]] = defaultdict(dict)
-        for r in results["runs"]:
-            if r.get("tps"):
-                out[r["block"]][r["engine"]] = r["tps"]
-        _BLOCK_TPS[key] = (n, out)
-    return _BLOCK_TPS[key][1]
-
-
 def run_ratio(results, r: Dict[str, Any], to: Optional[str] = None) -> Optional[float]:
     """A run's tok/s over that of engine ``to`` (default: the baseline) in its block."""
-    base = block_tps(results).get(r["block"], {}).get(to or baseline_id(results))
+    to = to or baseline_id(results)
+    base = next((x["tps"] for x in results["runs"] if x["block"] == r["block"] and x["engine"] == to and x.get("tps")),
+                None)
     return r["tps"] / base if base and r.get("tps") else None
 
 
@@ -88,12 +75,19 @@ def engine_label(results, eid: str) -> str:
     return results.get("engines", {}).get(eid, {}).get("label", eid)
 
 
-def best_variant(results, pair: str, setting: str, family: str, kinds: Kinds = None) -> Optional[str]:
-    """The variant of ``family`` with the highest median tok/s over the blocks of (pair, setting)."""
-    meds = {e: median(r.get("tps") for r in runs_of(results, pair, setting, e, kinds))
-            for e in variants(results, pair, family)}
+def _family_label(results, eid: str) -> str:
+    return results.get("engines", {}).get(eid, {}).get("family_label") or family_of(results, eid)
+
+
+def fastest(results, pair: str, setting: str, eids: Sequence[str], kinds: Kinds = None) -> Optional[str]:
+    """The engine of ``eids`` with the highest median tok/s over the blocks of (pair, setting)."""
+    meds = {e: median(r.get("tps") for r in runs_of(results, pair, setting, e, kinds)) for e in eids}
     meds = {e: m for e, m in meds.items() if m is not None}
     return max(meds, key=meds.get) if meds else None
+
+
+def best_variant(results, pair: str, setting: str, family: str, kinds: Kinds = None) -> Optional[str]:
+    return fastest(results, pair, setting, variants(results, pair, family), kinds)
 
 
 def shown_engines(results, pair: str, setting: str) -> List[str]:
@@ -120,9 +114,9 @@ def block_ratios(results, pair: str, setting: str, a: str, b: str, kinds: Kinds 
     return ratios(results, pair, setting, a, kinds, to=b)
 
 
-def summarize(results, rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+def summarize(results, pair: str, setting: str, eid: str, kinds: Kinds = None) -> Dict[str, Any]:
     """One engine's tok/s range, ratio and measured/predicted (stat dicts), and medians of its per-run figures."""
-    ok = [r for r in rows if r.get("tps")]
+    ok = [r for r in runs_of(results, pair, setting, eid, kinds) if r.get("tps")]
     tps = [r["tps"] for r in ok]
     rat = [run_ratio(results, r) for r in ok]
     out = {k: median(r.get(k) for r in ok) for k in ("acceptance", "mean_alpha", "tokens_per_step", "mean_gamma",
@@ -155,10 +149,6 @@ def _tps(s: Dict[str, Any]) -> str:
     return f"{s['tps_min']:.1f} – **{s['tps_median']:.1f}** – {s['tps_max']:.1f}"
 
 
-def _family_label(results, eid: str) -> str:
-    return results.get("engines", {}).get(eid, {}).get("family_label") or family_of(results, eid)
-
-
 def shown_label(results, pair: str, eid: str) -> str:
     """An engine's label in a pair's table; a family's best variant says it is the best of the sweep."""
     n = len(variants(results, pair, family_of(results, eid)))
@@ -176,7 +166,7 @@ def pair_table(results, pair: str, setting: str) -> List[str]:
              "[95% interval] | acceptance | mean α | tokens/step | mean γ | predicted × | measured / predicted "
              "[95% interval] | Python overhead | tokens/run (median) |", "|---" * 11 + "|"]
     for eid in shown_engines(results, pair, setting):
-        s = summarize(results, runs_of(results, pair, setting, eid))
+        s = summarize(results, pair, setting, eid)
         ours = results["engines"].get(eid, {}).get("kind") == "ours"
         lines.append(_row([
             shown_label(results, pair, eid), _tps(s), _xs(s["ratio"]), fmt(s["acceptance"], 2),
@@ -198,7 +188,7 @@ def sweep_table(results, pair: str, setting: str) -> List[str]:
         best = best_variant(results, pair, setting, fam)
         cells = []
         for eid in variants(results, pair, fam):
-            s = summarize(results, runs_of(results, pair, setting, eid))
+            s = summarize(results, pair, setting, eid)
             cell = f"{setting_label(results, eid)}: " + (
                 "failed" if s["tps_median"] is None else f"{s['tps_median']:.1f}, {_x(s['ratio']['median'])}")
             cells.append(f"**{cell}**" if eid == best else cell)
@@ -214,7 +204,7 @@ def ngram_kind_table(results, setting: str) -> List[str]:
     for eid in shown_engines(results, "ngram", setting):
         cells = [shown_label(results, "ngram", eid)]
         for k in kinds:
-            s = summarize(results, runs_of(results, "ngram", setting, eid, kinds=[k]))
+            s = summarize(results, "ngram", setting, eid, [k])
             cells.append("–" if s["tps_median"] is None else f"{s['tps_median']:.1f}, {_x(s['ratio']['median'])}")
         lines.append(_row(cells))
     return lines
@@ -273,20 +263,12 @@ def targets(results) -> List[Dict[str, Any]]:
     def r(pair, s, eid, kinds=None):
         return stat(ratios(results, pair, s, eid, kinds))
 
-    def mp(pair, s, eid):
-        return summarize(results, runs_of(results, pair, s, eid))["mp"]
-
-    def best_fixed(pair, s):
-        meds = {e: median(x.get("tps") for x in runs_of(results, pair, s, e)) for e in FIXED_GAMMA}
-        meds = {e: m for e, m in meds.items() if m is not None}
-        return max(meds, key=meds.get) if meds else None
-
     def label(s):
         return settings[s]["label"]
 
     # issue #3: the memory-bound pair
     if "memory" in pairs and "t1" in settings:
-        auto, bf = r("memory", "t1", "auto"), best_fixed("memory", "t1")
+        auto, bf = r("memory", "t1", "auto"), fastest(results, "memory", "t1", FIXED_GAMMA)
         extra = f"; best fixed γ: {bf[5:]} at {_xs(r('memory', 't1', bf))}" if bf else ""
         out.append(_target(3, "T = 1, top_k 0, top_p 1: ≥ 1.5× plain decoding", auto, 1.5,
                            f"γ=auto {_xs(auto)}{extra}", f"memory-bound pair, × {base}; our own plain decoding "
@@ -303,7 +285,7 @@ def targets(results) -> List[Dict[str, Any]]:
                            f"{_xs(st)}", "'on par' read as ≥ 1.00×" if "par" in goal else ""))
     if "memory" in pairs:
         for s in settings:
-            stats = {e: st for e in SPEC_OURS if (st := mp("memory", s, e))["median"] is not None}
+            stats = {e: st for e in SPEC_OURS if (st := summarize(results, "memory", s, e)["mp"])["median"] is not None}
             if stats:
                 out.append(_band_all(
                     3, "Measured speed-up ≥ 0.9 of the theory's prediction from the α, c and v(k) measured in the "
@@ -312,7 +294,7 @@ def targets(results) -> List[Dict[str, Any]]:
                     f"memory-bound pair, measured × {base} over predicted; a miss outside "
                     f"{THEORY_BAND[0]}–{THEORY_BAND[1]} for any engine"))
         ov = {(s, e): v for s in settings for e in SPEC_OURS + ("plain",)
-              if (v := summarize(results, runs_of(results, "memory", s, e))["overhead_fraction"]) is not None}
+              if (v := summarize(results, "memory", s, e)["overhead_fraction"]) is not None}
         worst = max(ov.items(), key=lambda kv: kv[1]) if ov else None
         out.append(_target(3, "Python orchestration overhead ≤ 5% of step time", None, -0.05,
                            "–" if worst is None else f"worst median {_pct(worst[1])} ({worst[0][1]}, "
@@ -329,7 +311,7 @@ def targets(results) -> List[Dict[str, Any]]:
         out.append(_target(4, "Compute-bound pair (Qwen Q4_K_M target, Q4_0 draft): `gamma=\"auto\"` ≥ 0.97× plain "
                               f"decoding ({label(s)})", st, 0.97, f"γ=auto {_xs(st)}{peer}", f"× {base}"))
     for s in settings if "memory" in pairs else ():
-        bf = best_fixed("memory", s)
+        bf = fastest(results, "memory", s, FIXED_GAMMA)
         if bf is None or not runs_of(results, "memory", s, "auto"):
             continue
         st = stat(block_ratios(results, "memory", s, "auto", bf))
@@ -338,7 +320,7 @@ def targets(results) -> List[Dict[str, Any]]:
                            f"γ=auto / γ={bf[5:]} (the fastest fixed γ): {_xs(st)}", "median of per-block ratios"))
     for pair in [p for p in ("memory", "compute") if p in pairs]:
         for s in settings:
-            st = mp(pair, s, "auto")
+            st = summarize(results, pair, s, "auto")["mp"]
             if st["median"] is not None:
                 out.append(_target(4, "For each pair, the measured speed-up against the theory's prediction: aim "
                                       f"for ≥ 0.9 ({pairs[pair]['label']}, {label(s)})", st, THEORY_BAND[0],
@@ -632,7 +614,7 @@ def in_run_line(results, pair: str, setting: str) -> str:
 
         c = statistics.median(ds) / t1
         line += f", c = {c:.3f} (draft time per drafted token, its sampling included)"
-        alphas = {k: summarize(results, runs_of(results, pair, setting, f"gamma{k - 1}"))["mean_alpha"] for k in v}
+        alphas = {k: summarize(results, pair, setting, f"gamma{k - 1}")["mean_alpha"] for k in v}
         preds = [f"γ={k - 1} {float(theory.expected_tokens(alphas[k], k - 1)) / ((k - 1) * c + x):.2f}×"
                  for k, x in sorted(v.items()) if alphas[k] is not None]
         if preds:
@@ -659,31 +641,18 @@ def _prompt_token_check(results) -> str:
             if r["engine"] == "plain" and r.get("prompt_tokens")}
     checked = [r for r in results["runs"] if r["engine"] != "plain" and r.get("prompt_tokens")
                and (r["target"], r["prompt"]) in ours]
-    bad = [f"{r['engine']} on {r['prompt']}: {r['prompt_tokens']} vs {ours[(r['target'], r['prompt'])]}"
-           for r in checked if r["prompt_tokens"] != ours[(r["target"], r["prompt"])]]
     if not checked:
         return ""
-    if not bad:
-        return f"The prompt token counts every engine reports agree with ours in all {len(checked)} runs that report " \
-               "one."
-    return "Prompt token counts differ from ours in: " + "; ".join(sorted(set(bad))[:6]) + "."
+    bad = [f"{r['engine']} on {r['prompt']}: {r['prompt_tokens']} vs {ours[(r['target'], r['prompt'])]}"
+           for r in checked if r["prompt_tokens"] != ours[(r["target"], r["prompt"])]]
+    if bad:
+        return "Prompt token counts differ from ours in: " + "; ".join(sorted(set(bad))[:6]) + "."
+    return f"The prompt token counts every engine reports agree with ours in all {len(checked)} runs that report one."
 
 
 def _abbrev_prompt(cmd: str) -> str:
-    """``cmd`` with the (shell-quoted) word after `` -p `` shown as ``<prompt>``."""
-    head, sep, rest = cmd.partition(" -p ")
-    if not sep:
-        return cmd
-    if not rest.startswith("'"):
-        return head + " -p <prompt> " + rest.split(" ", 1)[-1]
-    end = 1
-    while True:
-        j = rest.find("'", end)
-        if j < 0:
-            return cmd
-        if rest[j:j + 4] != "'\\''":
-            return head + " -p '<prompt>'" + rest[j + 1:]
-        end = j + 4
+    """``cmd`` with the shell-quoted word after `` -p `` (``'`` written ``'\\''`` inside it) shown as ``'<prompt>'``."""
+    return re.sub(r" -p '(?:[^']|'\\'')*'", " -p '<prompt>'", cmd, count=1)
 
 
 def write_results_md(results, path: Path, plots: Dict[str, str], data: str = "results.json") -> None:
@@ -710,7 +679,7 @@ def headline(results) -> str:
         cells = []
         for e in eids:
             e = best_variant(results, pair, s, e, kinds) or e  # a family by its fastest variant
-            sm = summarize(results, runs_of(results, pair, s, e, kinds))
+            sm = summarize(results, pair, s, e, kinds)
             if sm["tps_median"] is not None:
                 cells.append(f"{e} {sm['tps_median']:.1f} ({_xs(sm['ratio'])})")
         return ", ".join(cells)
@@ -788,7 +757,7 @@ def _plot_tps(results, plt):
     for i, p in enumerate(pairs):
         for j, s in enumerate(settings):
             ax = axes[i][j]
-            sms = [(e, summarize(results, runs_of(results, p, s, e))) for e in shown_engines(results, p, s)]
+            sms = [(e, summarize(results, p, s, e)) for e in shown_engines(results, p, s)]
             sms = [(e, sm) for e, sm in sms if sm["tps_median"] is not None]
             y = list(range(len(sms)))[::-1]
             ax.barh(y, [sm["tps_median"] for _, sm in sms], capsize=2, color=[_colour(e) for e, _ in sms],
@@ -806,7 +775,7 @@ def _plot_tps(results, plt):
 def _plot_theory(results, plt):
     pts = [(p, s, e, sm["predicted"], sm["ratio"]["median"])
            for p in results["pairs"] for s in results["settings"] for e in engines_of(results, p) if e != "plain"
-           for sm in [summarize(results, runs_of(results, p, s, e))]
+           for sm in [summarize(results, p, s, e)]
            if sm["predicted"] is not None and sm["ratio"]["median"] is not None]
     if not pts:
         return None

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from specdec_cpu.demo_models import ensure_model
+
 from . import common, report, suite
 from .common import BUSY_CORES, CpuMeter, load_average, machine_info, rotated, versions, wait_until_quiet
 from .engines import llama_cli, llama_server
@@ -210,8 +212,6 @@ class Group:
         return next((p.draft for p in self.pairs if p.draft), None)
 
     def draft_file(self) -> Path:
-        from specdec_cpu.demo_models import ensure_model
-
         return ensure_model(self.model_draft or Q4_0)
 
     def plain_decoder(self):
@@ -222,8 +222,6 @@ class Group:
 
 
 def build_groups(args: argparse.Namespace) -> List[Group]:
-    from specdec_cpu.demo_models import ensure_model
-
     by_target: Dict[str, Group] = {}
     for pid in args.pairs:
         pair = PAIRS[pid]
@@ -242,7 +240,6 @@ def build_groups(args: argparse.Namespace) -> List[Group]:
 def load_group(group: Group, args: argparse.Namespace, progress: Progress) -> None:
     """Load every decoder, the llama-cpp-python model and the llama-servers the group's engines need."""
     from specdec_cpu import SpeculativeDecoder
-    from specdec_cpu.demo_models import ensure_model
 
     roles = {e.drafter for e in group.engines if e.kind == "ours"}
     draft = group.model_draft or (Q4_0 if roles & {"draft", "ngram-draft"} else None)
@@ -345,13 +342,11 @@ def run_engine(group: Group, engine: EngineSpec, setting: Setting, text: str, se
 
 def warm_up(group: Group, args: argparse.Namespace, progress: Progress) -> None:
     """One short generation per decoder and per peer tool (page cache, first-call setup)."""
-    from specdec_cpu import SamplingParams
-
     t0 = time.monotonic()
     text = "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n"
     for dec in group.decoders.values():
         for gamma in (0, 2) if dec.has_drafter else (0,):
-            dec.generate(text, max_tokens=8, params=SamplingParams(temperature=0.0), gamma=gamma)
+            dec.generate(text, max_tokens=8, params=SETTINGS["t0"].params(), gamma=gamma)
     if group.lcp is not None:
         group.lcp.run(text, 8, SETTINGS["t0"], 1, 2)
     cli = dict(threads=args.threads, ctx=args.ctx, timeout=PEER_TIMEOUT)
@@ -370,10 +365,8 @@ def warm_up(group: Group, args: argparse.Namespace, progress: Progress) -> None:
 def prime(group: Group, text: str) -> None:
     """Give the block's prompt to every model of ours outside the timed runs: a draft model would otherwise take
     it in during its first draft, counted as decode time (the peers' figures exclude prompt processing)."""
-    from specdec_cpu import SamplingParams
-
     for dec in group.decoders.values():
-        dec.generate(text, max_tokens=4, params=SamplingParams(temperature=0.0), gamma=2 if dec.has_drafter else 0)
+        dec.generate(text, max_tokens=4, params=SETTINGS["t0"].params(), gamma=2 if dec.has_drafter else 0)
 
 
 def calibrate_group(group: Group, setting: Setting, args: argparse.Namespace,

@@ -1,8 +1,5 @@
-"""What the benchmark suite compares: model pairs, sampling settings, engines.
-
-Identifiers here are what the command line takes (``--pairs``, ``--settings``, ``--engines``) and what
-bench/results.json records.
-"""
+"""What the benchmark suite compares: model pairs, sampling settings, engines, by the ids that the command line
+takes (``--pairs``, ``--settings``, ``--engines``) and results.json records."""
 
 from __future__ import annotations
 
