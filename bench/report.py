@@ -277,7 +277,7 @@ def targets(results) -> List[Dict[str, Any]]:
             ("t1", "llama-speculative-simple", 1.1, "T = 1: ≥ 1.1× `llama-speculative-simple`"),
             ("t1", "llama-speculative", 1.0, "T = 1: at least on par with `llama-speculative` (which is not exact)"),
             ("t0", "llama-speculative-simple", 1.0, "T = 0: at least as fast as `llama-speculative-simple`")):
-        best = best_variant(results, "memory", s, peer) if "memory" in pairs and s in settings else None
+        best = best_variant(results, "memory", s, peer)
         if best is None or not runs_of(results, "memory", s, "auto"):
             continue
         st = stat(block_ratios(results, "memory", s, "auto", best))
@@ -302,7 +302,7 @@ def targets(results) -> List[Dict[str, Any]]:
                            "decode time outside draft, target and sampling kernels, memory-bound pair",
                            value=None if worst is None else -worst[1]))
     # issue #4
-    for s in settings if "compute" in pairs else ():
+    for s in settings:
         st = r("compute", s, "auto")
         if st["median"] is None:
             continue
@@ -310,7 +310,7 @@ def targets(results) -> List[Dict[str, Any]]:
         peer = f"; llama-speculative, its fastest setting: {_x(r('compute', s, best)['median'])}" if best else ""
         out.append(_target(4, "Compute-bound pair (Qwen Q4_K_M target, Q4_0 draft): `gamma=\"auto\"` ≥ 0.97× plain "
                               f"decoding ({label(s)})", st, 0.97, f"γ=auto {_xs(st)}{peer}", f"× {base}"))
-    for s in settings if "memory" in pairs else ():
+    for s in settings:
         bf = fastest(results, "memory", s, FIXED_GAMMA)
         if bf is None or not runs_of(results, "memory", s, "auto"):
             continue
@@ -318,7 +318,7 @@ def targets(results) -> List[Dict[str, Any]]:
         out.append(_target(4, "Memory-bound pair (F32 target, Q4_0 draft): `gamma=\"auto\"` within 3% of the best "
                               f"fixed γ in {{2, 4, 6, 8}}, or better ({label(s)})", st, 0.97,
                            f"γ=auto / γ={bf[5:]} (the fastest fixed γ): {_xs(st)}", "median of per-block ratios"))
-    for pair in [p for p in ("memory", "compute") if p in pairs]:
+    for pair in ("memory", "compute"):
         for s in settings:
             st = summarize(results, pair, s, "auto")["mp"]
             if st["median"] is not None:
@@ -328,7 +328,7 @@ def targets(results) -> List[Dict[str, Any]]:
                                    f"measured × {base}; a miss outside {THEORY_BAND[0]}–{THEORY_BAND[1]}",
                                    band=THEORY_BAND))
     # issue #7: the n-gram pair
-    ngram_settings = [s for s in settings if "ngram" in pairs and runs_of(results, "ngram", s, "ngram")]
+    ngram_settings = [s for s in settings if runs_of(results, "ngram", s, "ngram")]
     for s in ngram_settings:
         st = r("ngram", s, "ngram", ["grounded"])
         out.append(_target(7, "Code-editing and document-grounded prompts, F32 target: ≥ 1.5× plain decoding "
@@ -343,7 +343,7 @@ def targets(results) -> List[Dict[str, Any]]:
                               f"prompts ({label(s)})", st, 1.2,
                            f"n-gram / PromptLookup {setting_label(results, best)} (its fastest on these prompts): "
                            f"{_xs(st)} (blocks: {', '.join(f'{b:.2f}' for b in blocks)})"))
-    for s in settings if "ngram" in pairs else ():
+    for s in settings:
         rows = runs_of(results, "ngram", s, "ngram", ["open"])
         if rows:
             st = r("ngram", s, "ngram", ["open"])
