@@ -4,28 +4,16 @@
     python -m bench.layer_latency --threads 1 --ray-settings ours --rounds 50
     python -m bench.layer_latency --fresh-prompts  # a new prompt every round: its prompt pass included
 
-The serving sweep (bench/serving.py) measures time to first token under
-load, where a request's prompt pass, its place in the batch and the
-machine's noise are each worth tens of milliseconds, far more than the
-layers themselves cost.  This isolates the layers: the same decoder is
-loaded three ways at once (``BatchedDecoder`` called directly, behind
-``specdec-cpu serve`` over HTTP, and through Ray Serve's HTTP proxy with one
-replica), and one client sends the same request down each path in turn
-(the server both with a bare httpx client and with the official ``openai``
-client), round after round (the order rotated every round, so a change of
-machine load hits all paths alike): the same
-templated prompt, held in each engine's prompt cache after the first round,
-greedy, one new token.  Every request then costs one 1-row target pass plus
-whatever its path adds; the per-round differences (each path − the one
-before it) are that addition, summarised as medians with a bootstrap 95%
-interval.  Ray runs with ``serve --ray``'s settings and, for comparison,
-with Ray Serve's defaults.  Then the floor of the two HTTP paths:
-``GET /health``, which decodes nothing, alternately bare and through Ray's
-proxy.  With ``--fresh-prompts`` every round sends a prompt no engine has
-seen (same template and length), so each request also runs its prompt's
-pass — the first token of a new conversation.  Writes
-bench/results/layer_latency/layer_latency_results.json (``_fresh`` for fresh prompts) and a
-section of bench/RESULTS.md.  Nothing here asserts a time.
+The serving sweep's time to first token mixes the layers' cost with prompt passes, batching and machine
+noise, each worth tens of milliseconds.  This isolates the layers: one decoder is loaded three ways at once
+(``BatchedDecoder`` called directly, ``specdec-cpu serve`` over HTTP, Ray Serve's HTTP proxy with one replica)
+and one client sends the same greedy one-token request (its prompt in every prompt cache) down each path in turn
+(the server both with a bare httpx client and with the ``openai`` client), the order rotated every round.
+The per-round differences between successive paths are what each adds (medians, bootstrap 95% interval);
+``GET /health``, alternately bare and through Ray's proxy, is the HTTP paths' floor.  Ray runs with the
+settings ``--ray-settings`` names.  ``--fresh-prompts`` sends a prompt no engine has seen every round, so each
+request also runs its prompt's pass.  Writes bench/results/layer_latency/layer_latency_results.json
+(``_fresh`` for fresh prompts) and a section of bench/RESULTS.md.  Nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -69,12 +57,6 @@ PATHS = (("direct", "BatchedDecoder called directly"),
          ("ray", "Ray Serve's HTTP ingress, 1 replica, openai client"))
 
 
-def _engines():
-    return {"direct": OursBatched("auto"),
-            "http": OpenAIServer("http", PATHS[2][1], "ours"),
-            "ray": OpenAIServer("ray", PATHS[3][1], "ours", replicas=1)}
-
-
 def _latency(engine, prompt: str) -> tuple[float, Optional[float]]:
     """Seconds from sending one greedy one-token request to its token, and
     the decoder's own time to first token when called directly (else None)."""
@@ -116,19 +98,19 @@ def _raw_latency(client, url: str, prompt: str) -> float:
 
 
 def measure(threads: int, rounds: int, ray_settings: str, fresh: bool = False) -> Dict[str, List[float]]:
-    """Latencies (seconds) of every path, one list per path, aligned by round
-    (``fresh``: each round's prompt is new to every engine).
+    """Latencies (seconds) of every path and its decoder's own, one list each, aligned by round.
 
-    ``ray_settings``: a key of RAY_SETTINGS: "ours" runs Ray with ``serve
-    --ray``'s LOW_LATENCY_ENV, the others change some of it (the environment
-    wins over LOW_LATENCY_ENV, and the Ray processes inherit this one's)."""
+    ``ray_settings`` (a key of RAY_SETTINGS) changes Ray's environment over LOW_LATENCY_ENV, which the
+    environment wins over and the Ray processes inherit."""
     for name in LOW_LATENCY_ENV:
         os.environ.pop(name, None)
     os.environ.update(RAY_SETTINGS[ray_settings][0])
-    engines = _engines()
+    engines = {"direct": OursBatched("auto"), "http": OpenAIServer("http", PATHS[2][1], "ours"),
+               "ray": OpenAIServer("ray", PATHS[3][1], "ours", replicas=1)}
     started = []
     prompt = chat_prompts(1, "latency")[0]
-    out: Dict[str, List[float]] = {p: [] for p, _ in PATHS}
+    order = [p for p, _ in PATHS]
+    out: Dict[str, List[float]] = {key: [] for key in order + [f"{p}-decoder" for p in order]}
     raw = httpx.Client(timeout=120)
     try:
         for pid, e in engines.items():
@@ -147,9 +129,6 @@ def measure(threads: int, rounds: int, ray_settings: str, fresh: bool = False) -
             latency, decoder = _latency(engines[pid], prompt)
             return latency, decoder if decoder is not None else clocks[pid].last()
 
-        order = [p for p, _ in PATHS]
-        for pid in order:
-            out[f"{pid}-decoder"] = []
         for r in range(rounds):
             if fresh:  # one prompt per path (the two server paths share an engine's cache), alike but for a digit
                 prompts = {pid: chat_prompts(1, f"fresh{threads}.{r}.{i}")[0] for i, pid in enumerate(order)}
@@ -171,29 +150,30 @@ def measure(threads: int, rounds: int, ray_settings: str, fresh: bool = False) -
     return out
 
 
+def _added(a: Sequence[float], b: Sequence[float]) -> str:
+    """The median of the per-round differences a − b in ms, with its bootstrap 95% interval, as a table cell."""
+    diffs = [1000 * (x - y) for x, y in zip(a, b)]
+    ci = bootstrap_ci(diffs)
+    return f"{statistics.median(diffs):+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}]"
+
+
 def summary(lat: Dict[str, List[float]]) -> List[Dict[str, Any]]:
-    """Per path: median latency, and the median added over the path before it."""
+    """Per path: median latency, and what it adds over the path before it (``_added``)."""
     rows = []
     for i, (pid, label) in enumerate(PATHS):
         row: Dict[str, Any] = {"path": pid, "label": label, "median_ms": 1000 * statistics.median(lat[pid]),
-                               "n": len(lat[pid])}
+                               "n": len(lat[pid]), "vs": "–", "added": "–"}
         if i:
             prev = PATHS[i - 1][0]
-            diffs = [1000 * (a - b) for a, b in zip(lat[pid], lat[prev])]
-            ci = bootstrap_ci(diffs)
-            row.update(vs=prev, added_ms=statistics.median(diffs), lo=ci[0], hi=ci[1])
+            row.update(vs=prev, added=_added(lat[pid], lat[prev]))
         rows.append(row)
     return rows
 
 
 def outside_summary(lat: Dict[str, List[float]]) -> List[Dict[str, Any]]:
-    """``summary`` of each request's time outside the decoder (latency − the
-    decoder's own time to first token, of the same request), with the
-    decoder's median.  Both terms come from one process and one pass, so the
-    pass's time, and how fast that process happens to run it, cancel (empty
-    for results without the decoder's times)."""
-    if any(f"{pid}-decoder" not in lat for pid, _ in PATHS):
-        return []
+    """``summary`` of each request's time outside the decoder (latency − the decoder's own time to first token,
+    of the same request: one process ran both, so the pass and that process's speed cancel), with the decoder's
+    median."""
     rows = summary({pid: [a - d for a, d in zip(lat[pid], lat[f"{pid}-decoder"])] for pid, _ in PATHS})
     for row in rows:
         row["decoder_ms"] = 1000 * statistics.median(lat[f"{row['path']}-decoder"])
@@ -222,33 +202,25 @@ def render(results: Dict[str, Any], results_file: Path, results_md: Path = RESUL
            "| threads | Ray settings | path | rounds | latency p50 ms | added over | added ms, median [95% interval] |",
            "|---|---|---|---|---|---|---|"]
     for run in results["runs"]:
-        t, rs, lat = run["threads"], run["ray_settings"], run["latencies"]
-        rs = _settings_label(run)
+        t, rs, lat = run["threads"], run["settings_label"], run["latencies"]
         for row in summary(lat):
-            added = (f"{row['added_ms']:+.1f} [{row['lo']:+.1f}, {row['hi']:+.1f}]" if "vs" in row else "–")
-            out.append(f"| {t} | {rs} | {row['label']} | {row['n']} | {row['median_ms']:.1f} | "
-                       f"{row.get('vs', '–')} | {added} |")
+            out.append(f"| {t} | {rs} | {row['label']} | {row['n']} | {row['median_ms']:.1f} | {row['vs']} | "
+                       f"{row['added']} |")
         h, r = lat["http-health"], lat["ray-health"]
-        diffs = [1000 * (a - b) for a, b in zip(r, h)]
-        ci = bootstrap_ci(diffs)
         out.append(f"| {t} | {rs} | GET /health through Ray's ingress (no decoding) | {len(r)} | "
                    f"{1000 * statistics.median(r):.1f} | the same, bare server ({1000 * statistics.median(h):.1f} "
-                   f"ms) | {statistics.median(diffs):+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}] |")
-    outside = [(run, outside_summary(run["latencies"])) for run in results["runs"]]
-    if any(rows for _, rows in outside):
-        out += ["", "The same requests, outside the decoder: each request's latency minus its decoder's own time "
-                "to first token (submission → first token: `first_token_seconds` of the direct call's stats, the "
-                "growth of `specdec_time_to_first_token_seconds_sum` in the server's `/metrics`). Both come from "
-                "the process that ran the pass, so the pass and that process's speed cancel and what is left is "
-                "the path alone.", "",
-                "| threads | Ray settings | path | decoder's TTFT p50 ms | outside the decoder p50 ms | added over | "
-                "added ms, median [95% interval] |", "|---|---|---|---|---|---|---|"]
-        for run, rows in outside:
-            rs = _settings_label(run)
-            for row in rows:
-                added = (f"{row['added_ms']:+.1f} [{row['lo']:+.1f}, {row['hi']:+.1f}]" if "vs" in row else "–")
-                out.append(f"| {run['threads']} | {rs} | {row['label']} | {row['decoder_ms']:.1f} | "
-                           f"{row['median_ms']:.1f} | {row.get('vs', '–')} | {added} |")
+                   f"ms) | {_added(r, h)} |")
+    out += ["", "The same requests, outside the decoder: each request's latency minus its decoder's own time "
+            "to first token (submission → first token: `first_token_seconds` of the direct call's stats, the "
+            "growth of `specdec_time_to_first_token_seconds_sum` in the server's `/metrics`). Both come from "
+            "the process that ran the pass, so the pass and that process's speed cancel and what is left is "
+            "the path alone.", "",
+            "| threads | Ray settings | path | decoder's TTFT p50 ms | outside the decoder p50 ms | added over | "
+            "added ms, median [95% interval] |", "|---|---|---|---|---|---|---|"]
+    for run in results["runs"]:
+        for row in outside_summary(run["latencies"]):
+            out.append(f"| {run['threads']} | {run['settings_label']} | {row['label']} | {row['decoder_ms']:.1f} | "
+                       f"{row['median_ms']:.1f} | {row['vs']} | {row['added']} |")
     own = ("its prompt's pass, a few hundred milliseconds, in whichever process serves that path (two "
            "processes running the same pass can differ by several percent for their whole lifetime, so these "
            "differences carry that too)" if fresh else "one 1-row target pass")
@@ -263,13 +235,6 @@ def render(results: Dict[str, Any], results_file: Path, results_md: Path = RESUL
             "Python proxy instead of HAProxy (its router on its main loop, gRPC to the replica), or Ray Serve's "
             "defaults (Python proxy)."]
     return "\n".join(out + ["", *notes_of(results_file)]).rstrip() + "\n"
-
-
-def _settings_label(run: Dict[str, Any]) -> str:
-    if "settings_label" in run:
-        return run["settings_label"]
-    # results from before HAProxy was serve --ray's ingress: "ours" then meant the Python proxy
-    return {"ours": RAY_SETTINGS["python-proxy"][1]}.get(run["ray_settings"], RAY_SETTINGS["defaults"][1])
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

@@ -8,29 +8,21 @@
     python -m bench.serving --ray                 # Ray Serve, 1 and 2 replicas of 1 thread
     python -m bench.serving --report-only bench/results/serving/serving_results.json
 
-For each K (concurrent streams) every engine is loaded for K streams and,
-block after block, every engine serves the same K requests (different
-prompts, 128 new tokens each: end-of-generation tokens are banned in every
-engine, ``ignore_eos``, so that all do the same work; ``--until-eos`` lets
-them end a stream), in an order rotated from block to block so
-that a change of machine load hits all engines alike.  Arrivals are "burst"
-(all K at once) or "staggered" (one every ``--stagger`` seconds).  Every
-prompt carries a tag unique to its block, so no engine can answer from a
-prompt cache filled by an earlier block (the chat template's system prompt,
-shared by all requests, may still be reused: every engine can).
-
-Measured per run: aggregate tokens/s (all tokens generated / from the first
-request sent to the last one finished, prompt processing included: what a
-server's users get), time to first token and inter-token gaps per request
-(p50 / p95).  Ratios are medians of per-block ratios with a bootstrap 95%
-interval over blocks.  Writes bench/results/serving/serving_results.json
-and plot_serving.png there, and a "## Serving" section of bench/RESULTS.md.  Nothing here
-asserts a time.
+For each K (concurrent streams) every engine is loaded for K streams and, block after block, serves the
+same K chat requests (different prompts, tagged unique to their block so that no earlier block's prompt
+cache answers them; 128 new tokens each, end-of-generation banned in every engine, ``ignore_eos``, unless
+``--until-eos``), in an order rotated every block so that a change of machine load hits all engines alike.
+Arrivals are "burst" (all K at once) or "staggered" (one every ``--stagger`` seconds).  Measured per run:
+aggregate tokens/s (first request sent → last finished, prompt processing included), time to first token
+and inter-token gaps (p50 / p95); ratios are medians of per-block ratios with a bootstrap 95% interval
+over blocks.  Writes the mode's results file and plot under bench/results/serving/ and its section of
+bench/RESULTS.md.  Nothing here asserts a time.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -40,7 +32,7 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from .common import (
     BASELINE_PYTHON_ENV,
@@ -81,12 +73,11 @@ MODES = {
 
 
 def section_of(results) -> tuple[str, str]:
-    """The RESULTS.md heading and plot file of a run: one section per mode,
-    and one more for an HTTP run that leaves a core spare (fewer threads than
-    cores), where the server and the clients no longer preempt llama.cpp."""
-    mode = results.get("mode", "direct")
+    """The RESULTS.md heading and plot file of a run: one per mode, and its own for an HTTP A/B run or one that
+    leaves a core spare (fewer threads than cores: the server and the clients no longer preempt llama.cpp)."""
+    mode = results["mode"]
     heading, plot_file = MODES[mode]
-    if mode == "http" and AB_ENGINE in results.get("engines", {}):
+    if mode == "http" and AB_ENGINE in results["engines"]:
         return f"{heading}, this checkout against the previous main", plot_file.replace(".png", "_ab.png")
     if mode == "http" and _spare_cores(results):
         t = results["threads"]
@@ -145,8 +136,7 @@ ENGINES: Dict[str, Callable[[], Engine]] = {
     "ray-2": lambda: OpenAIServer("ray-2", "ours through Ray Serve, 2 replicas × 1 thread", "ours", replicas=2,
                                   threads=1),
 }
-DEFAULT_ENGINES = ("batched-auto", "batched-g0", "single-auto", "server-plain", "server-md4",
-                   "server-md8")
+DEFAULT_ENGINES = ("batched-auto", "batched-g0", "single-auto", "server-plain", "server-md4", "server-md8")
 HTTP_ENGINES = ("batched-auto", "http-batched-auto", "server-plain", "server-md4", "lcp-server")
 RAY_ENGINES = ("bare-t1", "ray-1", "ray-2")
 
@@ -239,37 +229,19 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
     if AB_ENGINE in args.engines:
         results["baseline_versions"] = baseline_versions(os.environ[BASELINE_PYTHON_ENV])
     block = 0
-    if args.update:
-        # Re-measure some K (all engines, in blocks of their own) into an earlier run's
-        # file: its runs at those K and arrivals are replaced, the others kept.
-        earlier = json.loads(args.output.read_text())
-        if bool(earlier.get("ignore_eos")) != results["ignore_eos"]:
-            how = "with" if earlier.get("ignore_eos") else "without"
-            raise SystemExit(f"--update: {args.output} was measured {how}"
-                             " ignore_eos; re-measure all of it (no --update) or match its --until-eos")
-        replaced = [r for r in earlier["runs"] if r["k"] in args.ks and r["arrival"] in args.arrivals]
-        earlier["runs"] = [r for r in earlier["runs"] if r not in replaced]
-        earlier.setdefault("updates", []).append({
-            "command": args.command, "started": results["started"], "git": results["git"],
-            "replaced": f"K = {', '.join(map(str, args.ks))}, {', '.join(args.arrivals)} arrivals "
-                        f"({len(replaced)} runs)"})
-        results = earlier
-        block = max((r["block"] for r in results["runs"]), default=0)
     for k in args.ks:
         engines = [ENGINES[e]() for e in args.engines if not (e == "single-auto" and k != 1)]
         for e in engines:
+            results["engines"][e.id] = e.label
             if args.trace_steps is not None and e.id == "batched-auto":
                 e.trace_path = args.trace_steps
-        for e in engines:
-            results["engines"][e.id] = e.label
         started = []
 
         def load(e: Engine) -> None:
             say(f"K={k}: loading {e.label}")
             started.append(e)
             e.start(k, args.threads)
-            warm = chat_prompts(1, f"warm{k}")
-            e.request(warm[0], SETTINGS["t1"], 8, 1, Request(0, 0.0), time.perf_counter())
+            e.request(chat_prompts(1, f"warm{k}")[0], SETTINGS["t1"], 8, 1, Request(0, 0.0), time.perf_counter())
             e.stats()
 
         try:
@@ -280,35 +252,29 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
                     # the pass times the planner started from: the report's forecast column
                     # (the model files by name only: where they lie is the machine's business)
                     results["calibration"] = redact_calibration(e.dec.cost_model.to_dict())
-            for rep in range(args.repeats):
-                for sid in args.settings:
-                    for arrival in args.arrivals:
-                        if arrival == "staggered" and k == 1:
-                            continue
-                        block += 1
-                        prompts = chat_prompts(k, f"{block}")
-                        for e in rotated(engines, block):
-                            if e.alone:
-                                load(e)
-                            run = run_once(e, prompts, SETTINGS[sid], args.tokens, arrival, args.stagger,
-                                           seed=1000 * block, ignore_eos=not args.until_eos)
-                            if e.alone:
-                                e.stop()
-                                started.remove(e)
-                            run.update(k=k, setting=sid, arrival=arrival, block=block, repeat=rep)
-                            results["runs"].append(run)
-                            say(f"K={k} {sid} {arrival} block {block}: {e.id:13s} "
-                                f"{fmt(run['agg_tps'])} tok/s, TTFT p50 {fmt(run['ttft_p50'], 2)} s"
-                                + (f"  ERRORS {run['errors'][:1]}" if run["errors"] else ""))
-                        _save(results, args.output)
+            for rep, sid, arrival in itertools.product(range(args.repeats), args.settings, args.arrivals):
+                if arrival == "staggered" and k == 1:
+                    continue
+                block += 1
+                prompts = chat_prompts(k, f"{block}")
+                for e in rotated(engines, block):
+                    if e.alone:
+                        load(e)
+                    run = run_once(e, prompts, SETTINGS[sid], args.tokens, arrival, args.stagger,
+                                   seed=1000 * block, ignore_eos=not args.until_eos)
+                    if e.alone:
+                        e.stop()
+                        started.remove(e)
+                    run.update(k=k, setting=sid, arrival=arrival, block=block, repeat=rep)
+                    results["runs"].append(run)
+                    say(f"K={k} {sid} {arrival} block {block}: {e.id:13s} "
+                        f"{fmt(run['agg_tps'])} tok/s, TTFT p50 {fmt(run['ttft_p50'], 2)} s"
+                        + (f"  ERRORS {run['errors'][:1]}" if run["errors"] else ""))
+                _save(results, args.output)
         finally:
             for e in started:
                 e.stop()
-    finished = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    if args.update:
-        results["updates"][-1]["finished"] = finished
-    else:
-        results["finished"] = finished
+    results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     _save(results, args.output)
     return results
 
@@ -327,11 +293,29 @@ def _runs(results, **match) -> List[Dict[str, Any]]:
     return [r for r in results["runs"] if all(r.get(k) == v for k, v in match.items())]
 
 
-def paired_runs(results, a: str, b: str, **match) -> List[tuple[Dict[str, Any], Dict[str, Any]]]:
-    """(run of a, run of b) for every block where both ran and emitted tokens."""
+def _axes(results) -> tuple[List[int], List[str], List[str]]:
+    """The K, settings and arrivals a sweep ran, in table order."""
+    runs = results["runs"]
+    return (sorted({r["k"] for r in runs}), [s for s in SETTINGS if any(r["setting"] == s for r in runs)],
+            [a for a in ("burst", "staggered") if any(r["arrival"] == a for r in runs)])
+
+
+def _goal_rows(results, engine: str) -> Iterator[tuple[str, Dict[str, Any]]]:
+    """(a row's setting | arrivals | K cells, its runs' match) for every combination where ``engine`` ran."""
+    ks, settings, arrivals = _axes(results)
+    for sid in settings:
+        for arrival in arrivals:
+            for k in ks:
+                m = dict(k=k, setting=sid, arrival=arrival)
+                if _runs(results, engine=engine, **m):
+                    yield f"| {SETTINGS[sid].label} | {arrival} | {k} | ", m
+
+
+def paired_runs(results, a: str, b: str, key: str = "agg_tps", **match) -> List[tuple[Dict[str, Any], ...]]:
+    """(run of a, run of b) for every block where both ran with a ``key`` (by default: emitted tokens)."""
     by_block: Dict[int, Dict[str, Dict[str, Any]]] = {}
     for r in _runs(results, **match):
-        if r["agg_tps"]:
+        if r[key]:
             by_block.setdefault(r["block"], {})[r["engine"]] = r
     return [(d[a], d[b]) for d in by_block.values() if a in d and b in d]
 
@@ -353,23 +337,22 @@ def best_server(results, **match) -> Optional[str]:
     return best
 
 
+def _vs_server(results, engine: str, **match) -> str:
+    """``engine`` / the faster llama-server mode, as a table cell naming that mode."""
+    srv = best_server(results, **match)
+    return f"{ratio_text(block_ratios(results, engine, srv, **match))} (vs {srv})" if srv else "–"
+
+
 def render(results, data_dir: Path = SERVING, results_md: Path = RESULTS_MD) -> str:
     """The section of one sweep; ``data_dir`` holds its results file and plot."""
-    mode = results.get("mode", "direct")
+    mode = results["mode"]
     section, plot_file = section_of(results)
-    ks = sorted({r["k"] for r in results["runs"]})
-    settings = [s for s in SETTINGS if any(r["setting"] == s for r in results["runs"])]
-    arrivals = [a for a in ("burst", "staggered") if any(r["arrival"] == a for r in results["runs"])]
+    ks, settings, arrivals = _axes(results)
     bv = results.get("baseline_versions")
     L = [section, "",
          "Generated by `python -m bench.serving`; every number comes from the run described here "
          f"(every request is in [{results['output']}]({link(data_dir / results['output'], results_md)})).", "",
          "```", results["command"], "```", "",
-         *[(f"- Measured later, adding {u['replaced'].removesuffix(' (0 runs)')}"
-            if u["replaced"].endswith("(0 runs)") else f"- Re-measured later, replacing that run's {u['replaced']}")
-           + f" ({u['started']} → {u.get('finished', '(unfinished)')}, code at git {u.get('git') or '?'}): "
-           f"`{u['command']}`."
-           for u in results.get("updates", [])],
          f"- Run: {results['started']} → {results.get('finished', '(unfinished)')}"
          + (f" (code at git {results['git']})" if results.get("git") else "")
          + (f"; `{AB_ENGINE}`: the previous main, specdec-cpu {bv.get('specdec_cpu')} at git "
@@ -378,7 +361,7 @@ def render(results, data_dir: Path = SERVING, results_md: Path = RESULTS_MD) -> 
          f"machine: {results['machine'].get('cpu')}, {results['machine'].get('cores')} cores, "
          f"{results['threads']} thread{'s' if results['threads'] != 1 else ''} for every engine"
          + (" (DecoderPool(K): max(1, threads // K) per decoder, its documented setting)"
-            if "pool-auto" in results.get("engines", {}) else "") + ".",
+            if "pool-auto" in results["engines"] else "") + ".",
          f"- Workload: F32 target / Q4_0 draft (Qwen2.5-Coder-0.5B-Instruct); K concurrent streams with "
          f"different chat prompts (a tag unique to each block defeats prompt caches across blocks), "
          f"{results['tokens']} new tokens each"
@@ -399,16 +382,15 @@ def render(results, data_dir: Path = SERVING, results_md: Path = RESULTS_MD) -> 
          "- Engines: " + "; ".join(f"`{e}` {lab}" for e, lab in results["engines"].items()) + ".", ""]
     for sid in settings:
         for arrival in arrivals:
-            rows = [(k, e) for k in ks for e in results["engines"] if _runs(results, k=k, engine=e, setting=sid,
-                                                                             arrival=arrival)]
+            rows = [(k, e, runs) for k in ks for e in results["engines"]
+                    if (runs := _runs(results, k=k, engine=e, setting=sid, arrival=arrival))]
             if not rows:
                 continue
             L += [f"### {SETTINGS[sid].label}, {arrival} arrivals", "",
                   "| K | engine | agg tok/s min – **median** – max | TTFT p50 / p95 s | ITL p50 / p95 ms "
                   "| tokens/pass | rows/pass | acceptance | × batched γ=0 |",
                   "|---|---|---|---|---|---|---|---|---|"]
-            for k, e in rows:
-                rs = _runs(results, k=k, engine=e, setting=sid, arrival=arrival)
+            for k, e, rs in rows:
                 tps = sorted(r["agg_tps"] for r in rs if r["agg_tps"])
                 med = lambda key: median([r.get(key) for r in rs])  # noqa: E731
                 st = lambda key: median([r["stats"].get(key) for r in rs if r.get("stats")])  # noqa: E731
@@ -422,20 +404,17 @@ def render(results, data_dir: Path = SERVING, results_md: Path = RESULTS_MD) -> 
                     + f" | {fmt(st('acceptance'), 2)} | {ratio_text(vs0) if e != 'batched-g0' else '1.00×'} |")
             L.append("")
     if mode == "direct":
-        L += goals(results, ks, settings, arrivals)
-        L += where_time_goes(results, ks, settings, arrivals)
-    elif mode == "http" and AB_ENGINE in results["engines"]:
-        L += ab_goals(results, ks, settings, arrivals)
+        L += goals(results) + where_time_goes(results)
     elif mode == "http":
-        L += http_goals(results, ks, settings, arrivals)
+        L += ab_goals(results) if AB_ENGINE in results["engines"] else http_goals(results)
     else:
-        L += ray_goals(results, ks, settings, arrivals)
+        L += ray_goals(results)
     L += [f"![Aggregate tokens/s against K]({link(data_dir / plot_file, results_md)})", "",
           *notes_of(data_dir / results["output"])]
     return "\n".join(L)
 
 
-def goals(results, ks, settings, arrivals) -> List[str]:
+def goals(results) -> List[str]:
     L = ["### Goals (median of per-block ratios [95% interval])", "",
          "| setting | arrivals | K | auto / faster llama-server mode | auto / batched γ=0 | "
          "auto / γ=0 that 1.2× the server needs | auto / γ=0 forecast | "
@@ -444,27 +423,21 @@ def goals(results, ks, settings, arrivals) -> List[str]:
     from specdec_cpu.planning.forecast import forecast
 
     model = _calibration(results)
-    for sid in settings:
-        alpha = _pair_alpha(results, sid)
-        for arrival in arrivals:
-            for k in ks:
-                m = dict(k=k, setting=sid, arrival=arrival)
-                if not _runs(results, engine="batched-auto", **m):
-                    continue
-                srv = best_server(results, **m)
-                srv_vs0 = block_ratios(results, srv, "batched-g0", **m) if srv else []
-                gain = forecast(model, alpha, [k])[0].gain if model is not None and alpha is not None else None
-                cells = [
-                    (f"{ratio_text(block_ratios(results, 'batched-auto', srv, **m))} (vs {srv})" if srv else "–"),
-                    ratio_text(block_ratios(results, "batched-auto", "batched-g0", **m)),
-                    f"{1.2 * statistics.median(srv_vs0):.2f}×" if srv_vs0 else "–",
-                    f"{gain:.2f}× (α {alpha:.2f})" if gain is not None else "–",
-                    ratio_text(block_ratios(results, "batched-auto", "pool-auto", **m)),
-                    ratio_text(block_ratios(results, "batched-auto", "single-auto", **m)) if k == 1 else "–",
-                    str(sum((r.get("stats") or {}).get("drafted") or 0
-                            for r in _runs(results, engine="batched-auto", **m))),
-                ]
-                L.append(f"| {SETTINGS[sid].label} | {arrival} | {k} | " + " | ".join(cells) + " |")
+    for row, m in _goal_rows(results, "batched-auto"):
+        alpha = _pair_alpha(results, m["setting"])
+        srv = best_server(results, **m)
+        srv_vs0 = block_ratios(results, srv, "batched-g0", **m) if srv else []
+        gain = forecast(model, alpha, [m["k"]])[0].gain if model is not None and alpha is not None else None
+        cells = [
+            _vs_server(results, "batched-auto", **m),
+            ratio_text(block_ratios(results, "batched-auto", "batched-g0", **m)),
+            f"{1.2 * statistics.median(srv_vs0):.2f}×" if srv_vs0 else "–",
+            f"{gain:.2f}× (α {alpha:.2f})" if gain is not None else "–",
+            ratio_text(block_ratios(results, "batched-auto", "pool-auto", **m)),
+            ratio_text(block_ratios(results, "batched-auto", "single-auto", **m)) if m["k"] == 1 else "–",
+            str(sum((r.get("stats") or {}).get("drafted") or 0 for r in _runs(results, engine="batched-auto", **m))),
+        ]
+        L.append(row + " | ".join(cells) + " |")
     L += ["", "Goals of the batched-decoding issue: at every K, auto ≥ 1.2× the faster llama-server mode and "
           "≥ 0.97× batched γ=0; at K = 4, ≥ 2.4× DecoderPool(4); at K = 1, ≥ 0.97× SpeculativeDecoder.", "",
           "Where auto drafted no token (all runs of a row), it ran the same passes as γ=0: the planner "
@@ -506,43 +479,28 @@ def _pair_alpha(results, setting: str) -> Optional[float]:
     return statistics.median(alphas) if alphas else None
 
 
-def _ttft_diffs(results, a: str, b: str, **match) -> List[float]:
-    """Per block: median TTFT of a − median TTFT of b, in ms."""
-    by_block: Dict[int, Dict[str, float]] = {}
-    for r in _runs(results, **match):
-        if r["ttft_p50"] is not None:
-            by_block.setdefault(r["block"], {})[r["engine"]] = r["ttft_p50"]
-    return [1000.0 * (d[a] - d[b]) for d in by_block.values() if a in d and b in d]
-
-
-def _diff_text(diffs: Sequence[float]) -> str:
+def _ttft_diff_text(results, a: str, b: str, **match) -> str:
+    """Per block: median TTFT of a − median TTFT of b; their median in ms and its 95% interval."""
+    diffs = [1000.0 * (x["ttft_p50"] - y["ttft_p50"]) for x, y in paired_runs(results, a, b, "ttft_p50", **match)]
     if not diffs:
         return "–"
     ci = bootstrap_ci(diffs)
     return f"{statistics.median(diffs):+.1f} ms" + (f" [{ci[0]:+.1f}, {ci[1]:+.1f}]" if ci else "")
 
 
-def http_goals(results, ks, settings, arrivals) -> List[str]:
+def http_goals(results) -> List[str]:
+    ours = "http-batched-auto"
     L = ["### The HTTP layer's cost (ours through `specdec-cpu serve` and the openai client, against "
          "BatchedDecoder called directly; medians of per-block values [95% interval])", "",
          "| setting | arrivals | K | aggregate tok/s, HTTP / direct | TTFT p50, HTTP − direct | "
          "HTTP layer's CPU per step, server loop + client | its share of the run's time | "
          "ours over HTTP / llama-server (faster mode) | ours over HTTP / llama-cpp-python server |",
          "|---|---|---|---|---|---|---|---|---|"]
-    for sid in settings:
-        for arrival in arrivals:
-            for k in ks:
-                m = dict(k=k, setting=sid, arrival=arrival)
-                if not _runs(results, engine="http-batched-auto", **m):
-                    continue
-                srv = best_server(results, **m)
-                L.append(f"| {SETTINGS[sid].label} | {arrival} | {k} | "
-                         f"{ratio_text(block_ratios(results, 'http-batched-auto', 'batched-auto', **m))} | "
-                         f"{_diff_text(_ttft_diffs(results, 'http-batched-auto', 'batched-auto', **m))} | "
-                         f"{_layer_cpu_text(_runs(results, engine='http-batched-auto', **m))} | "
-                         + (f"{ratio_text(block_ratios(results, 'http-batched-auto', srv, **m))} (vs {srv})"
-                            if srv else "–")
-                         + f" | {ratio_text(block_ratios(results, 'http-batched-auto', 'lcp-server', **m))} |")
+    for row, m in _goal_rows(results, ours):
+        L.append(row + f"{ratio_text(block_ratios(results, ours, 'batched-auto', **m))} | "
+                 f"{_ttft_diff_text(results, ours, 'batched-auto', **m)} | "
+                 f"{_layer_cpu_text(_runs(results, engine=ours, **m))} | {_vs_server(results, ours, **m)} | "
+                 f"{ratio_text(block_ratios(results, ours, 'lcp-server', **m))} |")
     L += ["", "Goal of the server issue: the HTTP layer costs under 2% of aggregate throughput (ratio ≥ 0.98) "
           "and adds under 5 ms to time to first token.", "",
           "The layer's CPU (medians over blocks; runs measured before it was recorded show –): the CPU time "
@@ -563,7 +521,7 @@ def http_goals(results, ks, settings, arrivals) -> List[str]:
     return L
 
 
-def ab_goals(results, ks, settings, arrivals) -> List[str]:
+def ab_goals(results) -> List[str]:
     """This checkout's server against the previous main's, and both against the faster llama-server mode."""
     ours = "http-batched-auto"
     L = ["### This checkout against the previous main (aggregate tok/s; medians of per-block ratios "
@@ -571,18 +529,10 @@ def ab_goals(results, ks, settings, arrivals) -> List[str]:
          "| setting | arrivals | K | ours / previous main | ours / llama-server (faster mode) | "
          "previous main / llama-server (faster mode) | TTFT p50, ours − previous main |",
          "|---|---|---|---|---|---|---|"]
-    for sid in settings:
-        for arrival in arrivals:
-            for k in ks:
-                m = dict(k=k, setting=sid, arrival=arrival)
-                if not _runs(results, engine=AB_ENGINE, **m):
-                    continue
-                srv = best_server(results, **m)
-                vs = lambda e: (f"{ratio_text(block_ratios(results, e, srv, **m))} (vs {srv})"  # noqa: E731
-                                if srv else "–")
-                L.append(f"| {SETTINGS[sid].label} | {arrival} | {k} | "
-                         f"{ratio_text(block_ratios(results, ours, AB_ENGINE, **m))} | {vs(ours)} | "
-                         f"{vs(AB_ENGINE)} | {_diff_text(_ttft_diffs(results, ours, AB_ENGINE, **m))} |")
+    for row, m in _goal_rows(results, AB_ENGINE):
+        L.append(row + f"{ratio_text(block_ratios(results, ours, AB_ENGINE, **m))} | "
+                 f"{_vs_server(results, ours, **m)} | {_vs_server(results, AB_ENGINE, **m)} | "
+                 f"{_ttft_diff_text(results, ours, AB_ENGINE, **m)} |")
     return L + ["", f"`{ours}` and `{AB_ENGINE}` run the same `specdec-cpu serve` command, threads and "
                 "settings, each under its checkout's Python; each server measures the pair's pass times at "
                 "first use or reads them from the calibration store both share.", ""]
@@ -601,21 +551,15 @@ def _layer_cpu_text(runs: Sequence[Dict[str, Any]]) -> str:
     return f"{loop:.2f} + {client:.2f} ms | {100.0 * share:.1f}%"
 
 
-def ray_goals(results, ks, settings, arrivals) -> List[str]:
+def ray_goals(results) -> List[str]:
     L = ["### Ray Serve: scaling and overhead (1 thread per replica; medians of per-block values "
          "[95% interval])", "",
          "| setting | arrivals | K | 2 replicas / 1 replica (aggregate tok/s) | 1 replica / bare server | "
          "TTFT p50, 1 replica − bare server |", "|---|---|---|---|---|---|"]
-    for sid in settings:
-        for arrival in arrivals:
-            for k in ks:
-                m = dict(k=k, setting=sid, arrival=arrival)
-                if not _runs(results, engine="ray-1", **m):
-                    continue
-                L.append(f"| {SETTINGS[sid].label} | {arrival} | {k} | "
-                         f"{ratio_text(block_ratios(results, 'ray-2', 'ray-1', **m))} | "
-                         f"{ratio_text(block_ratios(results, 'ray-1', 'bare-t1', **m))} | "
-                         f"{_diff_text(_ttft_diffs(results, 'ray-1', 'bare-t1', **m))} |")
+    for row, m in _goal_rows(results, "ray-1"):
+        L.append(row + f"{ratio_text(block_ratios(results, 'ray-2', 'ray-1', **m))} | "
+                 f"{ratio_text(block_ratios(results, 'ray-1', 'bare-t1', **m))} | "
+                 f"{_ttft_diff_text(results, 'ray-1', 'bare-t1', **m)} |")
     ingress = {}
     for r in results["runs"]:
         if r["engine"] in ("ray-1", "ray-2"):
@@ -635,26 +579,21 @@ def ray_goals(results, ks, settings, arrivals) -> List[str]:
     return L
 
 
-def where_time_goes(results, ks, settings, arrivals) -> List[str]:
+def where_time_goes(results) -> List[str]:
     L = ["### Where the time goes (ours, BatchedDecoder γ=auto; share of step time, medians over runs)", "",
          "| setting | arrivals | K | target | draft | sampling | scheduler | rows/pass | tokens/pass | "
          "drafted tokens/run | mean α |",
          "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for sid in settings:
-        for arrival in arrivals:
-            for k in ks:
-                rs = [r for r in _runs(results, engine="batched-auto", k=k, setting=sid, arrival=arrival)
-                      if r.get("stats")]
-                if not rs:
-                    continue
-                share = lambda key: median([r["stats"][key] / r["stats"]["step_s"]  # noqa: E731
-                                             for r in rs if r["stats"].get("step_s")])
-                st = lambda key: median([r["stats"].get(key) for r in rs])  # noqa: E731
-                L.append(f"| {SETTINGS[sid].label} | {arrival} | {k} | {_pctx(share('target_s'))} | "
-                         f"{_pctx(share('draft_s'))} | {_pctx(share('sampling_s'))} | "
-                         f"{_pctx(share('scheduler_s'))} | {fmt(st('rows_per_pass'), 1)} | "
-                         f"{fmt(st('tokens_per_pass'), 2)} | {fmt(st('drafted'), 0)} | "
-                         f"{fmt(st('mean_alpha'), 3)} |")
+    for row, m in _goal_rows(results, "batched-auto"):
+        rs = [r for r in _runs(results, engine="batched-auto", **m) if r.get("stats")]
+        if not rs:
+            continue
+        share = lambda key: median([r["stats"][key] / r["stats"]["step_s"]  # noqa: E731
+                                    for r in rs if r["stats"].get("step_s")])
+        st = lambda key: median([r["stats"].get(key) for r in rs])  # noqa: E731
+        L.append(row + f"{_pctx(share('target_s'))} | {_pctx(share('draft_s'))} | {_pctx(share('sampling_s'))} | "
+                 f"{_pctx(share('scheduler_s'))} | {fmt(st('rows_per_pass'), 1)} | "
+                 f"{fmt(st('tokens_per_pass'), 2)} | {fmt(st('drafted'), 0)} | {fmt(st('mean_alpha'), 3)} |")
     return L + [""]
 
 
@@ -673,7 +612,7 @@ def plot(results, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    settings = [s for s in SETTINGS if any(r["setting"] == s for r in results["runs"])]
+    settings = _axes(results)[1]
     fig, axes = plt.subplots(1, len(settings), figsize=(6 * len(settings), 4.2), squeeze=False)
     for ax, sid in zip(axes[0], settings):
         for e, label in results["engines"].items():
@@ -725,9 +664,6 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                          f"(default: ${BASELINE_PYTHON_ENV})")
     ap.add_argument("--output", type=Path, default=SERVING / "serving_results.json")
     ap.add_argument("--results-md", type=Path, default=RESULTS_MD)
-    ap.add_argument("--update", action="store_true",
-                    help="re-measure --ks (all --engines) into the existing --output file, replacing its runs "
-                         "at those K and arrivals and keeping the rest")
     ap.add_argument("--report-only", type=Path, default=None, metavar="RESULTS_JSON",
                     help="re-render the section and plot from a results file")
     ap.add_argument("--trace-steps", type=Path, default=None, metavar="JSONL",
@@ -737,12 +673,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     args = ap.parse_args(argv)
     given = list(argv if argv is not None else sys.argv[1:])
     args.command = " ".join(["python -m bench.serving", *redact_baseline(given)])
-    explicit_engines = any(a.startswith("--engines") for a in given)
-    if args.http and not explicit_engines:
-        args.engines = list(HTTP_ENGINES)
-    if args.ray and not explicit_engines:
-        args.engines = list(RAY_ENGINES)
     if args.http or args.ray:
+        if not any(a.startswith("--engines") for a in given):
+            args.engines = list(RAY_ENGINES if args.ray else HTTP_ENGINES)
         default_out = "serving_http" if args.http else "serving_ray"
         if args.http and AB_ENGINE in args.engines:
             default_out += "_ab"  # this checkout against the previous main: its own results and section
@@ -750,8 +683,6 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
             default_out += f"_t{args.threads}"  # its own results and RESULTS.md section
         if args.output == SERVING / "serving_results.json":
             args.output = SERVING / f"{default_out}_results.json"
-    if args.update and not args.output.is_file():
-        ap.error(f"--update needs an earlier results file at {args.output}")
     if args.quick:
         args.ks, args.settings, args.arrivals, args.repeats = [1, 4], ["t1"], ["burst"], 1
     unknown = [e for e in args.engines if e not in ENGINES] + [s for s in args.settings if s not in SETTINGS]
@@ -767,15 +698,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    if args.report_only is not None:
-        results = json.loads(args.report_only.read_text())
-    else:
-        results = sweep(args)
+    results = json.loads(args.report_only.read_text()) if args.report_only is not None else sweep(args)
     heading, plot_file = section_of(results)
     data_dir = (args.report_only or args.output).parent
     plot(results, data_dir / plot_file)
     write_section(args.results_md, render(results, data_dir, args.results_md), heading,
-                  after=MODES[results.get("mode", "direct")][0])
+                  after=MODES[results["mode"]][0])
     say(f"wrote {args.results_md} ({heading}) and {plot_file}")
     return 0
 
