@@ -5,17 +5,12 @@
     python -m bench audit --dry-run        # the engines, settings and estimated duration
     python -m bench audit --report-only    # re-render the section and plot from bench/results/audit/results.json
 
-Every engine generates sequences of the demo pair (F32 target, Q4_0 draft)
-from many chat prompts, each with its own seed, and reports the token ids it
-sampled (never its text tokenized again); ``specdec_cpu.audit`` scores them
-against the target's own distribution with the engine's sampler chain, at
-T = 1 and at T = 0.7 with top-p 0.95, until ``--tokens`` informative positions
-are audited.  Each engine's ``ids_from`` (bench/engines/) says where its ids
-come from (llama.cpp's speculative tools: their debug log, checked against the
-text they printed); docs/audit.md describes the tests.  Samples go to
-``<output-dir>/samples/<setting>/<engine>.jsonl.gz`` (the audit's input
-format), results to ``<output-dir>/results.json``, the table and plot to the
-"## Is it exact?" section of bench/RESULTS.md.
+Every engine generates sequences of the demo pair (F32 target, Q4_0 draft) from many chat prompts, each with its
+own seed, and reports the token ids it sampled (its ``ids_from`` in bench/engines/ says from where; never its text
+tokenized again).  ``specdec_cpu.audit`` scores them against the target with the engine's sampler chain, at T = 1
+and at T = 0.7 with top-p 0.95, until ``--tokens`` informative positions are audited (docs/audit.md).  Samples go
+to ``<output-dir>/samples/<setting>/<engine>.jsonl.gz``, results to ``<output-dir>/results.json``, the section to
+bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -243,10 +238,10 @@ def retokenization(ctx: Ctx, samples: Sequence[Sample]) -> Dict[str, Any]:
 
 
 def read_samples(path: Path):
-    """The audit's GeneratedSequence objects of a samples file (plain or gzipped JSONL)."""
+    """The audit's GeneratedSequence objects of a samples file (gzipped JSONL)."""
     from specdec_cpu.audit import parse_lines
 
-    with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as fh:
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
         return parse_lines(fh.readlines(), path.name)
 
 
@@ -261,7 +256,7 @@ def _load_progress(path: Path, key: Dict[str, Any]) -> Optional[Dict[str, Any]]:
     if not (path.is_file() and progress.is_file()):
         return None
     state = json.loads(progress.read_text())
-    if state.get("key") != json.loads(json.dumps(key)):
+    if state["key"] != json.loads(json.dumps(key)):
         return None
     records = [json.loads(line) for line in gzip.open(path, "rt", encoding="utf-8")]
     if len(records) != len(state["sequence_meta"]):
@@ -286,15 +281,14 @@ def _save_progress(path: Path, key: Dict[str, Any], samples: Sequence[Sample], *
     os.replace(tmp, progress)
 
 
-def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx: Ctx, model, args,
-                       out_dir: Path) -> Dict[str, Any]:
+def run_engine_setting(engine: Engine, setting: Setting, ctx: Ctx, model, args) -> Dict[str, Any]:
     """Generate and score rounds of sequences until ``args.tokens`` positions are audited (saved after each round;
     with ``args.resume`` an unfinished run of the same key is continued)."""
     from specdec_cpu.audit import AuditSession, GeneratedSequence
 
-    jobs = Jobs(ctx.tokenizer, args.seed, setting_index)
+    jobs = Jobs(ctx.tokenizer, args.seed, AUDIT_SETTINGS.index(setting.id))
     session = AuditSession(model, setting.params(), chain=engine.chain)
-    path = out_dir / "samples" / setting.id / f"{engine.id}.jsonl.gz"
+    path = args.output_dir / "samples" / setting.id / f"{engine.id}.jsonl.gz"
     key = {"tokens_target": args.tokens, "max_tokens": args.max_tokens, "seed": args.seed,
            "setting": asdict(setting)}
 
@@ -321,7 +315,7 @@ def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx
         if session.tokens > 0 and next_job > 0:
             n = math.ceil(1.05 * remaining / max(session.tokens / next_job, 1.0))
         else:  # first round: ~80% of the estimate, the next rounds use what was measured
-            n = math.ceil(0.8 * remaining / (MEAN_LENGTH * args.max_tokens * INFORMATIVE.get(setting.id, 0.6)))
+            n = math.ceil(0.8 * remaining / (MEAN_LENGTH * args.max_tokens * INFORMATIVE[setting.id]))
         n = min(max(n, 1), per_round)
         if engine.parallel > 1:
             n = engine.parallel * math.ceil(n / engine.parallel)
@@ -366,7 +360,7 @@ def run_engine_setting(engine: Engine, setting: Setting, setting_index: int, ctx
         "rounds": rounds, "generate_seconds": round(gen_s, 1), "score_seconds": round(score_s, 1),
         "tokens_per_second": emitted / gen_s if gen_s > 0 else None,
         "retokenization": retokenization(ctx, samples),
-        "samples_file": str(path.relative_to(out_dir)),
+        "samples_file": str(path.relative_to(args.output_dir)),
         "sequence_fields": META_FIELDS,
         "sequence_meta": [s.meta() for s in samples],
         "tokens_target": args.tokens, "max_tokens": args.max_tokens,
@@ -393,8 +387,7 @@ def rescore(args: argparse.Namespace, command: str) -> Dict[str, Any]:
     results = load_results(res_path)
     runs = [r for r in results.get("runs", []) if r["engine"] in args.engines and r["setting"] in args.settings]
     if not runs:
-        raise SystemExit(f"no finished run of {', '.join(args.engines)} × {', '.join(args.settings)} "
-                         f"in {res_path}")
+        raise SystemExit(f"no finished run of {', '.join(args.engines)} × {', '.join(args.settings)} in {res_path}")
     model = TargetModel(ensure_model(F32), n_threads=args.threads)
     try:
         for rec in runs:
@@ -433,11 +426,10 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
     from specdec_cpu.audit import TargetModel
     from specdec_cpu.demo_models import ensure_model
 
-    out_dir: Path = args.output_dir
-    res_path = out_dir / "results.json"
+    res_path = args.output_dir / "results.json"
     old = load_results(res_path) if args.resume else {}
     done = {(r["engine"], r["setting"]): r for r in old.get("runs", [])
-            if r.get("tokens_target") == args.tokens and r.get("max_tokens") == args.max_tokens}
+            if r["tokens_target"] == args.tokens and r["max_tokens"] == args.max_tokens}
     target, draft = ensure_model(F32), ensure_model(Q4_0)
     try:
         peers = llama_cli.ensure_peers(log=None)
@@ -458,10 +450,10 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
     kept = [r for key, r in done.items() if key[0] not in args.engines or key[1] not in args.settings]
     results["runs"] += kept
     if done:  # the section names every command whose runs it shows
-        results["command"], results["started"] = f"{old.get('command')}`, then `{command}", old.get("started")
+        results["command"], results["started"] = f"{old['command']}`, then `{command}", old["started"]
     for r in kept:
         results["settings"].setdefault(r["setting"], old["settings"][r["setting"]])
-    t_start = time.monotonic() - (old.get("duration_seconds") or 0 if done else 0)
+    t_start = time.monotonic() - (old["duration_seconds"] if done else 0)
     model = TargetModel(target, n_threads=args.threads)
     try:
         ctx = Ctx(target, draft, args.threads, args.parallel, args.max_tokens, model.tokenizer)
@@ -485,8 +477,7 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
             try:
                 for sid in todo:
                     try:
-                        rec = run_engine_setting(engine, SETTINGS[sid], AUDIT_SETTINGS.index(sid), ctx, model, args,
-                                                 out_dir)
+                        rec = run_engine_setting(engine, SETTINGS[sid], ctx, model, args)
                     except Exception as exc:  # noqa: BLE001
                         say(f"{eid} {sid}: FAILED: {exc}")
                         results["errors"].append(f"{eid} {sid}: {str(exc).splitlines()[0][:300]}")
@@ -509,39 +500,39 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
     return results
 
 
-def estimate(args: argparse.Namespace) -> Tuple[float, List[str]]:
-    """Seconds the run should take on the idle 2-core reference machine, and a line per engine."""
-    lines, total = [], 0.0
+def dry_run(args: argparse.Namespace) -> None:
+    """Print the plan and how long it should take on the idle 2-core reference machine."""
+    print(f"{len(args.engines)} engines × {len(args.settings)} settings, >= {args.tokens} audited tokens each, "
+          f"sequences of <= {args.max_tokens} tokens, {args.threads} threads")
+    total = 0.0
     for eid in args.engines:
         rate, fixed = RATES[eid]
         secs = 0.0
         for sid in args.settings:
-            emitted = args.tokens / INFORMATIVE.get(sid, 0.6) * 1.05
+            emitted = args.tokens / INFORMATIVE[sid] * 1.05
             seqs = emitted / (MEAN_LENGTH * args.max_tokens)
             secs += emitted / rate + seqs * fixed + (emitted + seqs * 150) / SCORE_RATE
         secs += 20.0  # loading
         total += secs
-        lines.append(f"  {eid:26s} ≈ {secs / 60:5.1f} min")
-    return total, lines
+        print(f"  {eid:26s} ≈ {secs / 60:5.1f} min")
+    print(f"estimated duration on the idle 2-core reference machine: {_mmss(total)}")
 
 
 # --- report ---
 
 
-def _p(x: Optional[float]) -> str:
-    return "–" if x is None else "< 1e-300" if x == 0.0 else f"{x:.2g}" if x < 0.01 else f"{x:.2f}"
+def _p(x: float) -> str:
+    return "< 1e-300" if x == 0.0 else f"{x:.2g}" if x < 0.01 else f"{x:.2f}"
 
 
-def _p_eq(x: Optional[float]) -> str:
+def _p_eq(x: float) -> str:
     """``p = 0.52``, or ``p < 1e-300`` where it underflowed."""
     return f"p {_p(x)}" if x == 0.0 else f"p = {_p(x)}"
 
 
 def _ordered_runs(results) -> List[Dict[str, Any]]:
-    """The runs, engine by engine (in ENGINES' order, then any other)."""
-    runs = results.get("runs", [])
-    order = list(dict.fromkeys([*ENGINES, *(r["engine"] for r in runs)]))
-    return sorted(runs, key=lambda r: order.index(r["engine"]))
+    """The runs, engine by engine in ENGINES' order."""
+    return sorted(results["runs"], key=lambda r: list(ENGINES).index(r["engine"]))
 
 
 def _setting_text(r) -> str:
@@ -558,16 +549,14 @@ def _data_dir(out_dir: Path) -> str:
 
 def _command_text(results: Dict[str, Any], out_dir: Path) -> str:
     """The command line and its duration; a run made in pieces with --resume records every piece's command."""
-    pieces = str(results.get("command", "python -m bench audit")).split("`, then `")
-    d = _data_dir(out_dir)
-    rerender = f"`python -m bench audit --report-only{'' if d == 'bench/audit' else f' --output-dir {d}'}`"
-    started = results.get("started", "?")
+    pieces = results["command"].split("`, then `")
+    rerender = f"`python -m bench audit --report-only --output-dir {_data_dir(out_dir)}`"
+    started = results["started"]
     if len(pieces) == 1:
-        hours = (results.get("duration_seconds") or 0) / 3600
+        hours = results["duration_seconds"] / 3600
         return f"Command: `{pieces[0]}` (started {started}, {hours:.1f} h; re-render with {rerender})."
     base = re.sub(r" --(resume|settings \S+|engines \S+|results-md \S+)(?=\s|$)", "", pieces[0])
-    hours = sum((r.get("generate_seconds") or 0) + (r.get("score_seconds") or 0)
-                for r in results.get("runs", [])) / 3600
+    hours = sum(r["generate_seconds"] + r["score_seconds"] for r in results["runs"]) / 3600
     return (f"Command: `{base}`, run in {len(pieces)} pieces with `--resume`, each naming the `--settings` "
             "and `--engines` still to do (results.json's `command` lists them; "
             f"started {started}; {hours:.1f} h of generation and scoring, summed over "
@@ -575,9 +564,9 @@ def _command_text(results: Dict[str, Any], out_dir: Path) -> str:
 
 
 def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Path) -> str:
-    cfg = results.get("config", {})
+    cfg = results["config"]
     L = [SECTION, ""]
-    if cfg.get("tokens", FULL_TOKENS) < FULL_TOKENS:
+    if cfg["tokens"] < FULL_TOKENS:
         L += [f"**A reduced run: {cfg['tokens']:,} audited tokens per engine and setting, not the "
               f"{FULL_TOKENS:,} of the full audit.** Its power is lower: a pass rules out only a total-variation "
               "gap above the upper end of its interval (the power test in tests/ flags a 0.02 gap within "
@@ -589,10 +578,10 @@ def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Path) -> 
           "covariance, surprisal z (negative: the engine picks likely tokens too often), and the 99.9% interval "
           "of the total-variation gap between the engine's and the target's pooled rank-bin laws; the verdict "
           "fails when either p-value is below 1e-3 (the audit's defaults). F32 target, Q4_0 draft "
-          f"(Qwen2.5-Coder-0.5B-Instruct); {len(cfg.get('prompts', []))} chat prompts (open requests and "
+          f"(Qwen2.5-Coder-0.5B-Instruct); {len(cfg['prompts'])} chat prompts (open requests and "
           "grounded ones whose answer copies the prompt), sequences of at most "
-          f"{cfg.get('max_tokens', '?')} new tokens, each with its own seed, until at least "
-          f"{cfg.get('tokens', 0):,} informative positions are audited per engine and setting (positions "
+          f"{cfg['max_tokens']} new tokens, each with its own seed, until at least "
+          f"{cfg['tokens']:,} informative positions are audited per engine and setting (positions "
           "where the target's distribution is a single token are only checked). *chain*: the sampler order the "
           "audit models — temperature → top-k → top-p → min-p for ours and llama.cpp's tools (run with "
           "`--samplers temperature;top_k;top_p;min_p`), top-k → top-p → min-p → temperature for "
@@ -603,18 +592,15 @@ def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Path) -> 
     for r in runs:
         rep = r["report"]
         extra = ""
-        outside = rep.get("impossible_count", 0) + rep.get("mismatches_count", 0)
+        outside, ties = rep["impossible_count"] + rep["mismatches_count"], rep["near_ties"]
         if outside:
-            ties = rep.get("near_ties", 0)
             extra = f" ({outside} token{'s' if outside != 1 else ''} outside the support" + (
                 (", a near tie" if outside == 1 else ", all near ties") if ties == outside
                 else f", {ties} of them near ties") + ")"
-        tv = rep.get("tv") or [0.0, 1.0]
-        z_text = "–" if rep.get("z") is None else f"{rep['z']:+.2f} ({_p(rep.get('z_p'))})"
-        L.append(f"| {r['label']}{' *(control)*' if r.get('control') else ''} | {_setting_text(r)} | "
-                 f"{r['chain'].replace('temperature-', 'temp-')} | {rep['tokens']:,} | {_p(rep.get('chi2_p'))} | "
-                 f"{z_text} | [{tv[0]:.4f}, {tv[1]:.4f}] | {'pass' if r['verdict'] == 'pass' else '**fail**'}"
-                 f"{extra} |")
+        L.append(f"| {r['label']}{' *(control)*' if r['control'] else ''} | {_setting_text(r)} | "
+                 f"{r['chain'].replace('temperature-', 'temp-')} | {rep['tokens']:,} | {_p(rep['chi2_p'])} | "
+                 f"{rep['z']:+.2f} ({_p(rep['z_p'])}) | [{rep['tv'][0]:.4f}, {rep['tv'][1]:.4f}] | "
+                 f"{'pass' if r['verdict'] == 'pass' else '**fail**'}{extra} |")
     L.append("")
     if plot_name:
         L += [f"![surprisal z and TV gap per engine]({plot_name})", ""]
@@ -624,13 +610,13 @@ def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Path) -> 
           "generation tok/s | ids re-render the printed text |",
           "|---|---|---|---|---|---|---|---|"]
     for r in runs:
-        da = "–" if not r.get("drafted") else f"{r['drafted']:,} / {r['accepted']:,}"
-        chk = "–" if not r.get("text_checks") else f"{r['text_checks'] - r['text_mismatches']} of {r['text_checks']}"
-        tps = "–" if not r.get("tokens_per_second") else f"{r['tokens_per_second']:.1f}"
+        da = "–" if not r["drafted"] else f"{r['drafted']:,} / {r['accepted']:,}"
+        chk = "–" if not r["text_checks"] else f"{r['text_checks'] - r['text_mismatches']} of {r['text_checks']}"
+        tps = "–" if not r["tokens_per_second"] else f"{r['tokens_per_second']:.1f}"
         L.append(f"| {r['label']} | {_setting_text(r)} | {r['ids_from']} | {r['sequences']} ({r['stopped']}) | "
                  f"{r['emitted']:,} | {da} | {tps} | {chk} |")
     L.append("")
-    rt = [r["retokenization"] for r in results.get("runs", []) if r["engine"].startswith("ours")]
+    rt = [r["retokenization"] for r in runs if r["engine"].startswith("ours")]
     if rt:
         seqs, ch, toks, cht = (sum(x[k] for x in rt) for k in ("sequences", "sequences_changed", "tokens",
                                                                "tokens_changed"))
@@ -638,14 +624,14 @@ def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Path) -> 
               f"were sampled in {ch} of {seqs} sequences ({cht:,} of {toks:,} ids, "
               f"{100 * cht / max(toks, 1):.2f}%, in the differing stretches); an audit of re-tokenized text "
               "would score those stretches at the wrong ranks.", ""]
-    if any(r.get("drafted") for r in results.get("runs", [])):
+    if any(r["drafted"] for r in runs):
         L += ["Drafted / accepted show that speculation really ran (for llama-cpp-python's prompt lookup the "
               "library reports no counts). Generation tok/s is what each engine ran at while audited, with "
               "whatever else the machine did at the time: not a speed comparison (bench/serving.py and "
               "`python -m bench` measure speed side by side).", ""]
     failed = [f"{r['engine']} {r['setting']}: {len(r['failed_sequences'])} sequences failed and were left out "
-              f"({r['failed_sequences'][0]})" for r in results.get("runs", []) if r.get("failed_sequences")]
-    problems = (results.get("errors") or []) + failed
+              f"({r['failed_sequences'][0]})" for r in results["runs"] if r["failed_sequences"]]
+    problems = results["errors"] + failed
     if problems:
         L += ["### Problems", ""] + [f"- {e}" for e in problems] + [""]
     data_dir = _data_dir(out_dir)
@@ -668,8 +654,8 @@ def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Path) -> 
           "[--chain temperature-last]` to re-score one); per-sequence prompt, seed and counts in "
           f"`{data_dir}/results.json`.", ""]
     commands: Dict[str, str] = {}
-    for r in results.get("runs", []):
-        if r.get("command"):
+    for r in results["runs"]:
+        if r["command"]:
             commands.setdefault(r["engine"], re.sub(r"(-s) \d+", r"\1 SEED", r["command"]))
     if commands:
         L += ["Engine command lines (one per engine, prompt and seed abbreviated):", ""]
@@ -684,10 +670,7 @@ def _same_sequences(out_dir: Path, by: Dict[Tuple[str, str], Any], a: str, b: st
     for sid in AUDIT_SETTINGS:
         if (a, sid) not in by or (b, sid) not in by:
             continue
-        try:
-            xs, ys = (read_samples(out_dir / by[(e, sid)]["samples_file"]) for e in (a, b))
-        except (OSError, KeyError, ValueError):
-            continue
+        xs, ys = (read_samples(out_dir / by[(e, sid)]["samples_file"]) for e in (a, b))
         same = sum(x.tokens == y.tokens for x, y in zip(xs, ys))
         out.append(f"{same} of {min(len(xs), len(ys))} at {_setting_text(by[(a, sid)])}")
     return out
@@ -718,7 +701,7 @@ _MATCH_RULE = {
 def findings(results, out_dir: Path) -> List[str]:
     """What the numbers say, engine by engine, with what the source says where it matters."""
     L = ["### Findings", ""]
-    by = {(r["engine"], r["setting"]): r for r in results.get("runs", [])}
+    by = {(r["engine"], r["setting"]): r for r in results["runs"]}
 
     def verdicts(eid):
         return [by[(eid, s)] for s in AUDIT_SETTINGS if (eid, s) in by]
@@ -773,11 +756,11 @@ def findings(results, out_dir: Path) -> List[str]:
                  f"{len(controls)} pass" + (" — a failing control means the audit itself, not the engine, is "
                                              "off: read the other rows with care" if bad else "")
                  + ". With two tests at 1e-3, an exact engine fails about 2 audits in 1,000.")
-    tied = [r for r in results.get("runs", []) if r["report"].get("near_ties")]
+    tied = [r for r in results["runs"] if r["report"]["near_ties"]]
     if tied:
         n_ties = sum(r["report"]["near_ties"] for r in tied)
-        plain = sum(r["report"]["near_ties"] for r in tied if r.get("control"))
-        tol = tied[0]["report"].get("tie_tolerance", 0.05)
+        plain = sum(r["report"]["near_ties"] for r in tied if r["control"])
+        tol = tied[0]["report"]["tie_tolerance"]
         L.append(
             f"- Near ties: {n_ties} emitted token{'s' if n_ties != 1 else ''} in {len(tied)} "
             f"row{'s' if len(tied) != 1 else ''} lie just outside the audit's support and enter it once every "
@@ -802,11 +785,9 @@ def plot(results: Dict[str, Any], path: Path) -> None:
     ys = {e: len(engines) - 1 - i for i, e in enumerate(engines)}
     marks = {"t1": ("o", "C0", -0.12), "t0.7": ("s", "C1", 0.12)}
     ax_z.axvspan(-3.29, 3.29, color="0.9", zorder=0, label="|z| < 3.29 (p > 1e-3)")
-    for r in results.get("runs", []):
+    for r in results["runs"]:
         rep = r["report"]
-        if rep.get("z") is None:
-            continue
-        m, c, dy = marks.get(r["setting"], ("^", "C2", 0.0))
+        m, c, dy = marks[r["setting"]]
         y, z = ys[r["engine"]] + dy, rep["z"]
         shown = max(min(z, 12.0), -12.0)
         face = c if r["verdict"] == "pass" else "none"
@@ -814,9 +795,8 @@ def plot(results: Dict[str, Any], path: Path) -> None:
         if shown != z:
             ax_z.annotate(f"{z:+.0f}", (shown, y), textcoords="offset points", xytext=(0, 6), ha="center",
                           fontsize=7)
-        lo, hi = rep["tv"]
-        ax_tv.plot([lo, hi], [y, y], color=c, linewidth=2)
-        ax_tv.plot([rep.get("tv_estimate", lo)], [y], marker=m, color=c, markerfacecolor=face, markersize=6,
+        ax_tv.plot(rep["tv"], [y, y], color=c, linewidth=2)
+        ax_tv.plot([rep["tv_estimate"]], [y], marker=m, color=c, markerfacecolor=face, markersize=6,
                    linestyle="none")
     for s, (m, c, _) in marks.items():
         ax_z.plot([], [], marker=m, color=c, linestyle="none", label=SETTINGS[s].label)
@@ -860,7 +840,6 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--report-only", action="store_true", help="re-render the section and plot from results.json")
     ap.add_argument("--rescore", action="store_true",
                     help="score the saved samples of the named engines × settings again (no generation)")
-    ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and estimated duration")
     args = ap.parse_args(argv)
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
@@ -884,11 +863,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     if args.dry_run:
-        total, lines = estimate(args)
-        print(f"{len(args.engines)} engines × {len(args.settings)} settings, >= {args.tokens} audited tokens each, "
-              f"sequences of <= {args.max_tokens} tokens, {args.threads} threads")
-        print("\n".join(lines))
-        print(f"estimated duration on the idle 2-core reference machine: {_mmss(total)}")
+        dry_run(args)
         return 0
     res_path = args.output_dir / "results.json"
     if args.report_only:
@@ -902,15 +877,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results = run(args, command_line("python -m bench audit", argv))
     plot_path = args.output_dir / "plot_audit.png"
     name = None
-    if not args.no_plot:
-        try:
-            plot(results, plot_path)
-            name = link(plot_path, args.results_md)
-        except ImportError:
-            say("matplotlib is missing: no plot")
+    try:
+        plot(results, plot_path)
+        name = link(plot_path, args.results_md)
+    except ImportError:
+        say("matplotlib is missing: no plot")
     write_section(args.results_md, render(results, name, args.output_dir), SECTION)
     say(f"wrote {args.results_md} ({SECTION})" + (f" and {plot_path}" if name else ""))
-    return 0 if not results.get("errors") else 1
+    return 0 if not results["errors"] else 1
 
 
 if __name__ == "__main__":

@@ -6,21 +6,11 @@ against what its steps did.
     python -m bench.step_trace steps.jsonl            # every batch size
     python -m bench.step_trace steps.jsonl --batch 4
 
-Per batch size (steps whose requests all decode, no prompt rows in the pass):
-
-- plain steps: the rate their plans predicted and the rate they reached;
-- the rate plain batching was predicted to reach *at the drafting steps*
-  (the comparison each drafting decision was made on), beside the rate plain
-  steps really reached in the same file;
-- drafting steps, by their draft rows: the gain over plain batching the
-  plan predicted (planned / predicted plain rate) and the gain they realised
-  (their tokens over their time, against the plain steps' realised rate);
-- the draft's catch-up passes: their time, in tokens plain steps would have
-  emitted meanwhile, against the tokens drafting steps gained over plain;
-  and each catch-up's judged gain beside the drafting steps that followed it
-  (a catch-up pays only over the stretch of drafting it enables).
-
-Medians over steps, and ratios of sums for rates; no time is asserted.
+Per batch size, over steps whose requests all decode: the plain steps' planned and realised rates; the plain
+rate predicted at the drafting steps (what each drafting decision was weighed against); per draft-row count, the
+predicted and realised gain over plain; and the draft's catch-ups, their cost in plain-rate tokens against what
+drafting gained, each beside the stretch of drafting steps it enabled.  Medians over steps, ratios of sums for
+rates.
 """
 
 from __future__ import annotations
@@ -34,11 +24,6 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 
-def load(path: Path) -> List[Dict[str, Any]]:
-    """The step records of a --trace-steps file."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def _rate(steps: Sequence[Dict[str, Any]]) -> float:
     """Tokens per second over the steps (a ratio of sums)."""
     seconds = sum(s["seconds"] for s in steps)
@@ -46,8 +31,7 @@ def _rate(steps: Sequence[Dict[str, Any]]) -> float:
 
 
 def _catch_up_ms(step: Dict[str, Any]) -> float:
-    """The time of the step's draft passes spent on its catch-up rows (the
-    first pass carries them beside the drafts at depth 0, pro rata)."""
+    """The step's draft time spent on catch-up rows (the first pass carries them beside depth-0 drafts: pro rata)."""
     if not step["catch_up_rows"] or not step["draft_passes"]:
         return 0.0
     rows, ms, _ = step["draft_passes"][0]
@@ -59,12 +43,10 @@ def _catch_up_ms(step: Dict[str, Any]) -> float:
 def summarise(steps: Sequence[Dict[str, Any]], batch: Optional[int] = None) -> List[str]:
     by_batch: Dict[int, List[Dict[str, Any]]] = defaultdict(list)
     for s in steps:
-        if s["gammas"] and not s["prompt_rows"]:
+        if s["gammas"] and not s["prompt_rows"] and batch in (None, len(s["gammas"])):
             by_batch[len(s["gammas"])].append(s)
     out = []
     for n in sorted(by_batch):
-        if batch is not None and n != batch:
-            continue
         group = by_batch[n]
         plain = [s for s in group if not any(s["gammas"]) and not s["catch_up_rows"]]
         drafting = [s for s in group if any(s["gammas"]) and not s["catch_up_rows"]]
@@ -105,20 +87,17 @@ def summarise(steps: Sequence[Dict[str, Any]], batch: Optional[int] = None) -> L
 
 
 def _stretches_after_catch_ups(steps: Sequence[Dict[str, Any]], batch: int) -> List[tuple]:
-    """(judged gain, drafting steps before the first step that did not draft)
-    for every catch-up of a decoding batch of ``batch`` requests (records of
-    one run only; a gain of 0 where the file predates it)."""
+    """(judged gain, drafting steps of the same run that followed) for every catch-up of a ``batch``-request step."""
     out = []
     for i, s in enumerate(steps):
         if not s["catch_up_rows"] or s["prompt_rows"] or len(s["gammas"]) != batch:
             continue
-        run = (s.get("k"), s.get("run"))
         k = 0
         for t in steps[i + 1:]:
-            if (t.get("k"), t.get("run")) != run or not any(t["gammas"]):
+            if (t["k"], t["run"]) != (s["k"], s["run"]) or not any(t["gammas"]):
                 break
             k += 1
-        out.append((s.get("catch_up_gain", 0.0), k))
+        out.append((s["catch_up_gain"], k))
     return out
 
 
@@ -127,7 +106,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("trace", type=Path, help="a file written by python -m bench.serving --trace-steps")
     ap.add_argument("--batch", type=int, default=None, help="only this batch size")
     args = ap.parse_args(argv)
-    print("\n".join(summarise(load(args.trace), args.batch)))
+    steps = [json.loads(line) for line in args.trace.read_text().splitlines() if line.strip()]
+    print("\n".join(summarise(steps, args.batch)))
     return 0
 
 
