@@ -1,10 +1,9 @@
-"""What the engine adapters share: the :class:`Engine` interface the studies drive them
-through, its inputs and outputs, and starting, probing and stopping a server process.
+"""What the engine adapters share: the :class:`Engine` interface, its inputs and outputs, and
+starting, probing and stopping a server process.
 
-An engine is started for K sequences at once (``start(k, threads)``), then serves either
-streamed requests (``request`` fills a :class:`Request`; bench/serving.py) or audited
-sequences (``start_audit(ctx)``, then ``run(jobs, setting)`` gives one :class:`Sample` per
-:class:`Job`; bench/audit.py).  What an engine's studies do not use raises NotImplementedError.
+An engine starts for K sequences (``start(k, threads)``), then serves streamed requests
+(``request`` fills a :class:`Request`; bench/serving.py) or audited sequences (``start_audit``,
+then ``run(jobs, setting)``: one :class:`Sample` per :class:`Job`; bench/audit.py).
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """llama.cpp's command-line tools as engines, and the build of every llama.cpp binary.
 
-The binaries are built once from the llama.cpp vendored in the pinned llama-cpp-python
-sdist (the revision our engine runs) into ``<cache>/peers/llama.cpp-<version>/``.
-:func:`run_plain` / :func:`run_speculative` return what each tool prints about itself
-(:class:`PeerResult`); :class:`SpeculativeTool` is the audit's adapter, reading the sampled
-ids from the tools' debug log.
+The binaries are built once from the llama.cpp vendored in the pinned llama-cpp-python sdist (the
+revision our engine runs) into ``<cache>/peers/llama.cpp-<version>/``.  :func:`run_plain` and
+:func:`run_speculative` return what each tool prints about itself (:class:`PeerResult`);
+:class:`SpeculativeTool` is the audit's adapter, reading the sampled ids from the tools' debug log.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO, Union
 
 from specdec_cpu.paths import cache_dir
 
-from .base import N_CTX, Ctx, Engine, Job, Sample, cut, quote, short_paths, shown, tool_env
+from .base import N_CTX, Ctx, Engine, Job, Sample, cut, quote, shown, tool_env
 
 #: The llama-cpp-python release whose vendored llama.cpp the peers are built from.
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -65,15 +64,6 @@ class PeerRunError(RuntimeError):
 
 
 # building -------------------------------------------------------------------
-
-
-def peers_dir(version: str = LLAMA_CPP_PYTHON_VERSION) -> Path:
-    return cache_dir() / "peers" / f"llama.cpp-{version}"
-
-
-def peer_paths(version: str = LLAMA_CPP_PYTHON_VERSION) -> Dict[str, Path]:
-    """Where each peer binary lives once built."""
-    return {role: peers_dir(version) / "bin" / name for role, name in PEER_BINARIES.items()}
 
 
 def _run_logged(cmd: Sequence[str], log: Optional[TextIO]) -> None:
@@ -135,17 +125,17 @@ def _extract_llama_cpp(tarball: Path, dest: Path, log: Optional[TextIO]) -> Path
     return dest
 
 
-def ensure_peers(*, version: str = LLAMA_CPP_PYTHON_VERSION, jobs: int = 2, log: Optional[TextIO] = sys.stderr,
-                 force: bool = False) -> Dict[str, Path]:
-    """Build (once, ``jobs`` compile jobs, under a lock) and return the peer binaries by role."""
-    paths = peer_paths(version)
+def ensure_peers(*, log: Optional[TextIO] = sys.stderr) -> Dict[str, Path]:
+    """Build (once, two compile jobs, under a lock) and return the peer binaries by role."""
+    version = LLAMA_CPP_PYTHON_VERSION
+    root = cache_dir() / "peers" / f"llama.cpp-{version}"
+    paths = {role: root / "bin" / name for role, name in PEER_BINARIES.items()}
 
     def present() -> bool:
-        return not force and all(p.is_file() and os.access(p, os.X_OK) for p in paths.values())
+        return all(p.is_file() and os.access(p, os.X_OK) for p in paths.values())
 
     if present():
         return paths
-    root = peers_dir(version)
     root.mkdir(parents=True, exist_ok=True)
     with open(root.parent / f".llama.cpp-{version}.lock", "a+b") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
@@ -165,8 +155,7 @@ def ensure_peers(*, version: str = LLAMA_CPP_PYTHON_VERSION, jobs: int = 2, log:
             _run_logged(configure, log)  # configured before: keep its generator
         stamp.write_text("\n".join(CMAKE_FLAGS))
         targets = list(PEER_BINARIES.values())
-        _run_logged(["cmake", "--build", str(build), "--config", "Release", "-j", str(max(1, jobs)),
-                     "--target", *targets], log)
+        _run_logged(["cmake", "--build", str(build), "--config", "Release", "-j", "2", "--target", *targets], log)
         bindir.mkdir(exist_ok=True)
         for role, name in PEER_BINARIES.items():
             if not (build / "bin" / name).is_file():
@@ -196,16 +185,13 @@ class PeerResult:
     ``decoded N tokens ... t/s``, the whole loop).
     """
 
-    tool: str
     command: List[str]
-    returncode: int
     wall_seconds: float
     tokens_per_s: float
     n_decoded: int  # tokens behind tokens_per_s
     decode_seconds: float
     prompt_tokens: Optional[int] = None
     prompt_seconds: Optional[float] = None
-    sampling_ms: Optional[float] = None
     tokens_per_s_with_sampling: Optional[float] = None
     n_draft_max: Optional[int] = None
     n_drafted: Optional[int] = None
@@ -213,26 +199,19 @@ class PeerResult:
     acceptance: Optional[float] = None  # n_accepted / n_drafted
     target_perf: Dict[str, float] = field(default_factory=dict)
     text: str = ""
-    stdout: str = field(default="", repr=False)
-    stderr: str = field(default="", repr=False)
-
-    @property
-    def command_line(self) -> str:
-        return " ".join(quote(c) for c in self.command)
 
     def record(self) -> Dict[str, Any]:
         """The suite's record of the run."""
         return {"tokens": self.n_decoded, "tps": self.tokens_per_s, "decode_seconds": self.decode_seconds,
                 "prompt_seconds": self.prompt_seconds, "prompt_tokens": self.prompt_tokens,
                 "acceptance": self.acceptance, "drafted": self.n_drafted, "accepted": self.n_accepted,
-                "n_draft_max": self.n_draft_max, "command": short_paths(self.command_line), "text": self.text}
+                "n_draft_max": self.n_draft_max, "command": shown(self.command), "text": self.text}
 
 
 _NUM = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|inf|nan)"
 #: ``common_perf_print`` lines: keys of the numbers each gives.
 _PERF = [
     (re.compile(r"perf_print:\s+sampling time =\s+" + _NUM + r" ms"), ("sampling_ms",)),
-    (re.compile(r"perf_print:\s+load time =\s+" + _NUM + r" ms"), ("load_ms",)),
     (re.compile(r"perf_print:\s+prompt eval time =\s+" + _NUM + r" ms /\s+(\d+) tokens"),
      ("prompt_eval_ms", "prompt_eval_tokens")),
     (re.compile(r"perf_print:\s+eval time =\s+" + _NUM + r" ms /\s+(\d+) runs\s+\(\s*" + _NUM
@@ -240,13 +219,13 @@ _PERF = [
      ("eval_ms", "eval_runs", None, "eval_tokens_per_s")),
     (re.compile(r"perf_print:\s+total time =\s+" + _NUM + r" ms /\s+(\d+) tokens"), ("total_ms", "total_tokens")),
 ]
+#: The speculative tools' summary lines.
 _SPEC = [
     (re.compile(r"decoded\s+(\d+) tokens in\s+" + _NUM + r" seconds, speed:\s+" + _NUM + r" t/s"),
      ("decoded_tokens", "decode_seconds", "decode_tokens_per_s")),
     (re.compile(r"encoded\s+(\d+) tokens in\s+" + _NUM + r" seconds, speed:\s+" + _NUM + r" t/s"),
      ("encoded_tokens", "encode_seconds", None)),
-    *((re.compile(rf"\b{k}\s+=\s+(\d+)"), (k,)) for k in ("n_draft", "n_predict", "n_drafted", "n_accept")),
-    (re.compile(r"\baccept\s+=\s+" + _NUM + r"%"), ("accept_percent",)),
+    *((re.compile(rf"\b{k}\s+=\s+(\d+)"), (k,)) for k in ("n_draft", "n_drafted", "n_accept")),
 ]
 
 
@@ -261,22 +240,15 @@ def _numbers(text: str, patterns: list, last: bool) -> Dict[str, float]:
     return out
 
 
-def parse_plain_output(stderr: str) -> Dict[str, float]:
-    """Numbers ``llama-completion`` prints at exit (its ``common_perf_print`` block)."""
-    perf = _numbers(stderr, _PERF, last=True)
-    if "eval_ms" not in perf:
-        raise PeerRunError("no 'eval time = ... tokens per second' line in llama-completion's output")
-    return perf
+def _int(nums: Dict[str, float], key: str) -> Optional[int]:
+    return int(nums[key]) if key in nums else None
 
 
 def parse_speculative_output(stderr: str) -> Dict[str, float]:
-    """Numbers ``llama-speculative[-simple]`` print at exit (the target's perf block prefixed ``target_``)."""
+    """Numbers ``llama-speculative[-simple]`` print at exit."""
     out = _numbers(stderr, _SPEC, last=False)
     if "decoded_tokens" not in out:
         raise PeerRunError("no 'decoded N tokens in X seconds, speed: Y t/s' line in the output")
-    idx = stderr.rfind("target:")
-    if idx >= 0:
-        out.update(("target_" + k, v) for k, v in _numbers(stderr[idx:], _PERF, last=True).items())
     return out
 
 
@@ -300,78 +272,60 @@ def _run(tool: str, cmd: List[str], timeout: Optional[float]) -> "tuple[str, str
     return out, err, wall
 
 
-def _strip(text: str, head: str, tail: str) -> str:
-    text = text[len(head):] if head and text.startswith(head) else text
-    return text[:-len(tail)] if text.endswith(tail) else text
-
-
 def run_plain(model: PathLike, prompt: str, n_predict: int = 128, threads: int = 2, temp: float = 0.0,
               top_k: int = 0, top_p: float = 1.0, seed: int = 1234, *, min_p: float = 0.0, ctx: int = 2048,
-              ignore_eos: bool = False, binary: Optional[PathLike] = None,
-              timeout: Optional[float] = 1800.0) -> PeerResult:
+              ignore_eos: bool = False, timeout: Optional[float] = 1800.0) -> PeerResult:
     """Plain decoding with ``llama-completion`` (raw prompt; top_k 0, top_p 1, min_p 0 are off, temp 0 greedy)."""
-    exe = Path(binary) if binary is not None else ensure_peers()["plain"]
     t = str(int(threads))
-    cmd = [str(exe), "-m", os.fspath(model), "-p", prompt, "-n", str(int(n_predict)), "-t", t, "-tb", t,
-           "-c", str(int(ctx)), *sampling_args(temp, top_k, top_p, min_p, seed),
+    cmd = [str(ensure_peers()["plain"]), "-m", os.fspath(model), "-p", prompt, "-n", str(int(n_predict)),
+           "-t", t, "-tb", t, "-c", str(int(ctx)), *sampling_args(temp, top_k, top_p, min_p, seed),
            "-no-cnv", "--no-display-prompt", "--no-escape"] + (["--ignore-eos"] if ignore_eos else [])
     out, err, wall = _run("llama-completion", cmd, timeout)
-    perf = parse_plain_output(err)
+    perf = _numbers(err, _PERF, last=True)
+    if "eval_ms" not in perf:
+        raise PeerRunError("no 'eval time = ... tokens per second' line in llama-completion's output")
     runs, eval_ms, sampling_ms = int(perf["eval_runs"]), perf["eval_ms"], perf.get("sampling_ms")
     with_sampling = runs / ((eval_ms + sampling_ms) / 1e3) if sampling_ms is not None and eval_ms + sampling_ms > 0 \
         else None
     return PeerResult(
-        "plain", cmd, 0, wall, perf["eval_tokens_per_s"], runs, eval_ms / 1e3,
-        prompt_tokens=int(perf["prompt_eval_tokens"]) if "prompt_eval_tokens" in perf else None,
+        cmd, wall, perf["eval_tokens_per_s"], runs, eval_ms / 1e3, prompt_tokens=_int(perf, "prompt_eval_tokens"),
         prompt_seconds=perf["prompt_eval_ms"] / 1e3 if "prompt_eval_ms" in perf else None,
-        sampling_ms=sampling_ms, tokens_per_s_with_sampling=with_sampling, target_perf=perf,
-        text=_strip(_strip(out, "", "\n\n"), "", " [end of text]\n"), stdout=out, stderr=err)
+        tokens_per_s_with_sampling=with_sampling, target_perf=perf,
+        text=out.removesuffix("\n\n").removesuffix(" [end of text]\n"))
 
 
 def speculative_command(target: PathLike, draft: PathLike, prompt: str, n_predict: int, threads: int, temp: float,
-                        top_k: int, top_p: float, seed: int, *, min_p: float, draft_max: int, draft_min: int,
-                        variant: str, ctx: int, binary: Optional[PathLike] = None) -> List[str]:
-    """The command line of ``llama-speculative[-simple]`` (see :func:`run_speculative`)."""
-    if variant not in ("speculative", "speculative-simple"):
-        raise ValueError(f"variant must be 'speculative' or 'speculative-simple', got {variant!r}")
-    exe = Path(binary) if binary is not None else ensure_peers()[variant]
+                        top_k: int, top_p: float, seed: int, *, min_p: float, draft_max: int, variant: str,
+                        ctx: int) -> List[str]:
+    """The command line of ``llama-speculative[-simple]`` (``variant``: "speculative" or "speculative-simple")."""
     t = str(int(threads))
-    cmd = [str(exe), "-m", os.fspath(target), "-md", os.fspath(draft), "-p", prompt, "-n", str(int(n_predict)),
-           "-t", t, "-tb", t, "-td", t, "-tbd", t, "-c", str(int(ctx)),
+    cmd = [str(ensure_peers()[variant]), "-m", os.fspath(target), "-md", os.fspath(draft), "-p", prompt,
+           "-n", str(int(n_predict)), "-t", t, "-tb", t, "-td", t, "-tbd", t, "-c", str(int(ctx)),
            *sampling_args(temp, top_k, top_p, min_p, seed), "--no-escape",
-           "--spec-draft-n-max", str(int(draft_max)), "--spec-draft-n-min", str(int(draft_min))]
+           "--spec-draft-n-max", str(int(draft_max)), "--spec-draft-n-min", "0"]
     # this revision enables no speculative implementation unless asked to
     return cmd + (["--spec-type", "draft-simple"] if variant == "speculative-simple" else [])
 
 
-def _drafted(nums: Dict[str, float]) -> "tuple[Optional[int], Optional[int]]":
-    return (int(nums["n_drafted"]) if "n_drafted" in nums else None,
-            int(nums["n_accept"]) if "n_accept" in nums else None)
-
-
 def run_speculative(target: PathLike, draft: PathLike, prompt: str, n_predict: int = 128, threads: int = 2,
                     temp: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 1234, *, min_p: float = 0.0,
-                    draft_max: int = 4, draft_min: int = 0, variant: str = "speculative", ctx: int = 2048,
-                    ignore_eos: bool = False, binary: Optional[PathLike] = None,
+                    draft_max: int = 4, variant: str = "speculative", ctx: int = 2048, ignore_eos: bool = False,
                     timeout: Optional[float] = 1800.0) -> PeerResult:
     """Speculative decoding with ``llama-speculative`` (the draft samples, acceptance by the two
     models' probabilities) or ``llama-speculative-simple`` (greedy draft, the target keeps what it
     samples the same); ``draft_max`` tokens drafted per step."""
     cmd = speculative_command(target, draft, prompt, n_predict, threads, temp, top_k, top_p, seed, min_p=min_p,
-                              draft_max=draft_max, draft_min=draft_min, variant=variant, ctx=ctx, binary=binary)
+                              draft_max=draft_max, variant=variant, ctx=ctx)
     cmd += ["--ignore-eos"] if ignore_eos else []
     out, err, wall = _run(f"llama-{variant}", cmd, timeout)
     nums = parse_speculative_output(err)
-    n_drafted, n_accepted = _drafted(nums)
+    n_drafted, n_accepted = _int(nums, "n_drafted"), _int(nums, "n_accept")
     return PeerResult(
-        variant, cmd, 0, wall, nums["decode_tokens_per_s"], int(nums["decoded_tokens"]), nums["decode_seconds"],
-        prompt_tokens=int(nums["encoded_tokens"]) if "encoded_tokens" in nums else None,
-        prompt_seconds=nums.get("encode_seconds"), sampling_ms=nums.get("target_sampling_ms"),
-        n_draft_max=int(nums["n_draft"]) if "n_draft" in nums else None, n_drafted=n_drafted,
-        n_accepted=n_accepted,
+        cmd, wall, nums["decode_tokens_per_s"], int(nums["decoded_tokens"]), nums["decode_seconds"],
+        prompt_tokens=_int(nums, "encoded_tokens"), prompt_seconds=nums.get("encode_seconds"),
+        n_draft_max=_int(nums, "n_draft"), n_drafted=n_drafted, n_accepted=n_accepted,
         acceptance=(n_accepted / n_drafted) if n_drafted and n_accepted is not None else None,
-        target_perf={k[len("target_"):]: v for k, v in nums.items() if k.startswith("target_")},
-        text=_strip(out, "\n\n", "\n\n\n\n").removeprefix(prompt), stdout=out, stderr=err)
+        text=out.removeprefix("\n\n").removesuffix("\n\n\n\n").removeprefix(prompt))
 
 
 # the exactness audit's adapter ----------------------------------------------------
@@ -392,7 +346,7 @@ class SpeculativeTool(Engine):
                              "`accepted N/M draft tokens, the last target token is: (ID)`")
 
     def start(self, k: int, threads: int) -> None:
-        self.exe = ensure_peers()[self.variant]
+        ensure_peers()
         self._last_cmd: List[str] = []
 
     def run(self, jobs, setting):
@@ -404,8 +358,7 @@ class SpeculativeTool(Engine):
         c = self.ctx
         cmd = speculative_command(
             c.target, c.draft, job.text, c.max_tokens, c.threads, setting.temperature, setting.top_k, setting.top_p,
-            job.seed, min_p=setting.min_p, draft_max=self.draft_max, draft_min=0, variant=self.variant, ctx=N_CTX,
-            binary=self.exe) + ["-lv", "5"]
+            job.seed, min_p=setting.min_p, draft_max=self.draft_max, variant=self.variant, ctx=N_CTX) + ["-lv", "5"]
         self._last_cmd = cmd
         proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               env=tool_env(), timeout=1800)
@@ -416,7 +369,8 @@ class SpeculativeTool(Engine):
         ids = (parse_speculative_log if self.variant == "speculative" else parse_simple_log)(proc.stderr)
         tokens, stopped = cut(ids, c.max_tokens, c.is_eog)
         try:
-            drafted, accepted = _drafted(parse_speculative_output(proc.stderr.decode("utf-8", "replace")))
+            nums = parse_speculative_output(proc.stderr.decode("utf-8", "replace"))
+            drafted, accepted = _int(nums, "n_drafted"), _int(nums, "n_accept")
         except PeerRunError:
             drafted = accepted = None
         return Sample(job.index, job.prompt, job.text, job.seed, tokens, stopped, produced=len(ids), drafted=drafted,

@@ -17,22 +17,21 @@ import threading
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
 
 from . import base
 from .base import N_CTX, Engine, Job, Sample, cut, free_port, pair_paths, quote, shown, tool_env
 from .llama_cli import SAMPLER_CHAIN, PathLike, PeerResult, PeerRunError, ensure_peers, sampling_args
 
+HOST = "127.0.0.1"
+
 
 class ServerURL(str):
-    """The base URL ``http://127.0.0.1:PORT`` of a running server, with its ``command``, ``pid``,
-    ``port``, ``startup_seconds`` and :meth:`log_tail`."""
+    """The base URL ``http://127.0.0.1:PORT`` of a running server, with its ``command``, ``pid`` and
+    :meth:`log_tail`."""
 
     command: List[str]
     pid: int
-    port: int
-    startup_seconds: float
     _log: Any
 
     def log_tail(self, lines: int = 30) -> str:
@@ -46,36 +45,21 @@ class ServerURL(str):
             return ""
         return "\n".join(data.strip().splitlines()[-lines:])
 
-    @property
-    def command_line(self) -> str:
-        return " ".join(quote(c) for c in self.command)
 
-
-def server_command(model: PathLike, *, port: int, host: str = "127.0.0.1", draft: Optional[PathLike] = None,
-                   spec_type: Optional[Union[str, Sequence[str]]] = None, draft_max: Optional[int] = None,
-                   draft_min: Optional[int] = None, parallel: int = 1, ctx: int = 2048, threads: int = 2,
-                   threads_batch: Optional[int] = None, threads_draft: Optional[int] = None,
-                   threads_batch_draft: Optional[int] = None, kv_unified: Optional[bool] = None,
-                   temp: float = 0.0, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int = 1234,
-                   extra_args: Sequence[str] = (), binary: Optional[PathLike] = None) -> List[str]:
-    """The ``llama-server`` command line: ``-t``/``-tb``/``-td``/``-tbd`` default to ``threads``;
-    ``kv_unified`` True/False gives ``-kvu``/``-no-kvu``; ``ctx`` is shared by the ``parallel`` slots."""
-    exe = Path(binary) if binary is not None else ensure_peers()["server"]
-    t = int(threads)
-    tb = int(threads_batch if threads_batch is not None else t)
-    cmd = [str(exe), "-m", os.fspath(model), "--host", host, "--port", str(int(port)), "-c", str(int(ctx)),
-           "--parallel", str(int(parallel)), "-t", str(t), "-tb", str(tb),
-           *sampling_args(temp, top_k, top_p, min_p, seed), "--no-webui"]
-    if kv_unified is not None:
-        cmd.append("-kvu" if kv_unified else "-no-kvu")
-    types = [spec_type] if isinstance(spec_type, str) else list(spec_type or [])
+def server_command(model: PathLike, *, port: int, draft: Optional[PathLike] = None, spec_type: Optional[str] = None,
+                   draft_max: Optional[int] = None, draft_min: Optional[int] = None, parallel: int = 1,
+                   ctx: int = 2048, threads: int = 2, seed: int = 1234, extra_args: Sequence[str] = ()) -> List[str]:
+    """The ``llama-server`` command line (greedy by default: requests set their sampling); ``ctx`` is
+    shared by the ``parallel`` slots."""
+    t = str(int(threads))
+    cmd = [str(ensure_peers()["server"]), "-m", os.fspath(model), "--host", HOST, "--port", str(int(port)),
+           "-c", str(int(ctx)), "--parallel", str(int(parallel)), "-t", t, "-tb", t,
+           *sampling_args(0.0, 0, 1.0, 0.0, seed), "--no-webui"]
     if draft is not None:
-        td = int(threads_draft if threads_draft is not None else t)
-        tbd = int(threads_batch_draft if threads_batch_draft is not None else td)
-        cmd += ["-md", os.fspath(draft), "-td", str(td), "-tbd", str(tbd)]
-        types = types or ["draft-simple"]  # this revision does not speculate with -md alone
-    if types:
-        cmd += ["--spec-type", ",".join(types)]
+        cmd += ["-md", os.fspath(draft), "-td", t, "-tbd", t]
+        spec_type = spec_type or "draft-simple"  # this revision does not speculate with -md alone
+    if spec_type:
+        cmd += ["--spec-type", spec_type]
     if draft_max is not None:
         cmd += ["--spec-draft-n-max", str(int(draft_max))]
     if draft_min is not None:
@@ -84,43 +68,37 @@ def server_command(model: PathLike, *, port: int, host: str = "127.0.0.1", draft
 
 
 @contextmanager
-def llama_server(model: PathLike, *, host: str = "127.0.0.1", startup_timeout: float = 180.0,
-                 stop_timeout: float = 15.0, die_with_parent: Optional[bool] = None,
-                 **options: Any) -> Iterator[ServerURL]:
+def llama_server(model: PathLike, *, startup_timeout: float = 180.0, **options: Any) -> Iterator[ServerURL]:
     """Run ``llama-server`` (``options``: those of :func:`server_command`) until the block ends; yields its URL.
 
     Ready when ``GET /health`` answers 200 (else :class:`PeerRunError` with the log's tail);
-    stopped with SIGTERM, SIGKILL after ``stop_timeout`` s.  ``die_with_parent`` (default: when
-    started from the main thread, the one the signal follows) sets PR_SET_PDEATHSIG.  A port
-    taken between our probe and the server's bind is retried, three times.
+    stopped with SIGTERM, SIGKILL after 15 s.  Started from the main thread (the one the signal
+    follows), it dies with its parent (PR_SET_PDEATHSIG).  A port taken between our probe and
+    the server's bind is retried, three times.
     """
-    if die_with_parent is None:
-        die_with_parent = threading.current_thread() is threading.main_thread()
-    preexec = _pdeathsig_preexec() if die_with_parent else None
+    preexec = _pdeathsig_preexec() if threading.current_thread() is threading.main_thread() else None
     last_error: Optional[BaseException] = None
     for _ in range(3):
-        port = free_port(host)
-        cmd = server_command(model, port=port, host=host, **options)
+        port = free_port(HOST)
+        cmd = server_command(model, port=port, **options)
         log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
-        t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 env=tool_env(), preexec_fn=preexec)
         try:
-            url = ServerURL(f"http://{host}:{port}")
-            url.command, url.pid, url.port, url._log = cmd, proc.pid, port, log
+            url = ServerURL(f"http://{HOST}:{port}")
+            url.command, url.pid, url._log = cmd, proc.pid, log
             try:
                 base.wait_ready(proc, lambda: base.http_ok(url, "/health"), startup_timeout, lambda why: PeerRunError(
-                    f"llama-server {why}: {url.command_line}\n{url.log_tail(30)}"))
+                    f"llama-server {why}: {' '.join(quote(c) for c in cmd)}\n{url.log_tail(30)}"))
             except PeerRunError as exc:
                 if proc.poll() is not None and re.search(r"bind|address already in use", url.log_tail(40), re.I):
                     last_error = exc
                     continue
                 raise
-            url.startup_seconds = time.perf_counter() - t0
             yield url
             return
         finally:
-            base.stop_process(proc, stop_timeout)
+            base.stop_process(proc, 15.0)
             log.close()
             try:
                 os.unlink(log.name)
@@ -152,20 +130,13 @@ class ServerCompletion:
     predicted_ms: float
     tokens_per_s: float  # timings.predicted_per_second
     prompt_tokens: Optional[int]  # tokens_evaluated (the whole prompt)
-    prompt_processed: Optional[int]  # timings.prompt_n (not from the slot's cache)
     prompt_ms: Optional[float]
-    cache_n: Optional[int]  # prompt tokens reused from the slot's cache
     draft_n: Optional[int]  # tokens drafted (absent when none)
     draft_n_accepted: Optional[int]
     stop_type: Optional[str]  # "eos", "limit", "word" or "none"
-    truncated: bool
     wall_seconds: float  # request sent -> last byte, as the client saw it
-    id_slot: Optional[int] = None
-    pieces: Optional[List[str]] = None  # streamed: each token's text ("" inside a UTF-8 character)
     arrival_s: Optional[List[float]] = None  # streamed: each token's arrival, seconds after sending
     timings: Dict[str, Any] = field(default_factory=dict)
-    request: Dict[str, Any] = field(default_factory=dict, repr=False)
-    response: Dict[str, Any] = field(default_factory=dict, repr=False)  # the final JSON object
 
     @property
     def acceptance(self) -> Optional[float]:
@@ -176,27 +147,19 @@ class ServerCompletion:
         return self.arrival_s[0] if self.arrival_s else None
 
 
-def completion_request(prompt: Union[str, Sequence[int]], n_predict: int = 128, *, temperature: float = 0.0,
-                       top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int = 1234,
-                       stream: bool = False, cache_prompt: bool = True,
-                       extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    """The ``/completion`` body: the raw prompt (text, special tokens parsed, or ids), our sampler
-    chain only, token ids returned; ``extra`` adds or overrides fields."""
+def server_complete(url: str, prompt: Union[str, Sequence[int]], n_predict: int = 128, *, temperature: float = 0.0,
+                    top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0, seed: int = 1234, stream: bool = False,
+                    cache_prompt: bool = True, extra: Optional[Dict[str, Any]] = None,
+                    timeout: Optional[float] = 600.0, endpoint: str = "/completion") -> ServerCompletion:
+    """One request, blocking and thread-safe: the raw prompt (text, special tokens parsed, or ids), our
+    sampler chain only, token ids returned; ``extra`` adds or overrides fields (``endpoint="/infill"``
+    takes its fields there).  ``stream=True`` records each token's arrival.  :class:`PeerRunError` on
+    an HTTP error, an error event or no ``timings``."""
     body: Dict[str, Any] = {
         "prompt": prompt if isinstance(prompt, str) else [int(t) for t in prompt], "n_predict": int(n_predict),
         "temperature": float(temperature), "top_k": int(top_k), "top_p": float(top_p), "min_p": float(min_p),
         "seed": int(seed), "samplers": SAMPLER_CHAIN.split(";"), "stream": bool(stream), "return_tokens": True,
-        "cache_prompt": bool(cache_prompt)}
-    return {**body, **(extra or {})}
-
-
-def server_complete(url: str, prompt: Union[str, Sequence[int]], n_predict: int = 128, *,
-                    timeout: Optional[float] = 600.0, endpoint: str = "/completion",
-                    **request: Any) -> ServerCompletion:
-    """One request (``request``: :func:`completion_request`'s keywords; ``endpoint="/infill"`` with
-    its fields in ``extra``), blocking and thread-safe; ``stream=True`` records each token's
-    arrival.  :class:`PeerRunError` on an HTTP error, an error event or no ``timings``."""
-    body = completion_request(prompt, n_predict, **request)
+        "cache_prompt": bool(cache_prompt), **(extra or {})}
     stream = body["stream"]
     conn = http.client.HTTPConnection(url.split("://", 1)[-1].rstrip("/"), timeout=timeout)
     t0 = time.perf_counter()
@@ -210,8 +173,7 @@ def server_complete(url: str, prompt: Union[str, Sequence[int]], n_predict: int 
                                f"{resp.read()[:500].decode('utf-8', 'replace')}")
         if not stream:
             final = json.loads(resp.read())
-            return _completion(final, body, time.perf_counter() - t0, [int(t) for t in final.get("tokens") or []],
-                               None, None)
+            return _completion(final, time.perf_counter() - t0, [int(t) for t in final.get("tokens") or []], "", None)
         ids: List[int] = []
         pieces: List[str] = []
         arrival: List[float] = []
@@ -228,7 +190,7 @@ def server_complete(url: str, prompt: Union[str, Sequence[int]], n_predict: int 
                 final = event
         if final is None:
             raise PeerRunError("llama-server's stream ended without a final (stop) event")
-        return _completion(final, body, time.perf_counter() - t0, ids, pieces, arrival)
+        return _completion(final, time.perf_counter() - t0, ids, "".join(pieces), arrival)
     except (OSError, http.client.HTTPException) as exc:
         raise PeerRunError(f"llama-server request failed: {type(exc).__name__}: {exc}") from exc
     finally:
@@ -247,24 +209,21 @@ def _sse_events(resp: http.client.HTTPResponse) -> Iterator[Dict[str, Any]]:
             yield {"error": line[6:].strip().decode("utf-8", "replace")}
 
 
-def _completion(final: Dict[str, Any], body: Dict[str, Any], wall: float, ids: List[int],
-                pieces: Optional[List[str]], arrival: Optional[List[float]]) -> ServerCompletion:
+def _completion(final: Dict[str, Any], wall: float, ids: List[int], streamed: str,
+                arrival: Optional[List[float]]) -> ServerCompletion:
     tm = final.get("timings")
     if not tm:
         raise PeerRunError("llama-server's answer has no 'timings'")
     return ServerCompletion(
-        text="".join(pieces or []) + final.get("content", ""), token_ids=ids,
+        text=streamed + final.get("content", ""), token_ids=ids,
         n_predicted=int(tm.get("predicted_n", final.get("tokens_predicted", 0))),
         predicted_ms=float(tm.get("predicted_ms", 0.0)), tokens_per_s=float(tm.get("predicted_per_second", 0.0)),
-        prompt_tokens=final.get("tokens_evaluated"), prompt_processed=tm.get("prompt_n"),
-        prompt_ms=tm.get("prompt_ms"), cache_n=tm.get("cache_n"), draft_n=tm.get("draft_n"),
-        draft_n_accepted=tm.get("draft_n_accepted"), stop_type=final.get("stop_type"),
-        truncated=bool(final.get("truncated", False)), wall_seconds=wall, id_slot=final.get("id_slot"),
-        pieces=pieces, arrival_s=arrival, timings=dict(tm), request=body,
-        response={k: v for k, v in final.items() if k != "generation_settings"})
+        prompt_tokens=final.get("tokens_evaluated"), prompt_ms=tm.get("prompt_ms"), draft_n=tm.get("draft_n"),
+        draft_n_accepted=tm.get("draft_n_accepted"), stop_type=final.get("stop_type"), wall_seconds=wall,
+        arrival_s=arrival, timings=dict(tm))
 
 
-def run_server(url: str, prompt: str, n_predict: int = 128, temp: float = 0.0, top_k: int = 0,
+def run_server(url: ServerURL, prompt: str, n_predict: int = 128, temp: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 1234, *, min_p: float = 0.0,
                timeout: Optional[float] = 1800.0) -> PeerResult:
     """One single-client request as a :class:`PeerResult` (arguments as :func:`run_plain`'s)."""
@@ -272,9 +231,8 @@ def run_server(url: str, prompt: str, n_predict: int = 128, temp: float = 0.0, t
                         min_p=min_p, seed=seed, timeout=timeout)
     drafted = r.draft_n is not None
     return PeerResult(
-        "server", list(getattr(url, "command", []) or []), 0, r.wall_seconds, r.tokens_per_s, r.n_predicted,
-        r.predicted_ms / 1e3, prompt_tokens=r.prompt_tokens,
-        prompt_seconds=None if r.prompt_ms is None else r.prompt_ms / 1e3,
+        list(url.command), r.wall_seconds, r.tokens_per_s, r.n_predicted, r.predicted_ms / 1e3,
+        prompt_tokens=r.prompt_tokens, prompt_seconds=None if r.prompt_ms is None else r.prompt_ms / 1e3,
         n_drafted=r.draft_n if drafted else 0, n_accepted=r.draft_n_accepted if drafted else 0,
         acceptance=r.acceptance, target_perf=dict(r.timings), text=r.text)
 

@@ -65,20 +65,17 @@ class OursBatched(Engine):
     def stats(self) -> Dict[str, Any]:
         m = self.dec.metrics()
         last, self._last = self._last, m
-        d = {k: getattr(m, k) - getattr(last, k) for k in (
-            "target_passes", "target_rows", "tokens_generated", "drafted", "accepted", "alpha_rows", "alpha_sum",
-            "target_seconds", "draft_seconds", "sampling_seconds", "scheduler_seconds", "step_seconds")}
-        passes, drafted, rows = d["target_passes"], d["drafted"], d["alpha_rows"]
-        return {
-            "target_passes": passes,
-            "rows_per_pass": d["target_rows"] / passes if passes else None,
-            "tokens_per_pass": d["tokens_generated"] / passes if passes else None,
-            "drafted": drafted,
-            "acceptance": d["accepted"] / drafted if drafted else None,
-            "mean_alpha": d["alpha_sum"] / rows if rows else None,
-            **{k.replace("seconds", "s"): d[k] for k in ("target_seconds", "draft_seconds", "sampling_seconds",
-                                                         "scheduler_seconds", "step_seconds")},
-        }
+        times = ("target_seconds", "draft_seconds", "sampling_seconds", "scheduler_seconds", "step_seconds")
+        counts = ("target_passes", "target_rows", "tokens_generated", "drafted", "accepted", "alpha_rows", "alpha_sum")
+        d = {k: getattr(m, k) - getattr(last, k) for k in counts + times}
+
+        def per(a: str, b: str) -> Optional[float]:
+            return d[a] / d[b] if d[b] else None
+
+        return {"target_passes": d["target_passes"], "rows_per_pass": per("target_rows", "target_passes"),
+                "tokens_per_pass": per("tokens_generated", "target_passes"), "drafted": d["drafted"],
+                "acceptance": per("accepted", "drafted"), "mean_alpha": per("alpha_sum", "alpha_rows"),
+                **{k.replace("seconds", "s"): d[k] for k in times}}
 
     def one(self, job, setting):
         gen = self.dec.generate(list(job.ids), max_tokens=self.ctx.max_tokens, params=setting.params(job.seed))
