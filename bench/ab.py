@@ -5,30 +5,22 @@
     python -m bench.ab --baseline-python PATH --quick          # one block, 32 tokens, T = 0: does it run?
     python -m bench.ab --report-only bench/results/ab/ab_results.json     # re-render the section
 
-``--baseline-python`` (or $SPECDEC_BASELINE_PYTHON) is a Python that imports
-the previous main's specdec_cpu; ``--new-python`` (default: the Python
-running this) imports this checkout's.  Engines, one at a time, in an order
-rotated from block to block:
+``--baseline-python`` (or $SPECDEC_BASELINE_PYTHON) imports the previous
+main's specdec_cpu; ``--new-python`` (default: this Python) this checkout's.
+Engines, one at a time, in an order rotated from block to block:
 
 - ``baseline-auto``, ``new-auto``: SpeculativeDecoder γ=auto with the draft;
 - ``baseline-g0``, ``new-g0``: γ=0 and no draft (plain decoding through the package);
-- ``llama-plain``: llama.cpp's ``llama-completion`` (bench/engines/llama_cli.py), same
-  prompt and sampling settings, its decode tok/s with sampling (as bench/run.py).
+- ``llama-plain``: llama.cpp's ``llama-completion`` (bench/engines/llama_cli.py).
 
 Each of ours runs in a fresh process of its checkout's Python
-(bench/ab_worker.py): load, an 8-token warm-up generation on another prompt,
-then the timed generation of the block's prompt (bench/prompts.py, rotating,
-through the target's chat template: one text for every engine) with
-``ignore_eos``, so every engine generates ``--tokens`` tokens.  Both
-checkouts plan from the same pass times: before the first block the
-baseline's worker measures them at first use (its ``calibration="auto"``)
-into a fresh directory that is ``$SPECDEC_CALIBRATION_DIR`` for every engine.
-
-Reported per setting: medians of per-block ratios of decode tok/s
-[bootstrap 95% interval over blocks] and absolute medians.  Writes
-bench/results/ab/ab_results.json (every run) and the "## Single stream, this checkout
-against the previous main" section of bench/RESULTS.md.  Nothing here
-asserts a time.
+(bench/ab_worker.py: load, an 8-token warm-up, then ``--tokens`` tokens with
+``ignore_eos`` on the block's prompt of bench/prompts.py).  Both checkouts
+plan from the same pass times, which the baseline measures before the first
+block into a calibration directory every engine reads.  Reported per
+setting: medians of per-block ratios of decode tok/s [bootstrap 95%
+interval].  Writes bench/results/ab/ab_results.json and its section of
+bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -44,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
+from .ab_worker import WARM_PROMPT
 from .common import (
     BENCH,
     baseline_python,
@@ -76,7 +69,6 @@ RATIOS = (("new-auto", "baseline-auto"), ("new-g0", "baseline-g0"), ("new-auto",
 PAIRS = {"memory": ("memory-bound: F32 target / Q4_0 draft", F32, Q4_0),
          "compute": ("compute-bound: Q4_K_M target / Q4_0 draft", Q4_K_M, Q4_0)}
 N_CTX = 2048
-WARM_PROMPT = "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n"
 TIMEOUT = 900.0
 
 
@@ -129,8 +121,7 @@ def run(args) -> Dict[str, Any]:
         "blocks": args.blocks, "settings": args.settings, "n_ctx": N_CTX, "runs": [], "complete": False}
     out = args.output_dir / "ab_results.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    own_dir = args.calibration_dir is None
-    cal_dir = Path(tempfile.mkdtemp(prefix="ab-calibration-")) if own_dir else args.calibration_dir
+    cal_dir = Path(tempfile.mkdtemp(prefix="ab-calibration-"))
     os.environ["SPECDEC_CALIBRATION_DIR"] = str(cal_dir)  # every engine's (the workers inherit it)
     try:
         say(f"the baseline measures the pair's pass times into the shared calibration store ({label})")
@@ -163,15 +154,9 @@ def run(args) -> Dict[str, Any]:
     except KeyboardInterrupt:
         say("interrupted: writing what was measured so far")
     finally:
-        if own_dir:
-            shutil.rmtree(cal_dir, ignore_errors=True)
+        shutil.rmtree(cal_dir, ignore_errors=True)
     results["finished"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return results
-
-
-# ---------------------------------------------------------------------------
-# report
-# ---------------------------------------------------------------------------
 
 
 def render(results: Dict[str, Any], data: str = "ab_results.json") -> str:
@@ -226,11 +211,6 @@ def render(results: Dict[str, Any], data: str = "ab_results.json") -> str:
     return "\n".join(L) + "\n"
 
 
-# ---------------------------------------------------------------------------
-# command line
-# ---------------------------------------------------------------------------
-
-
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline-python", default=None,
@@ -244,9 +224,6 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--tokens", type=int, default=128, help="new tokens per run (default 128)")
     ap.add_argument("--threads", type=int, default=2, help="threads of every engine (default 2)")
     ap.add_argument("--seed", type=int, default=1234, help="base seed (block i uses seed + i)")
-    ap.add_argument("--calibration-dir", type=Path, default=None,
-                    help="the shared calibration store (default: a fresh temporary directory, filled by the "
-                         "baseline before the first block)")
     ap.add_argument("--quick", action="store_true", help="one block, 32 tokens, T = 0")
     ap.add_argument("--output-dir", type=Path, default=results_dir("ab"), help="where ab_results.json goes")
     ap.add_argument("--report-only", type=Path, default=None, metavar="AB_RESULTS_JSON")

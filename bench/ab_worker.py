@@ -3,18 +3,15 @@
     PYTHON bench/ab_worker.py --target T.gguf [--draft D.gguf] --gamma auto|N [--tokens 128] < request.json
 
 The worker of bench/ab.py and bench/first_use.py.  It imports nothing from
-``bench`` and only the public API of ``specdec_cpu`` (``SpeculativeDecoder``,
-``SamplingParams``), so it runs under this checkout and under an older one
-alike; model paths come as arguments (the module that finds the demo models
-has moved between versions).
+``bench`` and only the public API of ``specdec_cpu``, so that it runs under
+an older checkout too; model paths come as arguments (where the demo models
+are found has moved between versions).
 
-stdin: one JSON object, ``{"prompt": text, "temperature": T, "top_p": p,
-"top_k": k, "min_p": m, "seed": s}`` (the prompt already templated, so that
-every engine gets the same text).  The decoder loads (``calibration`` as
-given; the store is ``$SPECDEC_CALIBRATION_DIR``), runs an 8-token warm-up
-generation on a fixed short prompt unless ``--no-warmup``, then the timed
-generation of ``--tokens`` tokens with ``ignore_eos`` (every engine does the
-same work).  ``--tokens 0`` loads only.  stdout: one JSON line.
+stdin: ``{"prompt": text, "temperature": T, "top_p": p, "top_k": k, "min_p": m,
+"seed": s}`` (the prompt already templated).  The decoder loads (the
+calibration store is ``$SPECDEC_CALIBRATION_DIR``), runs an 8-token warm-up
+unless ``--no-warmup``, then ``--tokens`` tokens with ``ignore_eos`` (0: load
+only).  stdout: one JSON line.
 """
 
 import argparse

@@ -8,34 +8,22 @@
 
 Per block (one prompt of bench/prompts.py, rotating, and one seed) and pair
 (memory-bound: F32 target / Q4_0 draft; compute-bound: Q4_K_M / Q4_0), each
-engine runs in a fresh process (bench/ab_worker.py, no warm-up: the first
-generation of a fresh process is the one timed) with an EMPTY calibration
-directory of its own, in an order rotated from block to block:
+engine runs in a fresh process (bench/ab_worker.py, no warm-up) with an EMPTY
+calibration directory of its own, in an order rotated from block to block:
 
-- ``load``: the same two files loaded with ``calibration="cached"`` (nothing
-  stored, so nothing measured) and no generation: the pure load time;
-- ``fresh``: SpeculativeDecoder γ=auto with the default ``calibration="auto"``:
-  whatever first use costs, at load or during its first generation;
-- ``gamma2``, ``gamma4``, ``gamma6``: a fixed γ (``calibration="cached"``:
-  they measure nothing, the best case for a user who fixes γ);
+- ``load``: the two files loaded with ``calibration="cached"`` and no generation: the pure load time;
+- ``fresh``: γ=auto with the default ``calibration="auto"``: whatever first use costs;
+- ``gamma2``, ``gamma4``, ``gamma6``: a fixed γ (``calibration="cached"``: they measure nothing);
 - ``plain``: γ=0 without a draft.
 
-The time that counts for ``fresh`` is its first-use cost at load (its
-``from_gguf`` time minus the pure load time of the same files in the same
-block: the median over ``load`` and the three fixed γ, which load the same
-files and measure nothing; load times vary by tenths of a second from one
-process to the next, so one sample would be noisy) plus its first generation's wall
-time (prompt and decode); for the others, their first generation's wall
-time (loading the models is paid by every choice).  Effective tok/s = tokens
-/ that time.  The progress lines a first-use measurement prints ("measured in
-X s") are recorded beside the subtraction, as a check.  Reported per pair:
-fresh / best fixed γ (the better of the three in each block; the figure that
-matters on the memory-bound pair, where drafting pays) and fresh / plain (on
-the compute-bound pair, where it may not); medians of per-block ratios
-[bootstrap 95% interval].  With ``--baseline-python`` every engine also runs
-under the previous main, and the report adds fresh (this checkout) / fresh
-(previous main).  Writes bench/results/first_use/first_use_results.json and the "## First use"
-section of bench/RESULTS.md.  Nothing here asserts a time.
+``fresh`` counts its first-use cost at load (its load time minus the median
+load of ``load`` and the fixed γ in the same block) plus its first
+generation; the others their first generation.  Reported per pair: fresh /
+best fixed γ and fresh / plain, medians of per-block ratios [bootstrap 95%
+interval]; with ``--baseline-python`` every engine also runs under the
+previous main, and fresh / fresh (previous main) is added.  Writes
+bench/results/first_use/first_use_results.json and the "## First use" section
+of bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -55,13 +43,15 @@ from typing import Any, Dict, List, Optional, Sequence
 from .ab import PAIRS, request_of, worker
 from .common import (
     baseline_versions,
-    bootstrap_ci,
     fmt,
     machine_info,
+    median,
     pair_tokenizer,
     publish,
+    ratio_text,
     redact_baseline,
     results_dir,
+    rotated,
     versions,
 )
 from .prompts import PROMPTS
@@ -106,8 +96,7 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
         prompt = PROMPTS[block % len(PROMPTS)]
         request = request_of(pair_tokenizer().chat_prompt(prompt.messages()), setting, args.seed + block)
         for p, (target, draft) in files.items():
-            turn = order[block % len(order):] + order[:block % len(order)]
-            for pos, (side, engine) in enumerate(turn):
+            for pos, (side, engine) in enumerate(rotated(order, block)):
                 try:
                     rec = run_one(sides[side], engine, target, draft, request, args)
                 except Exception as exc:  # recorded: a failed run is a result too
@@ -120,11 +109,6 @@ def run(args: argparse.Namespace) -> Dict[str, Any]:
                          f"first generation {rec['wall_s']:5.2f} s, mean γ {rec['mean_gamma']:.1f}"
                          if "wall_s" in rec else f"{rec['progress']}"), file=sys.stderr, flush=True)
     return results
-
-
-# ---------------------------------------------------------------------------
-# report
-# ---------------------------------------------------------------------------
 
 
 def _block(runs: List[Dict[str, Any]], block: int, pair: str, side: str) -> Dict[str, Dict[str, Any]]:
@@ -153,23 +137,8 @@ def effective(runs: List[Dict[str, Any]], block: int, pair: str, side: str) -> D
 
 def _measured(rec: Dict[str, Any]) -> Optional[float]:
     """The seconds a first-use measurement reported in its progress line, if it printed one."""
-    for _, msg in rec.get("progress") or []:
-        m = re.search(r"measured in ([\d.]+) s", msg)
-        if m:
-            return float(m.group(1))
-    return None
-
-
-def _med(xs) -> Optional[float]:
-    v = [x for x in xs if x is not None]
-    return statistics.median(v) if v else None
-
-
-def _ratio(xs: Sequence[float]) -> str:
-    if not xs:
-        return "–"
-    ci = bootstrap_ci(xs)
-    return f"{statistics.median(xs):.2f}×" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+    matches = (re.search(r"measured in ([\d.]+) s", msg) for _, msg in rec.get("progress") or [])
+    return next((float(m.group(1)) for m in matches if m), None)
 
 
 def render(results: Dict[str, Any], data: str = "first_use_results.json") -> str:
@@ -200,30 +169,26 @@ def render(results: Dict[str, Any], data: str = "first_use_results.json") -> str
         for side in sides:
             effs = [effective(runs, b, p, side) for b in blocks]
             fresh = [r for r in runs if (r["pair"], r["side"], r["engine"]) == (p, side, "fresh") and "error" not in r]
-            cost = _med(first_use_cost(_block(runs, b, p, side)) for b in blocks)
-            said = _med(_measured(r) for r in fresh)
-            first8 = _med(statistics.fmean(r["first_gammas"]) for r in fresh if r.get("first_gammas"))
-            per = lambda a, b: [e[a] / e[b] for e in effs if a in e and b in e]  # noqa: E731
-            L.append(f"| {PAIRS[p][0]} | {SIDES[side]} | {fmt(cost, 2)}" + (f" [{said:.2f}]" if said else "")
-                     + f" | {fmt(_med(r['wall_s'] for r in fresh), 2)} | {fmt(_med(e.get('fresh') for e in effs))} | "
-                     f"{fmt(_med(e.get('best fixed γ') for e in effs))} | {fmt(_med(e.get('plain') for e in effs))} | "
-                     f"{_ratio(per('fresh', 'best fixed γ'))} | {_ratio(per('fresh', 'plain'))} | {fmt(first8)} |")
+            cost = median(first_use_cost(_block(runs, b, p, side)) for b in blocks)
+            said = median(_measured(r) for r in fresh)
+            first8 = median(statistics.fmean(r["first_gammas"]) for r in fresh if r.get("first_gammas"))
+            cells = [PAIRS[p][0], SIDES[side], fmt(cost, 2) + (f" [{said:.2f}]" if said else ""),
+                     fmt(median(r["wall_s"] for r in fresh), 2)]
+            cells += [fmt(median(e.get(k) for e in effs)) for k in ("fresh", "best fixed γ", "plain")]
+            cells += [ratio_text([e["fresh"] / e[k] for e in effs if "fresh" in e and k in e])
+                      for k in ("best fixed γ", "plain")]
+            L.append("| " + " | ".join(cells + [fmt(first8)]) + " |")
     if "baseline" in sides:
         L += ["", "| pair | fresh tok/s, this checkout / previous main |", "|---|---|"]
         for p in results["pairs"]:
             pairs = [(effective(runs, b, p, "new").get("fresh"), effective(runs, b, p, "baseline").get("fresh"))
                      for b in blocks]
-            L.append(f"| {PAIRS[p][0]} | {_ratio([a / b for a, b in pairs if a and b])} |")
+            L.append(f"| {PAIRS[p][0]} | {ratio_text([a / b for a, b in pairs if a and b])} |")
     errors = [r for r in runs if "error" in r]
     if errors:
         L += ["", f"- {len(errors)} run(s) failed, e.g. {errors[0]['side']} {errors[0]['engine']}: "
               f"{errors[0]['error'][:200]}"]
     return "\n".join(L) + "\n"
-
-
-# ---------------------------------------------------------------------------
-# command line
-# ---------------------------------------------------------------------------
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -1,14 +1,11 @@
 """The README's headline table, generated from the studies' result files.
 
-Each row is one statistic of one study: the median of per-block ratios of
-decode tok/s, ours over a llama.cpp engine run in the same block, with its
-bootstrap 95% interval.  The README holds the rendered table between two
-markers; ``python -m bench.headline`` rewrites it, ``--check`` fails when
-the README differs from what the result files say (tests/test_readme.py runs
-the check, so the README cannot drift from the data).  ``--run`` measures it
-again first: it reruns the command each result file records (the suite,
-bench.structured and bench.infill, about three hours on 2 cores), then
-writes the table.
+Each row: the median of per-block ratios of decode tok/s, ours over a
+llama.cpp engine run in the same block, [bootstrap 95% interval].  The
+README holds the table between two markers; ``python -m bench.headline``
+rewrites it, ``--check`` fails when it is stale (tests/test_readme.py), and
+``--run`` first reruns the command each result file records (the suite,
+bench.structured and bench.infill: about three hours on 2 cores).
 """
 
 from __future__ import annotations
@@ -92,19 +89,17 @@ def structured_rows(results: Dict[str, Any]) -> List[List[str]]:
     """Rows from python -m bench.structured (JSON schemas)."""
     from .structured import SETTINGS, best_server
 
-    rows = []
-    for sid in ("t0.7",):
-        best = best_server(results["runs"], sid)
-        if best:
-            rows.append([f"JSON under a schema, {SETTINGS[sid][0]}", "γ=auto, grammar-forced drafts",
-                         f"llama-server's fastest mode ({best})",
-                         _ratio(paired_ratios(results["runs"], "ours-auto", best, sid))])
-    return rows
+    best = best_server(results["runs"], "t0.7")
+    if not best:
+        return []
+    return [[f"JSON under a schema, {SETTINGS['t0.7'][0]}", "γ=auto, grammar-forced drafts",
+             f"llama-server's fastest mode ({best})",
+             _ratio(paired_ratios(results["runs"], "ours-auto", best, "t0.7"))]]
 
 
 def infill_rows(results: Dict[str, Any]) -> List[List[str]]:
     """Rows from python -m bench.infill (fill-in-the-middle)."""
-    from .infill import best_server
+    from .structured import best_server
 
     best = best_server(results["runs"], "t0")
     if not best:

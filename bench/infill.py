@@ -3,23 +3,21 @@
     python -m bench.infill            # the demo pair (F32 / Q4_0), greedy, 64-token completions
     python -m bench.infill --quick    # two blocks, to see that it runs
 
-The workload cuts real source files (this package's own modules) at
-function boundaries: the prefix up to a line inside a function, the middle
-hidden, the suffix after it, and one other module of the package as extra
-context (``input_extra``).  Every engine completes the middle with 64 new
-tokens (``ignore_eos``: equal work), streamed, from an empty prompt cache:
+Each block cuts one of this package's modules inside a function: the prefix,
+1-3 hidden lines, the suffix, and another module as extra context
+(``input_extra``).  Every engine completes the middle with 64 new tokens
+(``ignore_eos``), streamed, from an empty prompt cache:
 
-- ``ours-model``, ``ours-ngram``, ``ours-hybrid``: SpeculativeDecoder
-  γ=auto with the draft model, with prompt lookup (which also looks up the
-  suffix and the extra file: they are part of the prompt), with both;
-  ``ours-g0``: γ=0 (whether lookup in the suffix pays shows against it);
+- ``ours-model``, ``ours-ngram``, ``ours-hybrid``: SpeculativeDecoder γ=auto
+  with the draft model, with prompt lookup (the suffix and the extra file are
+  part of the prompt), with both; ``ours-g0``: γ=0;
 - ``server-plain``: llama-server's ``/infill`` without a draft;
   ``server-md{N}``: with ``-md`` the draft, ``--spec-draft-n-max N``.
 
 Reported: medians of per-block ratios of decode tok/s [bootstrap 95%
-interval] against the faster llama-server mode, and the medians of time to
-first token.  Writes bench/results/infill/infill_results.json and the "## Fill in the
-middle" section of bench/RESULTS.md.
+interval] against the faster llama-server mode, and the median time to first
+token.  Writes bench/results/infill/infill_results.json and its section of
+bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -31,6 +29,7 @@ import statistics
 import sys
 import time
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -116,8 +115,8 @@ def run(args) -> Dict[str, Any]:
 
     target, draft = ensure_model(F32), ensure_model(Q4_0)
     peer_paths = llama_cli.ensure_peers()
-    engines = ["ours-model", "ours-ngram", "ours-hybrid", "ours-g0", "server-plain"] + [
-        f"server-md{n}" for n in args.draft_max]
+    engines = ["ours-model", "ours-ngram", "ours-hybrid", "ours-g0", "server-plain",
+               *(f"server-md{n}" for n in args.draft_max)]
     cases = workload(args.blocks, args.seed)
     results: Dict[str, Any] = {
         "command": args.command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -136,16 +135,13 @@ def run(args) -> Dict[str, Any]:
             o.start(1, args.threads)
             stack.callback(o.stop)
         servers = llama_server.start_servers(stack, target, draft, args.draft_max, ctx=N_CTX, threads=args.threads)
-
-        def one(e: str, case: Dict[str, Any], seed: int) -> Dict[str, Any]:
-            return ours[e].run(case, seed) if e in ours else server_run(servers[e], case, seed)
-
+        runner = {e: o.run for e, o in ours.items()} | {e: partial(server_run, url) for e, url in servers.items()}
         try:
             for e in engines:  # warm-up, not recorded
-                one(e, cases[0], 0)
+                runner[e](cases[0], 0)
             for block, case in enumerate(cases):
                 for pos, e in enumerate(rotated(engines, block)):
-                    rec = paired_run(lambda: one(e, case, args.seed + block),
+                    rec = paired_run(lambda: runner[e](case, args.seed + block),
                                      (RuntimeError, llama_server.PeerRunError, ValueError),
                                      engine=e, setting="t0", block=block, prompt=case["name"], position=pos)
                     results["runs"].append(rec)

@@ -3,22 +3,15 @@
     python -m bench.kernels [--repeats N] [--no-write]
     python -m bench.kernels --report-only bench/results/kernels/kernels_results.json
 
-Times, at V = 32,000 / 151,936 / 262,144, on synthetic rows and on logit rows
-captured from Qwen2.5-Coder-0.5B (when its GGUF is in the model cache), all
-in one run with the implementations interleaved call by call:
-
-  (a) plain softmax (T = 1, no truncation) vs one memory pass (a numpy copy)
-  (b) T = 0.8 + top_p = 0.95 vs an argsort-based float32 numpy reference and
-      vs llama.cpp's own sampler chain (temp -> top_p -> dist)
-  (c) T = 0.8 + top_k = 40 vs llama.cpp's chain (top_k -> temp -> dist)
-  (d) a full verify with γ = 8 where every row is accepted
-
-for every kernel ISA this CPU supports.  Writes every time's median and
-minimum to bench/results/kernels/kernels_results.json and the "## Kernels"
-section of bench/RESULTS.md from it (``--report-only FILE`` re-renders).
-
-This is a measurement script, not a test: it never fails on a missed target,
-it reports it.
+Times softmax (T = 1, against a numpy copy), T = 0.8 + top_p = 0.95 and
+T = 0.8 + top_k = 40 (against an argsort-based numpy reference and llama.cpp's
+sampler chain) and a γ = 8 verify where every row is accepted, for every
+kernel ISA this CPU supports, at V = 32,000 / 151,936 / 262,144, on synthetic
+rows and on logit rows captured from Qwen2.5-Coder-0.5B, interleaved call by
+call.  Writes each time's median and minimum to
+bench/results/kernels/kernels_results.json and the "## Kernels" section of
+bench/RESULTS.md (``--report-only FILE`` re-renders).  A missed target is
+reported, never a failure.
 """
 
 from __future__ import annotations
@@ -34,16 +27,13 @@ import sys
 import time
 from pathlib import Path
 
+import llama_cpp
 import numpy as np
 
 from specdec_cpu import SamplingParams, sampling
+from specdec_cpu.planning.costmodel import cpu_model
 
 from .common import command_line, publish, results_dir
-
-try:  # llama.cpp's sampler chain is a peer; the bench still runs without it
-    import llama_cpp
-except ImportError:  # pragma: no cover
-    llama_cpp = None
 
 VOCABS = (32_000, 151_936, 262_144)
 CACHE = Path(os.environ.get("SPECDEC_CACHE_DIR", Path.home() / ".cache" / "specdec-cpu"))
@@ -63,11 +53,6 @@ PROMPT = (
     "    total = 0.0\n    count = 0\n    with open(path, newline='') as f:\n"
     "        for row in csv.DictReader(f):\n            try:\n"
 )
-
-
-# --------------------------------------------------------------------------
-# Rows
-# --------------------------------------------------------------------------
 
 
 def synthetic_rows(v: int, seed: int = 0) -> np.ndarray:
@@ -93,9 +78,7 @@ def capture_rows(model_path: Path) -> np.ndarray:
     if not model:
         raise RuntimeError(f"llama.cpp could not load {model_path}")
     cparams = lc.llama_context_default_params()
-    cparams.n_ctx = 512
-    cparams.n_batch = 512
-    cparams.n_ubatch = 512
+    cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = 512
     cparams.n_threads = cparams.n_threads_batch = os.cpu_count() or 1
     ctx = lc.llama_init_from_model(model, cparams)
     vocab = lc.llama_model_get_vocab(model)
@@ -131,15 +114,13 @@ def captured_rows() -> tuple[np.ndarray | None, str]:
     model = find_model()
     if model is None:
         return None, f"no GGUF in {CACHE / 'models'}"
-    if llama_cpp is None:
-        return None, "llama_cpp not installed"
     rows = capture_rows(model)
     CAPTURE.parent.mkdir(parents=True, exist_ok=True)
     np.save(CAPTURE, rows)
     return rows, f"captured from {model.name}"
 
 
-def fit_rows(rows: np.ndarray, v: int, seed: int = 1) -> tuple[np.ndarray, str]:
+def fit_rows(rows: np.ndarray, v: int, seed: int = 1) -> np.ndarray:
     """Captured rows brought to vocabulary size v.
 
     Smaller v: keep each row's 1,000 largest logits plus a random choice of
@@ -149,7 +130,7 @@ def fit_rows(rows: np.ndarray, v: int, seed: int = 1) -> tuple[np.ndarray, str]:
     """
     n, src = rows.shape
     if v == src:
-        return np.ascontiguousarray(rows), "captured"
+        return np.ascontiguousarray(rows)
     g = np.random.default_rng(seed)
     out = np.empty((n, v), dtype=np.float32)
     for r in range(n):
@@ -161,13 +142,7 @@ def fit_rows(rows: np.ndarray, v: int, seed: int = 1) -> tuple[np.ndarray, str]:
         else:
             extra = rows[r][g.choice(tail, size=v - src, replace=True)]
             out[r] = np.concatenate([rows[r], extra])[g.permutation(v)]
-    how = "captured, subsampled (top 1,000 kept)" if v < src else "captured, padded with its own tail"
-    return out, how
-
-
-# --------------------------------------------------------------------------
-# Peers
-# --------------------------------------------------------------------------
+    return out
 
 
 def numpy_reference(row: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -189,13 +164,8 @@ def numpy_reference(row: np.ndarray, params: SamplingParams) -> np.ndarray:
 
 
 class LlamaChain:
-    """llama.cpp's sampler chain over a llama_token_data_array built from a row.
-
-    ``fill(row)`` writes the row into the candidates array (ids 0..V-1 and the
-    logits, two strided numpy passes done in C: what llama.cpp's own
-    common_sampler does from the logits buffer for every token); ``apply()``
-    runs the chain (temperature, truncation, softmax, the dist draw).
-    """
+    """llama.cpp's sampler chain over a llama_token_data_array: ``fill(row)`` writes ids and logits into it
+    (as llama.cpp's common_sampler does for every token), ``apply()`` runs the chain and draws."""
 
     def __init__(self, v: int, params: SamplingParams, seed: int = 1234):
         lc = llama_cpp
@@ -207,8 +177,6 @@ class LlamaChain:
         lc.llama_sampler_chain_add(self.chain, lc.llama_sampler_init_temp(params.temperature))
         if params.top_p < 1.0:
             lc.llama_sampler_chain_add(self.chain, lc.llama_sampler_init_top_p(params.top_p, 1))
-        if params.min_p > 0.0:
-            lc.llama_sampler_chain_add(self.chain, lc.llama_sampler_init_min_p(params.min_p, 1))
         lc.llama_sampler_chain_add(self.chain, lc.llama_sampler_init_dist(seed))
         self.v = v
         self.buf = np.zeros(v, dtype=[("id", np.int32), ("logit", np.float32), ("p", np.float32)])
@@ -233,11 +201,6 @@ class LlamaChain:
         llama_cpp.llama_sampler_free(self.chain)
 
 
-# --------------------------------------------------------------------------
-# Timing
-# --------------------------------------------------------------------------
-
-
 def timed(fn) -> float:
     t0 = time.perf_counter_ns()
     fn()
@@ -249,18 +212,17 @@ def run_case(rows: np.ndarray, repeats: int, isas: list[str]) -> dict[str, list[
     v = rows.shape[1]
     gamma = 8
     g = np.random.default_rng(7)
-    # verify inputs: 9 target rows; q = the target's own distributions -> every row accepted
-    vt = np.ascontiguousarray(np.stack([rows[i % rows.shape[0]] for i in range(gamma + 1)]))
-    vq = np.ascontiguousarray(sampling.distribution(vt[:gamma], P_TOPP))
-    q64 = vq.astype(np.float64)
-    vtok = np.array([g.choice(v, p=q64[j] / q64[j].sum()) for j in range(gamma)], dtype=np.int32)
-    vq1 = np.ascontiguousarray(sampling.distribution(vt[:gamma], P_SOFTMAX))
-    q64 = vq1.astype(np.float64)
-    vtok1 = np.array([g.choice(v, p=q64[j] / q64[j].sum()) for j in range(gamma)], dtype=np.int32)
+    vt = np.ascontiguousarray(np.stack([rows[i % rows.shape[0]] for i in range(gamma + 1)]))  # 9 target rows
 
-    chains = {}
-    if llama_cpp is not None:
-        chains = {"topp": LlamaChain(v, P_TOPP), "topk": LlamaChain(v, P_TOPK)}
+    def drafted(params: SamplingParams) -> tuple[SamplingParams, np.ndarray, np.ndarray]:
+        """q = the target's own distributions (so every row is accepted) and tokens drawn from it."""
+        q = np.ascontiguousarray(sampling.distribution(vt[:gamma], params))
+        q64 = q.astype(np.float64)
+        return params, q, np.array([g.choice(v, p=q64[j] / q64[j].sum()) for j in range(gamma)], dtype=np.int32)
+
+    verifies = {"verify8": drafted(P_TOPP), "verify8 plain": drafted(P_SOFTMAX)}
+    truncations = {"topp": P_TOPP, "topk": P_TOPK}
+    chains = {key: LlamaChain(v, params) for key, params in truncations.items()}
     times: dict[str, list[float]] = {}
     rng = sampling.Rng(42, sampling.DRAFT_STREAM)
     vrng = sampling.Rng(42, sampling.VERIFY_STREAM)
@@ -268,52 +230,39 @@ def run_case(rows: np.ndarray, repeats: int, isas: list[str]) -> dict[str, list[
     def add(key: str, us: float) -> None:
         times.setdefault(key, []).append(us)
 
+    def verify(params: SamplingParams, q: np.ndarray, tokens: np.ndarray) -> None:
+        res = sampling.verify(vt, tokens, q, params, vrng)
+        assert res.n_accepted == gamma, res
+
     for rep in range(repeats + 2):  # two warm-up rounds, discarded below
         row = rows[rep % rows.shape[0]]
         add("copy", timed(lambda: row.copy()))
-        add("numpy topp", timed(lambda: numpy_reference(row, P_TOPP)))
-        add("numpy topk", timed(lambda: numpy_reference(row, P_TOPK)))
-        for name, chain in chains.items():
-            add(f"llama {name} fill", timed(lambda: chain.fill(row)))
-            add(f"llama {name} apply", timed(chain.apply))
+        for key, params in truncations.items():
+            add(f"numpy {key}", timed(lambda: numpy_reference(row, params)))
+        for key, chain in chains.items():
+            add(f"llama {key} fill", timed(lambda: chain.fill(row)))
+            add(f"llama {key} apply", timed(chain.apply))
         for isa in isas:
             sampling.set_isa(isa)
             add(f"{isa} softmax", timed(lambda: sampling.distribution(row, P_SOFTMAX)))
-            add(f"{isa} topp dist", timed(lambda: sampling.distribution(row, P_TOPP)))
-            add(f"{isa} topp sample", timed(lambda: sampling.sample(row, P_TOPP, rng)))
-            add(f"{isa} topk dist", timed(lambda: sampling.distribution(row, P_TOPK)))
-            add(f"{isa} topk sample", timed(lambda: sampling.sample(row, P_TOPK, rng)))
-
-            def verify():
-                res = sampling.verify(vt, vtok, vq, P_TOPP, vrng)
-                assert res.n_accepted == gamma, res
-
-            def verify_plain():
-                res = sampling.verify(vt, vtok1, vq1, P_SOFTMAX, vrng)
-                assert res.n_accepted == gamma, res
-
-            add(f"{isa} verify8", timed(verify))
-            add(f"{isa} verify8 plain", timed(verify_plain))
-    for chain in chains.values():
+            for key, params in truncations.items():
+                add(f"{isa} {key} dist", timed(lambda: sampling.distribution(row, params)))
+                add(f"{isa} {key} sample", timed(lambda: sampling.sample(row, params, rng)))
+            for key, drafts in verifies.items():
+                add(f"{isa} {key}", timed(lambda: verify(*drafts)))
+    for key, chain in chains.items():
         chain.close()
-    for name in [k for k in times if k.endswith(" fill")]:
-        base = name[: -len(" fill")]
-        times[base + " total"] = [a + b for a, b in zip(times[name], times[base + " apply"])]
+        times[f"llama {key} total"] = [a + b for a, b in zip(times[f"llama {key} fill"], times[f"llama {key} apply"])]
     return {k: t[2:] for k, t in times.items()}
 
 
 def check_agreement(rows: np.ndarray) -> float:
-    """Largest |ours - numpy reference| over the rows for (b) and (c): a sanity check."""
+    """Largest |ours - numpy reference| at top-p and top-k over the first two rows: a sanity check."""
     worst = 0.0
     for row in rows[:2]:
         for params in (P_TOPP, P_TOPK):
             worst = max(worst, float(np.abs(sampling.distribution(row, params) - numpy_reference(row, params)).max()))
     return worst
-
-
-# --------------------------------------------------------------------------
-# Report
-# --------------------------------------------------------------------------
 
 
 def summary(times: dict[str, list[float]]) -> dict[str, list[float]]:
@@ -325,16 +274,6 @@ def fmt(t: list[float]) -> str:
     return f"{t[0]:,.0f} / {t[1]:,.0f}"
 
 
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def times_str(r: float) -> str:
     return f"{r:.1f}×" if r >= 10 else f"{r:.2f}×"
 
@@ -344,17 +283,12 @@ def render(results: dict, data: str = "kernels_results.json") -> str:
     isas, m = results["isas"], results["machine"]
     best = isas[-1]
     lines = [
-        HEADING,
-        "",
-        f"Command: `{results['command']}` (every time is in [kernels_results.json]({data}))",
-        "",
+        HEADING, "", f"Command: `{results['command']}` (every time is in [kernels_results.json]({data}))", "",
         f"Machine: {m['cpu']}, {m['cpus']} logical CPUs; kernel ISAs supported here: "
         f"{', '.join(isas)} (default {results['default_isa']}); kernels and llama.cpp's sampler are single-threaded. "
-        f"numpy {m['numpy']}, llama-cpp-python {m['llama_cpp_python']}, Python {m['python']}.",
-        "",
+        f"numpy {m['numpy']}, llama-cpp-python {m['llama_cpp_python']}, Python {m['python']}.", "",
         "Times are µs per call, `median / min` over the repeats, all implementations interleaved "
-        "call by call in one run. Rows: " + "; ".join(results["rows"]) + ".",
-        "",
+        "call by call in one run. Rows: " + "; ".join(results["rows"]) + ".", "",
         "- softmax: `distribution()` at T = 1, no truncation; *copy* is `row.copy()` (one read + one write pass).",
         "- top-p: T = 0.8, top_p = 0.95; top-k: T = 0.8, top_k = 40. *dist* is `distribution()` (full "
         "float32 row out), *sample* is `sample()` (one token). *numpy* is an argsort-based float32 "
@@ -381,11 +315,10 @@ def render(results: dict, data: str = "kernels_results.json") -> str:
             return [fmt(t[f"{isa} {key}"]) for isa in isas]
 
         row(v, kind, "softmax", "copy " + fmt(t["copy"]), "", "", *ours("softmax"))
-        has_llama = "llama topp apply" in t
         for op, key in (("top-p", "topp"), ("top-k", "topk")):
-            lp = [fmt(t[f"llama {key} apply"]), fmt(t[f"llama {key} total"])] if has_llama else ["n/a", "n/a"]
             row(v, kind, f"{op} dist", fmt(t[f"numpy {key}"]), "", "", *ours(f"{key} dist"))
-            row(v, kind, f"{op} sample", "", *lp, *ours(f"{key} sample"))
+            row(v, kind, f"{op} sample", "", fmt(t[f"llama {key} apply"]), fmt(t[f"llama {key} total"]),
+                *ours(f"{key} sample"))
         row(v, kind, "verify γ=8, T=0.8 top-p", "", "", "", *ours("verify8"))
         row(v, kind, "verify γ=8, T=1", "", "", "", *ours("verify8 plain"))
 
@@ -395,14 +328,12 @@ def render(results: dict, data: str = "kernels_results.json") -> str:
         if case["v"] != 262_144:
             continue
         med = {k: v[0] for k, v in case["times"].items()}
-        checks = []
         r = med["numpy topp"] / med[f"{best} topp dist"]
-        checks.append(("top-p dist ≥ 20× faster than numpy", times_str(r), r >= 20))
-        if "llama topp apply" in med:
-            for op, key, goal in (("top-p", "topp", 10), ("top-k", "topk", 2)):
-                for what in ("apply", "total"):
-                    r = med[f"llama {key} {what}"] / med[f"{best} {key} sample"]
-                    checks.append((f"{op} sample ≥ {goal}× faster than llama.cpp ({what})", times_str(r), r >= goal))
+        checks = [("top-p dist ≥ 20× faster than numpy", times_str(r), r >= 20)]
+        for op, key, goal in (("top-p", "topp", 10), ("top-k", "topk", 2)):
+            for what in ("apply", "total"):
+                r = med[f"llama {key} {what}"] / med[f"{best} {key} sample"]
+                checks.append((f"{op} sample ≥ {goal}× faster than llama.cpp ({what})", times_str(r), r >= goal))
         r = med[f"{best} softmax"] / med["copy"]
         checks.append(("softmax ≤ 4× a numpy copy", times_str(r), r <= 4))
         for key, label in (("verify8", "T=0.8, top_p=0.95"), ("verify8 plain", "T=1")):
@@ -431,14 +362,14 @@ def measure(args: argparse.Namespace, command: str) -> dict:
     for v in args.vocab:
         sets = [("synthetic", synthetic_rows(v))]
         if captured is not None:
-            sets.append(("qwen" + ("" if v == captured.shape[1] else "*"), fit_rows(captured, v)[0]))
+            sets.append(("qwen" + ("" if v == captured.shape[1] else "*"), fit_rows(captured, v)))
         for kind, rows in sets:
             sampling.set_isa(default_isa)
             print(f"V={v:,} {kind}: max |ours - numpy| = {check_agreement(rows):.2e}", file=sys.stderr)
             cases.append({"v": v, "kind": kind, "times": summary(run_case(rows, args.repeats, isas))})
     sampling.set_isa(default_isa)
     machine = {"cpu": cpu_model(), "cpus": os.cpu_count(), "numpy": np.__version__,
-               "llama_cpp_python": getattr(llama_cpp, "__version__", "absent"), "python": platform.python_version()}
+               "llama_cpp_python": llama_cpp.__version__, "python": platform.python_version()}
     return {"command": command, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "machine": machine, "isas": isas, "default_isa": default_isa, "rows": rows_note, "cases": cases}
 
@@ -451,10 +382,8 @@ def main(argv=None) -> int:
     ap.add_argument("--output-dir", type=Path, default=results_dir("kernels"))
     ap.add_argument("--report-only", type=Path, default=None, metavar="RESULTS.json")
     args = ap.parse_args(argv)
-    if args.report_only is not None:
-        results = json.loads(args.report_only.read_text())
-    else:
-        results = measure(args, command_line("python -m bench.kernels", argv))
+    results = (json.loads(args.report_only.read_text()) if args.report_only is not None
+               else measure(args, command_line("python -m bench.kernels", argv)))
     if args.no_write:
         print(render(results))
         return 0

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -36,34 +37,23 @@ def _suite() -> str:
     return report.render(_load(out / "results.json"), plots, link(out / "results.json"))
 
 
-def _published(study: str, name: str) -> Callable[[], str]:
+def _published(study: str, name: str) -> str:
     """A study that writes its section with ``common.publish``: ``render(results, link)``."""
-
-    def section() -> str:
-        module = __import__(f"bench.{study}", fromlist=["render"])
-        path = results_dir(study) / name
-        return module.render(_load(path), link(path))
-
-    return section
+    path = results_dir(study) / name
+    return importlib.import_module(f"bench.{study}").render(_load(path), link(path))
 
 
-def _serving(name: str) -> Callable[[], str]:
-    def section() -> str:
-        from . import serving
+def _serving(name: str) -> str:
+    from . import serving
 
-        return serving.render(_load(results_dir("serving") / name), results_dir("serving"), RESULTS_MD)
-
-    return section
+    return serving.render(_load(results_dir("serving") / name), results_dir("serving"), RESULTS_MD)
 
 
-def _layer_latency(name: str) -> Callable[[], str]:
-    def section() -> str:
-        from . import layer_latency
+def _layer_latency(name: str) -> str:
+    from . import layer_latency
 
-        path = results_dir("layer_latency") / name
-        return layer_latency.render(_load(path), path, RESULTS_MD)
-
-    return section
+    path = results_dir("layer_latency") / name
+    return layer_latency.render(_load(path), path, RESULTS_MD)
 
 
 def _audit() -> str:
@@ -77,19 +67,19 @@ def _audit() -> str:
 #: Every section of RESULTS.md, in its order.
 SECTIONS: List[Callable[[], str]] = [
     _suite,  # "End-to-end decoding" and "Targets"
-    _published("ab", "ab_results.json"),
-    _published("kernels", "kernels_results.json"),
-    _serving("serving_http_results.json"),
-    _serving("serving_http_ab_results.json"),
-    _serving("serving_http_t1_results.json"),
-    _serving("serving_ray_results.json"),
-    _layer_latency("layer_latency_results.json"),
-    _layer_latency("layer_latency_fresh_results.json"),
-    _serving("serving_results.json"),
+    lambda: _published("ab", "ab_results.json"),
+    lambda: _published("kernels", "kernels_results.json"),
+    lambda: _serving("serving_http_results.json"),
+    lambda: _serving("serving_http_ab_results.json"),
+    lambda: _serving("serving_http_t1_results.json"),
+    lambda: _serving("serving_ray_results.json"),
+    lambda: _layer_latency("layer_latency_results.json"),
+    lambda: _layer_latency("layer_latency_fresh_results.json"),
+    lambda: _serving("serving_results.json"),
     _audit,
-    _published("first_use", "first_use_results.json"),
-    _published("infill", "infill_results.json"),
-    _published("structured", "structured_results.json"),
+    lambda: _published("first_use", "first_use_results.json"),
+    lambda: _published("infill", "infill_results.json"),
+    lambda: _published("structured", "structured_results.json"),
 ]
 
 

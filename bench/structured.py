@@ -3,28 +3,23 @@
     python -m bench.structured                 # the demo pair (F32 / Q4_0), T = 0 and T = 0.7
     python -m bench.structured --quick         # one block per setting, to see that it runs
 
-A JSON workload of six prompts: extraction into schemas of several shapes
-(nested objects, arrays of records, enums, bounded numbers, optional
-fields) and function-call arguments.  Engines, one at a time, in an order
-rotated from block to block (a block = one prompt at one setting):
+Six prompts asking for JSON: extraction into schemas of several shapes and
+function-call arguments.  Engines, one at a time, in an order rotated from
+block to block (a block = one prompt at one setting):
 
-- ``ours-auto``: SpeculativeDecoder γ=auto with the draft, constrained
-  (``grammar=`` the schema);
+- ``ours-auto``: SpeculativeDecoder γ=auto with the draft, ``grammar=`` the schema;
 - ``ours-g0``: the same at γ=0, without a draft;
-- ``server-plain``: llama-server without a draft, the schema in its
-  ``json_schema`` field (its grammar sampler);
-- ``server-md{N}``: llama-server with ``-md`` the draft and
-  ``--spec-draft-n-max N`` for N in ``--draft-max`` (every N is an engine;
-  the report takes the best N per setting: the peer gets its best setting).
+- ``ours-auto-unmasked``: ``ours-auto`` with the draft sampling from its own
+  logits, not under the grammar's mask (exact too, docs/math.md §11);
+- ``server-plain``: llama-server without a draft, the schema as its ``json_schema``;
+- ``server-md{N}``: llama-server with ``-md`` the draft and ``--spec-draft-n-max N``
+  for N in ``--draft-max`` (the report takes the best N per setting).
 
-Every engine generates from the same chat-templated text; outputs are
-parsed and validated with ``jsonschema``.  Reported: medians of per-block
-ratios of decode tok/s with bootstrap intervals, the share of tokens the
-grammar forced, α with the draft masked by the grammar and without
-(``ours-auto-unmasked``: the draft samples from its own logits; its output
-is exact too, docs/math.md §11; its speed is shown but not a goal), and
-the valid-output rate.  Writes bench/results/structured/structured_results.json and the
-"## Structured output" section of bench/RESULTS.md.
+Reported: medians of per-block ratios of decode tok/s [bootstrap 95%
+interval], the share of tokens the grammar forced, α masked and unmasked,
+and the share of outputs ``jsonschema`` accepts.  Writes
+bench/results/structured/structured_results.json and its section of
+bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -35,6 +30,7 @@ import statistics
 import sys
 import time
 from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
 
@@ -160,8 +156,7 @@ def run(args) -> Dict[str, Any]:
 
     target, draft = ensure_model(F32), ensure_model(Q4_0)
     peer_paths = llama_cli.ensure_peers()
-    engines = ["ours-auto", "ours-g0", "ours-auto-unmasked", "server-plain"] + [f"server-md{n}"
-                                                                              for n in args.draft_max]
+    engines = ["ours-auto", "ours-g0", "ours-auto-unmasked", "server-plain", *(f"server-md{n}" for n in args.draft_max)]
     results: Dict[str, Any] = {
         "command": args.command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": machine_info(args.threads), "versions": versions(peer_paths), "engines": engines,
@@ -176,13 +171,14 @@ def run(args) -> Dict[str, Any]:
             o.start(1, args.threads)
             stack.callback(o.stop)
         servers = llama_server.start_servers(stack, target, draft, args.draft_max, ctx=N_CTX, threads=args.threads)
+        runner = {e: o.run for e, o in ours.items()} | {e: partial(server_run, url) for e, url in servers.items()}
         tok = ours["ours-g0"].dec.tokenizer
         block = 0
         try:
-            for name, instruction, schema in WORKLOAD[:1]:  # warm-up: every engine once, not recorded
-                text = tok.chat_prompt([{"role": "user", "content": instruction}])
-                for e in engines:
-                    (ours[e].run if e in ours else lambda *a: server_run(servers[e], *a))(text, schema, 0.0, 1.0, 0)
+            _, instruction, schema = WORKLOAD[0]  # warm-up: every engine once, not recorded
+            text = tok.chat_prompt([{"role": "user", "content": instruction}])
+            for e in engines:
+                runner[e](text, schema, 0.0, 1.0, 0)
             for sid in args.settings:
                 label, temperature, top_p = SETTINGS[sid]
                 for b in range(args.blocks):
@@ -190,8 +186,7 @@ def run(args) -> Dict[str, Any]:
                     text = tok.chat_prompt([{"role": "user", "content": instruction}])
                     seed = args.seed + block
                     for pos, e in enumerate(rotated(engines, block)):
-                        rec = paired_run(lambda: (ours[e].run(text, schema, temperature, top_p, seed) if e in ours
-                                                  else server_run(servers[e], text, schema, temperature, top_p, seed)),
+                        rec = paired_run(lambda: runner[e](text, schema, temperature, top_p, seed),
                                          (RuntimeError, llama_server.PeerRunError, ValueError),
                                          engine=e, setting=sid, block=block, prompt=name, seed=seed, position=pos)
                         results["runs"].append(rec)
