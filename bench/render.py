@@ -59,8 +59,8 @@ def _layer_latency(name: str) -> str:
 def _audit() -> str:
     from . import audit
 
-    out = results_dir("audit") / "full"
-    plot = results_dir("audit") / "plot_audit.png"
+    out = results_dir("audit")
+    plot = out / "plot_audit.png"
     return audit.render(_load(out / "results.json"), link(plot) if plot.exists() else None, out)
 
 
