@@ -51,9 +51,11 @@ def publish(study: str, results: Dict[str, Any], render: Callable[[Dict[str, Any
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(results, indent=1))
     results_md = results_md_for(output_dir, results_dir(study))
+    results_md.parent.mkdir(parents=True, exist_ok=True)
     section = render(results, link(path, results_md))
     write_section(results_md, section, heading, after)
-    print(f"wrote {path} and the '{heading}' section of {results_md}", file=sys.stderr)
+    wrote = "rendered" if report_only is not None else f"wrote {path} and"
+    print(f"{wrote} the '{heading}' section of {results_md}", file=sys.stderr)
     return section
 
 
