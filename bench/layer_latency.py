@@ -31,7 +31,17 @@ import httpx
 
 from specdec_cpu.server.ray_deployment import LOW_LATENCY_ENV
 
-from .common import RESULTS_MD, bootstrap_ci, link, machine_info, notes_of, results_dir, versions, write_section
+from .common import (
+    RESULTS_MD,
+    bootstrap_ci,
+    link,
+    machine_info,
+    notes_of,
+    results_dir,
+    rotated,
+    versions,
+    write_section,
+)
 from .engines.base import Request
 from .engines.ours_batched import OpenAIServer, OursBatched
 from .serving import chat_prompts
@@ -132,7 +142,7 @@ def measure(threads: int, rounds: int, ray_settings: str, fresh: bool = False) -
         for r in range(rounds):
             if fresh:  # one prompt per path (the two server paths share an engine's cache), alike but for a digit
                 prompts = {pid: chat_prompts(1, f"fresh{threads}.{r}.{i}")[0] for i, pid in enumerate(order)}
-            for pid in order[r % len(order):] + order[:r % len(order)]:
+            for pid in rotated(order, r):
                 latency, decoder = one(pid, prompts[pid] if fresh else prompt)
                 out[pid].append(latency)
                 out[f"{pid}-decoder"].append(decoder)
