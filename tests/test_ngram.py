@@ -415,13 +415,17 @@ def test_empty_draft_is_a_plain_step(gamma, monkeypatch):
 
 def test_lookup_drafts_are_free():
     """Prompt lookup costs nothing: γ=auto drafts with it where a draft model's
-    (prior) cost is planned as well, and the model's cost estimate is its own."""
-    draft = MarkovLM(V, seed=4)
-    combined = SpeculativeDecoder(cyclic_markov(seed=3), ByteTokenizer(), draft, gamma="auto", ngram=True)
-    gen = combined.generate(PROMPT, max_tokens=60, params=SamplingParams(temperature=0.5))
+    (prior) cost is planned as well, and the model's cost estimate is its own.
+    Passes take a flat 2 ms (0.2 ms for the draft): timed microsecond passes
+    are noise that can make any verify look too dear to draft for."""
+    params = SamplingParams(temperature=0.5, seed=8)
+    draft = MarkovLM(V, seed=4, pass_seconds=0.0002)
+    combined = SpeculativeDecoder(cyclic_markov(seed=3, pass_seconds=0.002), ByteTokenizer(), draft, gamma="auto",
+                                  ngram=True)
+    gen = combined.generate(PROMPT, max_tokens=60, params=params)
     assert gen.stats.by_drafter.get("ngram", [0])[0] > 0
-    dec = SpeculativeDecoder(cyclic_markov(seed=3), ByteTokenizer(), ngram=True, gamma="auto")
-    gen = dec.generate(PROMPT, max_tokens=60, params=SamplingParams(temperature=0.5))
+    dec = SpeculativeDecoder(cyclic_markov(seed=3, pass_seconds=0.002), ByteTokenizer(), ngram=True, gamma="auto")
+    gen = dec.generate(PROMPT, max_tokens=60, params=params)
     assert gen.stats.by_drafter["ngram"][0] > 0
 
 
