@@ -19,6 +19,7 @@ from specdec_cpu.planning.policy import (
     ALPHA_GUESS,
     CATCH_UP_PAYBACK,
     EXPECTED_TOKENS,
+    EXPECTED_TOKENS_ALONE,
     MODEL,
     PROBE_GAMMA,
     Candidate,
@@ -216,25 +217,36 @@ def test_correlated_acceptance_earns_longer_drafts():
 
 
 def test_a_long_lag_catches_up_only_when_the_drafting_it_enables_repays_it():
-    """A draft 200 tokens behind (a long prompt) catches up when drafting then
-    repays it within EXPECTED_TOKENS of the sequence's tokens: a good cheap
-    draft on a memory-bound pair does; a middling one (c = 0.3, α = 0.8),
-    whose catch-up would pay only over a few hundred tokens, does not, however
-    long the sequence may still run (a drafting stretch is short)."""
-    def catch_up(c: float, alpha: float) -> int:
+    """A draft far behind (a long prompt) catches up when drafting then repays
+    it within the horizon: EXPECTED_TOKENS of the sequence's tokens in a
+    batch (a drafting stretch there is short), EXPECTED_TOKENS_ALONE alone
+    (only its finish or an arrival ends the stretch).  A good cheap draft on
+    a memory-bound pair catches up 200 tokens either way; a middling one
+    (c = 0.3, α = 0.8) repays 100 or 200 tokens within a few hundred of its
+    own: alone it catches up, in a batch of two not even 100, and alone not
+    a lag of 1,000, however long the sequence may still run."""
+    def alone(c: float, alpha: float, lag: int) -> int:
         pol = policy(F32, c, alpha=alpha)
-        m = Machine(pol, lambda k: F32[k - 1], c * F32[0], steady(alpha), np.random.default_rng(7), lag=200)
+        m = Machine(pol, lambda k: F32[k - 1], c * F32[0], steady(alpha), np.random.default_rng(7), lag=lag)
         m.run(3)
         return m.catch_up
 
-    assert catch_up(0.1, 0.97) > 0
-    assert catch_up(0.3, 0.8) == 0  # it would catch up at a horizon of the 10,000 tokens left
-    assert EXPECTED_TOKENS == 64 and CATCH_UP_PAYBACK == 1.5  # the horizon these cases are set against
+    def in_pair(c: float, alpha: float, lag: int) -> int:
+        pol = policy(F32, c, alpha=alpha)
+        pair = [Candidate(plan=pol.admit(), gamma="auto", room=64, remaining=10_000, draft_lag=lag) for _ in range(2)]
+        return sum(d.catch_up for d in pol.plan(pair, catch_up_budget=128))
+
+    assert alone(0.1, 0.97, 200) > 0 and in_pair(0.1, 0.97, 200) > 0
+    assert alone(0.3, 0.8, 100) > 0 and alone(0.3, 0.8, 200) > 0
+    assert in_pair(0.3, 0.8, 100) == 0  # it would at the alone horizon
+    assert alone(0.3, 0.8, 1000) == 0
+    # the horizons these cases are set against
+    assert (EXPECTED_TOKENS, EXPECTED_TOKENS_ALONE, CATCH_UP_PAYBACK) == (64, 256, 1.5)
 
 
 def test_the_catch_up_horizon_is_the_sequence_remaining_tokens_when_fewer():
     """A sequence with few tokens left does not catch up a long lag even where a
-    long one would: the saving is counted over min(remaining, EXPECTED_TOKENS)."""
+    long one would: the saving is counted over at most its remaining tokens."""
     pol = policy(F32, 0.2, alpha=0.95)
     long_life = Candidate(plan=pol.admit(), gamma="auto", room=64, remaining=10_000, draft_lag=100)
     assert pol.plan([long_life], catch_up_budget=128)[0].catch_up > 0

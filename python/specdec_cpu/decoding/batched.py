@@ -78,7 +78,7 @@ class BatchedDecoder(DecoderFront):
         self._metrics = ServingMetrics(max_sequences=target.n_seq)
         loop = StepLoop(
             target=target, draft=draft, tokenizer=tokenizer,
-            policy=make_policy(cost_model, target, draft, gamma_max=self.gamma_max, prefill_chunk=prefill_chunk),
+            policy=make_policy(cost_model, target, draft, gamma_max=self.gamma_max),
             prefill_chunk=prefill_chunk, ngram_kwargs=dict(ngram_kwargs or {}) if ngram else None,
             metrics=self._metrics, step_trace=step_trace,
             draft_source_ids=draft.weights.source_ids if draft is not None else None,
@@ -143,8 +143,7 @@ class BatchedDecoder(DecoderFront):
         """Plan from ``cost_model`` (while no request is in flight: at load)."""
         self.cost_model = cost_model
         loop = self._scheduler.loop
-        loop.policy = make_policy(cost_model, self.target, self.draft, gamma_max=self.gamma_max,
-                                  prefill_chunk=loop.prefill_chunk)
+        loop.policy = make_policy(cost_model, self.target, self.draft, gamma_max=self.gamma_max)
 
     # ------------------------------------------------------------------ requests
     def generate(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),

@@ -215,12 +215,12 @@ class DecoderFront:
 
 
 def make_policy(cost_model: Optional[CostModel], target: SequenceLM, draft: Optional[SequenceLM], *,
-                gamma_max: int, prefill_chunk: int, max_rows: Optional[int] = None, **kwargs: Any) -> DraftPolicy:
+                gamma_max: int, max_rows: Optional[int] = None, **kwargs: Any) -> DraftPolicy:
     """The draft policy of a decoder over these models; ``max_rows``: the
     most rows a planned target pass holds (default: the target's batch)."""
     rows = target.n_batch if max_rows is None else max_rows
     return DraftPolicy(cost_model, max_rows=rows, max_draft_rows=draft.n_batch if draft is not None else 1,
-                       has_draft=draft is not None, gamma_max=gamma_max, prefill_chunk=prefill_chunk, **kwargs)
+                       has_draft=draft is not None, gamma_max=gamma_max, **kwargs)
 
 
 def generation_or_raise(gen: Generation, timeout: Optional[float]) -> Generation:

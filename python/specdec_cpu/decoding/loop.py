@@ -202,7 +202,11 @@ class StepLoop:
         joining += len(self.active) - len(decoding)
         budget = 0
         if self.draft is not None:
-            budget = min(self.prefill_chunk, self.draft.n_batch - len(decoding))
+            # A catch-up goes in chunks of this many rows, so the others' next
+            # tokens are not held up; alone, in one pass, as a prompt does.
+            alone = len(decoding) == 1 and not joining
+            budget = self.draft.n_batch - len(decoding)
+            budget = budget if alone else min(self.prefill_chunk, budget)
         timing = self.draft is not None and self.policy.draft_unmeasured()
         timed = False
         decisions = self.policy.plan(cands, fixed_rows, joining, budget)

@@ -126,7 +126,7 @@ class SpeculativeDecoder(DecoderFront):
         # probe or a fixed γ takes in whatever its draft lacks that one draft pass holds.
         lm = self._draft_lm
         return make_policy(cost_model, self._target_lm, lm, gamma_max=min(self.gamma_max, self.gamma_cap),
-                           prefill_chunk=self._target_lm.n_batch, max_rows=self.gamma_cap + 1,
+                           max_rows=self.gamma_cap + 1,
                            catch_up_limit=lm.n_batch - 1 if lm is not None else 0)
 
     @property

@@ -56,6 +56,8 @@ CATCH_UP_LIMIT = 64
 CATCH_UP_PAYBACK = 1.5
 #: ... over at most this many of the sequence's remaining tokens: a drafting stretch in a batch is short (§3).
 EXPECTED_TOKENS = 64
+#: The same for a sequence decoding alone, whose stretch only its finish or an arrival ends (§3).
+EXPECTED_TOKENS_ALONE = 256
 #: A catch-up or a probe is made only when drafting is predicted to beat plain batching by this (§3).
 INVESTMENT_GAIN = 1.05
 #: The draft's lag after catching up, as the plan charges it: the step's own token.
@@ -140,7 +142,6 @@ class DraftPolicy:
         max_rows, max_draft_rows: rows one target / draft pass may hold.
         has_draft: whether a draft model is loaded.
         gamma_max: the longest model draft.
-        prefill_chunk: the size of one catch-up chunk.
         catch_up_limit: the longest lag a probe or a fixed γ takes in within
             its drafting step (CATCH_UP_LIMIT in a batch, which a long
             catch-up would hold up; a pass's worth for one sequence).
@@ -148,10 +149,10 @@ class DraftPolicy:
     """
 
     def __init__(self, cost_model: Optional[CostModel], *, max_rows: int, max_draft_rows: int, has_draft: bool,
-                 gamma_max: int, prefill_chunk: int = 128, probe_every: int = 32, probe_max: int = 256,
+                 gamma_max: int, probe_every: int = 32, probe_max: int = 256,
                  catch_up_limit: int = CATCH_UP_LIMIT) -> None:
         self.planner = BatchPlanner(cost_model, max_rows=max_rows, max_draft_rows=max_draft_rows)
-        self.has_draft, self.gamma_max, self.prefill_chunk = has_draft, gamma_max, prefill_chunk
+        self.has_draft, self.gamma_max = has_draft, gamma_max
         self.catch_up_limit = catch_up_limit
         self.probe_every, self.probe_max = probe_every, probe_max
         self.match_alphas = MatchAlphas()
@@ -188,7 +189,7 @@ class DraftPolicy:
         ``fixed_rows``: prompt rows the target pass carries anyway;
         ``joining``: sequences taking in their prompt or waiting (the batch
         is about to grow); ``catch_up_budget``: rows the first draft pass
-        may spend on catch-up chunks.
+        may spend on catch-up chunks (a catch-up goes in chunks of this size).
 
         The draft model takes in a sequence's text lazily: a lag of more
         than IN_STEP_LAG tokens is planned without the model route, and
@@ -282,15 +283,16 @@ class DraftPolicy:
         Catching up L tokens costs draft passes over L rows, once; drafting
         then saves (1/r₀ − 1/r₁) per token of the batch while the sequence
         lives, r₀ and r₁ the planned rates without and with its model drafts
-        (over its remaining tokens, at most EXPECTED_TOKENS, times the batch
-        size).  A sequence catches up when r₁ beats r₀ by INVESTMENT_GAIN and
-        the saving repays the cost CATCH_UP_PAYBACK times, judged again every
+        (over its remaining tokens, at most EXPECTED_TOKENS in a batch and
+        EXPECTED_TOKENS_ALONE alone, times the batch size); the cost is that
+        of chunks of ``budget`` rows.  A sequence catches up when r₁ beats r₀
+        by INVESTMENT_GAIN and the saving repays the cost CATCH_UP_PAYBACK times, judged again every
         step, and only where drafting has paid for its catch-ups so far at
         this batch size (``BatchPlanner.may_invest``); a fixed γ and the
         exploring sequence always do.  Nobody else does while others are
         joining: the batch is about to grow.
         """
-        n = len(cands)
+        n, chunk_rows = len(cands), budget
         hold = joining > 0 or not self.planner.may_invest(n)
         # The exploring sequence catches up without a payback test: what it
         # measures every later plan uses.
@@ -323,8 +325,8 @@ class DraftPolicy:
             if not isinstance(c.gamma, int) and i not in forced:
                 if hold:
                     continue
-                remaining = min(c.remaining, EXPECTED_TOKENS)
-                chunk = min(lag, self.prefill_chunk)
+                remaining = min(c.remaining, EXPECTED_TOKENS_ALONE if n == 1 else EXPECTED_TOKENS)
+                chunk = min(lag, chunk_rows)
                 cost = self.planner.draft.time(chunk) * math.ceil(lag / chunk)
                 if remaining * n * saving_per_token < CATCH_UP_PAYBACK * cost:
                     continue
