@@ -71,6 +71,7 @@ SECTIONS: List[Callable[[], str]] = [
     lambda: _published("kernels", "kernels_results.json"),
     lambda: _serving("serving_http_results.json"),
     lambda: _serving("serving_http_ab_results.json"),
+    lambda: _serving("serving_http_suite_ab_results.json"),
     lambda: _serving("serving_http_t1_results.json"),
     lambda: _serving("serving_ray_results.json"),
     lambda: _layer_latency("layer_latency_results.json"),

@@ -5,6 +5,7 @@
     python -m bench.serving --http                # through HTTP: ours, llama-server, llama-cpp-python's server
     python -m bench.serving --http --engines ours,ours-baseline,server-plain,server-md4 --baseline-python PATH
                                                   # through HTTP: this checkout against the previous main
+    python -m bench.serving --prompts suite ...   # the suite's five prompts (up to 400 tokens) instead of short chats
     python -m bench.serving --ray                 # Ray Serve, 1 and 2 replicas of 1 thread
     python -m bench.serving --report-only bench/results/serving/serving_results.json
 
@@ -61,6 +62,7 @@ from .engines.llama_cpp_python import LcpServer
 from .engines.llama_server import LlamaServer
 from .engines.ours_batched import OpenAIServer, OursBatched
 from .engines.ours_single import OursSingle
+from .prompts import PROMPTS
 from .suite import F32, Q4_0, SETTINGS, Setting
 
 SERVING = results_dir("serving")
@@ -77,6 +79,8 @@ def section_of(results) -> tuple[str, str]:
     leaves a core spare (fewer threads than cores: the server and the clients no longer preempt llama.cpp)."""
     mode = results["mode"]
     heading, plot_file = MODES[mode]
+    if results.get("prompts") == "suite":
+        heading, plot_file = f"{heading}, the suite's prompts", plot_file.replace(".png", "_suite.png")
     if mode == "http" and AB_ENGINE in results["engines"]:
         return f"{heading}, this checkout against the previous main", plot_file.replace(".png", "_ab.png")
     if mode == "http" and _spare_cores(results):
@@ -205,9 +209,12 @@ def _pct(xs: Sequence[float], q: float) -> Optional[float]:
     return s[i]
 
 
-def chat_prompts(k: int, tag: str) -> List[str]:
-    """The K templated prompts of one block (each tagged, see the module docstring)."""
-    return [pair_tokenizer().chat_prompt([{"role": "user", "content": f"(request {tag}.{i}) {USER_PROMPTS[i % 8]}"}])
+def chat_prompts(k: int, tag: str, kind: str = "chat", block: int = 0) -> List[str]:
+    """The K templated prompts of one block (each tagged, see the module docstring): short chats
+    (``kind`` "chat"), or the suite's prompts of bench/prompts.py ("suite"), rotated by ``block``."""
+    users = [p.user for p in PROMPTS] if kind == "suite" else USER_PROMPTS
+    return [pair_tokenizer().chat_prompt([{"role": "user",
+                                           "content": f"(request {tag}.{i}) {users[(block + i) % len(users)]}"}])
             for i in range(k)]
 
 
@@ -224,6 +231,7 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
         "git": versions(None).get("specdec_cpu_git"),
         "tokens": args.tokens, "ignore_eos": not args.until_eos, "stagger_s": args.stagger, "threads": args.threads,
         "mode": "http" if args.http else "ray" if args.ray else "direct", "output": args.output.name,
+        "prompts": args.prompts,
         "engines": {}, "runs": [],
     }
     if AB_ENGINE in args.engines:
@@ -256,7 +264,7 @@ def sweep(args: argparse.Namespace) -> Dict[str, Any]:
                 if arrival == "staggered" and k == 1:
                     continue
                 block += 1
-                prompts = chat_prompts(k, f"{block}")
+                prompts = chat_prompts(k, f"{block}", args.prompts, block)
                 for e in rotated(engines, block):
                     if e.alone:
                         load(e)
@@ -362,8 +370,11 @@ def render(results, data_dir: Path = SERVING, results_md: Path = RESULTS_MD) -> 
          f"{results['threads']} thread{'s' if results['threads'] != 1 else ''} for every engine"
          + (" (DecoderPool(K): max(1, threads // K) per decoder, its documented setting)"
             if "pool-auto" in results["engines"] else "") + ".",
-         f"- Workload: F32 target / Q4_0 draft (Qwen2.5-Coder-0.5B-Instruct); K concurrent streams with "
-         f"different chat prompts (a tag unique to each block defeats prompt caches across blocks), "
+         "- Workload: F32 target / Q4_0 draft (Qwen2.5-Coder-0.5B-Instruct); K concurrent streams with "
+         + ("the suite's five prompts of bench/prompts.py (code-write, code-edit, chat, summary, doc-qa: 30 to "
+            "400 tokens, rotated from block to block)" if results.get("prompts") == "suite" else
+            "different chat prompts")
+         + " (a tag unique to each block defeats prompt caches across blocks), "
          f"{results['tokens']} new tokens each"
          + (" (end-of-generation tokens banned, `ignore_eos`, in every engine: every stream is that long, so "
             "every engine does the same work; a stream ending early at a random length would change the batch "
@@ -648,6 +659,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--engines", type=lambda s: s.split(","), default=list(DEFAULT_ENGINES),
                     help=f"engines (default all: {','.join(DEFAULT_ENGINES)})")
     ap.add_argument("--tokens", type=int, default=128, help="new tokens per request (default 128)")
+    ap.add_argument("--prompts", choices=["chat", "suite"], default="chat",
+                    help="short chat prompts (default), or the suite's five prompts of bench/prompts.py, rotated "
+                         "from block to block (up to 400 prompt tokens: a draft that lags a long prompt)")
     ap.add_argument("--until-eos", action="store_true",
                     help="let a request end at an end-of-generation token (default: ignore_eos in every engine, "
                          "so every stream has --tokens tokens)")
@@ -673,16 +687,17 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     args = ap.parse_args(argv)
     given = list(argv if argv is not None else sys.argv[1:])
     args.command = " ".join(["python -m bench.serving", *redact_baseline(given)])
+    default_out = "serving_http" if args.http else "serving_ray" if args.ray else "serving"
+    default_out += "_suite" if args.prompts == "suite" else ""  # each variant its own results and section
     if args.http or args.ray:
         if not any(a.startswith("--engines") for a in given):
             args.engines = list(RAY_ENGINES if args.ray else HTTP_ENGINES)
-        default_out = "serving_http" if args.http else "serving_ray"
         if args.http and AB_ENGINE in args.engines:
-            default_out += "_ab"  # this checkout against the previous main: its own results and section
+            default_out += "_ab"  # this checkout against the previous main
         elif args.http and args.threads < (os.cpu_count() or 1):
-            default_out += f"_t{args.threads}"  # its own results and RESULTS.md section
-        if args.output == SERVING / "serving_results.json":
-            args.output = SERVING / f"{default_out}_results.json"
+            default_out += f"_t{args.threads}"
+    if args.output == SERVING / "serving_results.json":
+        args.output = SERVING / f"{default_out}_results.json"
     if args.quick:
         args.ks, args.settings, args.arrivals, args.repeats = [1, 4], ["t1"], ["burst"], 1
     unknown = [e for e in args.engines if e not in ENGINES] + [s for s in args.settings if s not in SETTINGS]
