@@ -8,11 +8,10 @@ from typing import TYPE_CHECKING, Optional, Tuple
 
 from ..errors import InvalidGrammarError
 from .grammar import Grammar
+from .state import ConstraintState
 
 if TYPE_CHECKING:
     import llguidance
-
-    from .state import ConstraintState
 
 __all__ = ["CompiledGrammar", "compile_grammar", "clear_cache", "CACHE_SIZE"]
 
@@ -41,11 +40,9 @@ class CompiledGrammar:
         """The ids allowed where the grammar accepts, ending it."""
         return tuple(self.tokenizer.eos_tokens)
 
-    def new_state(self) -> "ConstraintState":
+    def new_state(self) -> ConstraintState:
         """A fresh matcher at the start of the output (a copy of a compiled
         prototype: about a microsecond, no recompilation)."""
-        from .state import ConstraintState
-
         with self._lock:
             matcher = self._prototype.deep_copy()
         return ConstraintState(matcher, self)

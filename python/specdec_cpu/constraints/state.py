@@ -7,19 +7,33 @@ after verification.  Not thread-safe (one sequence, one thread at a time).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import TYPE_CHECKING, AbstractSet, List, Optional, Protocol, Sequence
 
 import numpy as np
 
 from ..errors import ConstraintError
 from . import bitmask
+from .grammar import Grammar
 
 if TYPE_CHECKING:
     import llguidance
 
-    from .compiled import CompiledGrammar
-
 __all__ = ["ConstraintState"]
+
+
+class GrammarVocabulary(Protocol):
+    """What a state reads of the grammar it was compiled from (a ``CompiledGrammar``)."""
+
+    grammar: Grammar
+
+    @property
+    def n_vocab(self) -> int: ...
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]: ...
+
+    @property
+    def eos_set(self) -> AbstractSet[int]: ...
 
 
 class ConstraintState:
@@ -32,7 +46,7 @@ class ConstraintState:
     (:attr:`ended`), after which nothing more can be consumed.
     """
 
-    def __init__(self, matcher: "llguidance.LLMatcher", compiled: "CompiledGrammar") -> None:
+    def __init__(self, matcher: "llguidance.LLMatcher", compiled: GrammarVocabulary) -> None:
         self._m = matcher
         self._compiled = compiled
         self._n = 0
@@ -43,10 +57,6 @@ class ConstraintState:
         self._eos_after_stop = False
 
     # -- what the state is -----------------------------------------------
-
-    @property
-    def compiled(self) -> "CompiledGrammar":
-        return self._compiled
 
     @property
     def n_vocab(self) -> int:
