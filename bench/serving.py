@@ -210,11 +210,12 @@ def _pct(xs: Sequence[float], q: float) -> Optional[float]:
 
 
 def chat_prompts(k: int, tag: str, kind: str = "chat", block: int = 0) -> List[str]:
-    """The K templated prompts of one block (each tagged, see the module docstring): short chats
-    (``kind`` "chat"), or the suite's prompts of bench/prompts.py ("suite"), rotated by ``block``."""
-    users = [p.user for p in PROMPTS] if kind == "suite" else USER_PROMPTS
+    """The K templated prompts of one block (each tagged, see the module docstring): the first K
+    short chats (``kind`` "chat"), or the suite's prompts of bench/prompts.py ("suite") from the
+    ``block``-th on, so that K = 1 meets every one in turn."""
+    users, first = ([p.user for p in PROMPTS], block) if kind == "suite" else (USER_PROMPTS, 0)
     return [pair_tokenizer().chat_prompt([{"role": "user",
-                                           "content": f"(request {tag}.{i}) {users[(block + i) % len(users)]}"}])
+                                           "content": f"(request {tag}.{i}) {users[(first + i) % len(users)]}"}])
             for i in range(k)]
 
 

@@ -496,8 +496,8 @@ def test_a_catch_up_must_repay_itself_within_the_expected_horizon(tiny_target, t
     itself within 60 tokens and happens; a 600-token one does not for a
     request of 60 tokens (it decodes plain to its end) but does for one of
     300, in one draft pass (alone, nobody waits for the chunks), and it then
-    drafts.  (Before the alone horizon, a request after another's long
-    prompt never drafted: planning.md §3.)"""
+    drafts.  (At the batch's horizon of 64 the 300-token request decoded
+    plain: planning.md §3.)"""
     with _decoder_on_given_costs(tiny_target, tiny_draft, row_ms=0.5, max_sequences=1, n_ctx=1024) as dec:
         sch = dec._scheduler
         draft_rows = []

@@ -286,11 +286,11 @@ class DraftPolicy:
         (over its remaining tokens, at most EXPECTED_TOKENS in a batch and
         EXPECTED_TOKENS_ALONE alone, times the batch size); the cost is that
         of chunks of ``budget`` rows.  A sequence catches up when r₁ beats r₀
-        by INVESTMENT_GAIN and the saving repays the cost CATCH_UP_PAYBACK times, judged again every
-        step, and only where drafting has paid for its catch-ups so far at
-        this batch size (``BatchPlanner.may_invest``); a fixed γ and the
-        exploring sequence always do.  Nobody else does while others are
-        joining: the batch is about to grow.
+        by INVESTMENT_GAIN and the saving repays the cost CATCH_UP_PAYBACK
+        times, judged again every step, and only where drafting has paid for
+        its catch-ups so far at this batch size (``BatchPlanner.may_invest``);
+        a fixed γ and the exploring sequence always do.  Nobody else does
+        while others are joining: the batch is about to grow.
         """
         n, chunk_rows = len(cands), budget
         hold = joining > 0 or not self.planner.may_invest(n)
