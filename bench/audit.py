@@ -6,11 +6,8 @@
     python -m bench audit --report-only    # re-render the section and plot from bench/results/audit/results.json
 
 Every engine generates sequences of the demo pair (F32 target, Q4_0 draft) from many chat prompts, each with its
-own seed, and reports the token ids it sampled (its ``ids_from`` in bench/engines/ says from where; never its text
-tokenized again).  ``specdec_cpu.audit`` scores them against the target with the engine's sampler chain, at T = 1
-and at T = 0.7 with top-p 0.95, until ``--tokens`` informative positions are audited (docs/audit.md).  Samples go
-to ``<output-dir>/samples/<setting>/<engine>.jsonl.gz``, results to ``<output-dir>/results.json``, the section to
-bench/RESULTS.md.
+own seed, and reports the token ids it sampled (its ``ids_from`` says from where; never its text tokenized again),
+which ``specdec_cpu.audit`` scores against the target with the engine's sampler chain (docs/audit.md).
 """
 
 from __future__ import annotations
@@ -42,7 +39,6 @@ from .common import (
 )
 from .engines import llama_cli
 from .engines.base import META_FIELDS, N_CTX, Ctx, Engine, Job, Sample
-from .engines.llama_cli import SpeculativeTool
 from .engines.llama_cpp_python import LcpPromptLookup
 from .engines.llama_server import LlamaServer
 from .engines.ours_batched import OursBatched
@@ -186,8 +182,8 @@ ENGINES: Dict[str, Callable[[], Engine]] = {
                                       label=f"ours, BatchedDecoder, n-gram lookup (no draft model), {_AT_ONCE}"),
     "ours-plain": lambda: OursBatched(0, draft=False, control=True, id="ours-plain",
                                       label=f"ours, BatchedDecoder, plain (γ=0), {_AT_ONCE}"),
-    "llama-speculative": lambda: SpeculativeTool("speculative", DRAFT_MAX),
-    "llama-speculative-simple": lambda: SpeculativeTool("speculative-simple", DRAFT_MAX),
+    "llama-speculative": lambda: llama_cli.SpeculativeTool("speculative", DRAFT_MAX),
+    "llama-speculative-simple": lambda: llama_cli.SpeculativeTool("speculative-simple", DRAFT_MAX),
     "llama-server-md": lambda: LlamaServer(
         DRAFT_MAX, id="llama-server-md",
         label=f"llama.cpp llama-server -md --spec-type draft-simple (draft-n-max {DRAFT_MAX}, {{parallel}} slots)"),
@@ -212,7 +208,7 @@ ROUND_TOKENS = 4096  # most tokens one round generates (progress is saved after 
 # --- running ---
 
 
-def _mmss(seconds: float) -> str:
+def _hms(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
@@ -430,6 +426,8 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
     old = load_results(res_path) if args.resume else {}
     done = {(r["engine"], r["setting"]): r for r in old.get("runs", [])
             if r["tokens_target"] == args.tokens and r["max_tokens"] == args.max_tokens}
+    # --resume keeps every earlier run of these sizes (a full audit can be run piecewise) and adds its time.
+    kept = [r for (eid, sid), r in done.items() if eid not in args.engines or sid not in args.settings]
     target, draft = ensure_model(F32), ensure_model(Q4_0)
     try:
         peers = llama_cli.ensure_peers(log=None)
@@ -442,13 +440,9 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
                    "settings": args.settings, "draft_max": DRAFT_MAX, "n_ctx": N_CTX,
                    "target": F32, "draft": Q4_0, "prompts": [p[0] for p in AUDIT_PROMPTS]},
         "settings": {s: asdict(SETTINGS[s]) for s in args.settings},
-        "machine": machine_info(args.threads),
-        "versions": versions(peers),
-        "runs": [], "errors": [],
+        "machine": machine_info(args.threads), "versions": versions(peers),
+        "runs": kept, "errors": [],
     }
-    # --resume keeps every earlier run of these sizes (a full audit can be run piecewise) and adds its time.
-    kept = [r for key, r in done.items() if key[0] not in args.engines or key[1] not in args.settings]
-    results["runs"] += kept
     if done:  # the section names every command whose runs it shows
         results["command"], results["started"] = f"{old['command']}`, then `{command}", old["started"]
     for r in kept:
@@ -487,7 +481,7 @@ def run(args: argparse.Namespace, command: str) -> Dict[str, Any]:
                     say(f"{eid} {sid}: {rec['verdict']} — {r['tokens']} tokens audited, chi-square "
                         f"{_p_eq(r['chi2_p'])}, z = {r['z']:+.2f}, TV [{r['tv'][0]:.4f}, {r['tv'][1]:.4f}] "
                         f"(generated {rec['generate_seconds']:.0f} s, scored {rec['score_seconds']:.0f} s; "
-                        f"elapsed {_mmss(time.monotonic() - t_start)})")
+                        f"elapsed {_hms(time.monotonic() - t_start)})")
                     results["duration_seconds"] = round(time.monotonic() - t_start, 1)
                     save_results(results, res_path)
             finally:
@@ -515,7 +509,7 @@ def dry_run(args: argparse.Namespace) -> None:
         secs += 20.0  # loading
         total += secs
         print(f"  {eid:26s} ≈ {secs / 60:5.1f} min")
-    print(f"estimated duration on the idle 2-core reference machine: {_mmss(total)}")
+    print(f"estimated duration on the idle 2-core reference machine: {_hms(total)}")
 
 
 # --- report ---
@@ -591,12 +585,10 @@ def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Path) -> 
     runs = _ordered_runs(results)
     for r in runs:
         rep = r["report"]
-        extra = ""
         outside, ties = rep["impossible_count"] + rep["mismatches_count"], rep["near_ties"]
-        if outside:
-            extra = f" ({outside} token{'s' if outside != 1 else ''} outside the support" + (
-                (", a near tie" if outside == 1 else ", all near ties") if ties == outside
-                else f", {ties} of them near ties") + ")"
+        extra = "" if not outside else f" ({outside} token{'s' if outside != 1 else ''} outside the support" + (
+            (", a near tie" if outside == 1 else ", all near ties") if ties == outside
+            else f", {ties} of them near ties") + ")"
         L.append(f"| {r['label']}{' *(control)*' if r['control'] else ''} | {_setting_text(r)} | "
                  f"{r['chain'].replace('temperature-', 'temp-')} | {rep['tokens']:,} | {_p(rep['chi2_p'])} | "
                  f"{rep['z']:+.2f} ({_p(rep['z_p'])}) | [{rep['tv'][0]:.4f}, {rep['tv'][1]:.4f}] | "
@@ -629,9 +621,9 @@ def render(results: Dict[str, Any], plot_name: Optional[str], out_dir: Path) -> 
               "library reports no counts). Generation tok/s is what each engine ran at while audited, with "
               "whatever else the machine did at the time: not a speed comparison (bench/serving.py and "
               "`python -m bench` measure speed side by side).", ""]
-    failed = [f"{r['engine']} {r['setting']}: {len(r['failed_sequences'])} sequences failed and were left out "
-              f"({r['failed_sequences'][0]})" for r in results["runs"] if r["failed_sequences"]]
-    problems = results["errors"] + failed
+    problems = results["errors"] + [
+        f"{r['engine']} {r['setting']}: {len(r['failed_sequences'])} sequences failed and were left out "
+        f"({r['failed_sequences'][0]})" for r in results["runs"] if r["failed_sequences"]]
     if problems:
         L += ["### Problems", ""] + [f"- {e}" for e in problems] + [""]
     data_dir = _data_dir(out_dir)
@@ -676,8 +668,20 @@ def _same_sequences(out_dir: Path, by: Dict[Tuple[str, str], Any], a: str, b: st
     return out
 
 
-#: Why each llama.cpp-based engine is exact, from its source (the findings' per-engine lines).
-_MATCH_RULE = {
+#: What the source of each llama.cpp-based engine does, biased or exact (the findings' per-engine lines).
+_SOURCE = {
+    "llama-speculative": (
+        "`llama-speculative`", "In examples/speculative/speculative.cpp (`main`, drafting loop) the draft's sampler "
+        "draws a token (`common_sampler_sample`) but the token proposed is `cur_p->data[0]`, the draft's *most likely* "
+        "token after `common_sampler_get_candidates(…, true)` sorts the candidates — a greedy proposal — while "
+        "verification accepts it with probability min(1, p(x)/q(x)), the rule for a *sampled* proposal x ~ q, and "
+        "resamples from max(0, p − q). With a greedy proposal x* the emitted law at a drafted position is P(x*) = "
+        "min(1, p(x*)/q(x*)) instead of p(x*): whenever the target gives the draft's favourite at least the draft's "
+        "probability it is emitted with certainty (and never sampled away), so the output leans to likely tokens "
+        "(z < 0). At T < 1 with top-p a second error adds to it: after a rejection both candidate arrays are sorted "
+        "by token id and subtracted element by element (`dist_tgt.data[i].p - dist_dft.data[i].p`), which pairs "
+        "different tokens as soon as the two nuclei differ. (The stochastic verification came with llama.cpp PR "
+        "#5625, whose description already noted that the drafting stayed greedy.)"),
     "llama-speculative-simple": (
         "`llama-speculative-simple`", "Its draft is greedy (common/speculative.cpp, "
         "`common_speculative_impl_draft_simple::draft`: the top candidate), and `common_sampler_sample_and_accept_n` "
@@ -711,29 +715,15 @@ def findings(results, out_dir: Path) -> List[str]:
                          f"TV gap [{r['report']['tv'][0]:.3f}, {r['report']['tv'][1]:.3f}] over "
                          f"{r['report']['tokens']:,} tokens" for r in rs)
 
-    spec = verdicts("llama-speculative")
-    if spec:
-        head = ("**`llama-speculative` is biased.**" if any(r["verdict"] != "pass" for r in spec) else
-                "`llama-speculative` passed here, although its source is not exact:")
-        L.append(
-            f"- {head} {summary(spec)}. In examples/speculative/speculative.cpp (`main`, drafting loop) the "
-            "draft's sampler draws a token (`common_sampler_sample`) but the token proposed is "
-            "`cur_p->data[0]`, the draft's *most likely* token after `common_sampler_get_candidates(…, true)` "
-            "sorts the candidates — a greedy proposal — while verification accepts it with probability "
-            "min(1, p(x)/q(x)), the rule for a *sampled* proposal x ~ q, and resamples from max(0, p − q). "
-            "With a greedy proposal x* the emitted law at a drafted position is P(x*) = min(1, p(x*)/q(x*)) "
-            "instead of p(x*): whenever the target gives the draft's favourite at least the draft's "
-            "probability it is emitted with certainty (and never sampled away), so the output leans to likely "
-            "tokens (z < 0). At T < 1 with top-p a second error adds to it: after a rejection both candidate "
-            "arrays are sorted by token id and subtracted element by element (`dist_tgt.data[i].p - "
-            "dist_dft.data[i].p`), which pairs different tokens as soon as the two nuclei differ. "
-            "(The stochastic verification came with llama.cpp PR #5625, whose description already noted that "
-            "the drafting stayed greedy.)")
-    for eid, (name, why) in _MATCH_RULE.items():
+    for eid, (name, why) in _SOURCE.items():
         rs = verdicts(eid)
         if not rs:
             continue
         ok = all(r["verdict"] == "pass" for r in rs)
+        if eid == "llama-speculative":  # biased by its source, whatever one audit finds
+            head = f"{name} passed here, although its source is not exact:" if ok else f"**{name} is biased.**"
+            L.append(f"- {head} {summary(rs)}. {why}")
+            continue
         L.append(f"- {name}: {'no bias detected' if ok else '**biased**'} ({summary(rs)}). {why}")
         same = _same_sequences(out_dir, by, eid, "llama-server-plain") if eid == "llama-server-md" else []
         if same:
@@ -871,10 +861,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not results:
             print(f"no results in {res_path}", file=sys.stderr)
             return 1
-    elif args.rescore:
-        results = rescore(args, command_line("python -m bench audit", argv))
     else:
-        results = run(args, command_line("python -m bench audit", argv))
+        results = (rescore if args.rescore else run)(args, command_line("python -m bench audit", argv))
     plot_path = args.output_dir / "plot_audit.png"
     name = None
     try:

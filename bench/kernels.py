@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import glob
 import json
 import os
 import platform
@@ -59,62 +58,21 @@ def synthetic_rows(v: int, seed: int = 0) -> np.ndarray:
     return (np.random.default_rng(seed).normal(size=(N_ROWS, v)) * 3.0).astype(np.float32)
 
 
-def find_model() -> Path | None:
-    found = sorted(glob.glob(str(CACHE / "models" / "*.gguf")))
-    qwen = [f for f in found if "qwen" in os.path.basename(f).lower()]
-    q4km = [f for f in qwen if "q4_k_m" in os.path.basename(f).lower()]
-    pick = q4km or qwen or found
-    return Path(pick[0]) if pick else None
-
-
-def capture_rows(model_path: Path) -> np.ndarray:
-    """Run the model over a code prompt once and keep the logits of its last positions."""
-    lc = llama_cpp
-    lc.llama_backend_init()
-    quiet = lc.llama_log_callback(lambda level, text, user: None)
-    lc.llama_log_set(quiet, ctypes.c_void_p())
-    mparams = lc.llama_model_default_params()
-    model = lc.llama_model_load_from_file(str(model_path).encode(), mparams)
-    if not model:
-        raise RuntimeError(f"llama.cpp could not load {model_path}")
-    cparams = lc.llama_context_default_params()
-    cparams.n_ctx = cparams.n_batch = cparams.n_ubatch = 512
-    cparams.n_threads = cparams.n_threads_batch = os.cpu_count() or 1
-    ctx = lc.llama_init_from_model(model, cparams)
-    vocab = lc.llama_model_get_vocab(model)
-    n_vocab = lc.llama_vocab_n_tokens(vocab)
-    text = PROMPT.encode()
-    toks = (lc.llama_token * 512)()
-    n = lc.llama_tokenize(vocab, text, len(text), toks, 512, True, True)
-    if n <= N_ROWS:
-        raise RuntimeError(f"prompt tokenized to {n} tokens")
-    batch = lc.llama_batch_init(n, 0, 1)
-    for i in range(n):
-        batch.token[i] = toks[i]
-        batch.pos[i] = i
-        batch.n_seq_id[i] = 1
-        batch.seq_id[i][0] = 0
-        batch.logits[i] = 1 if i >= n - N_ROWS else 0
-    batch.n_tokens = n
-    if lc.llama_decode(ctx, batch) != 0:
-        raise RuntimeError("llama_decode failed")
-    out = np.empty((N_ROWS, n_vocab), dtype=np.float32)
-    for r, i in enumerate(range(n - N_ROWS, n)):
-        ptr = lc.llama_get_logits_ith(ctx, i)
-        out[r] = np.ctypeslib.as_array(ptr, shape=(n_vocab,))
-    lc.llama_batch_free(batch)
-    lc.llama_free(ctx)
-    lc.llama_model_free(model)
-    return out
-
-
-def captured_rows() -> tuple[np.ndarray | None, str]:
+def captured_rows() -> tuple[np.ndarray, str]:
+    """The logits of the code prompt's last N_ROWS positions under the demo Q4_K_M model (cached)."""
     if CAPTURE.exists():
         return np.load(CAPTURE), f"cached {CAPTURE.name}"
-    model = find_model()
-    if model is None:
-        return None, f"no GGUF in {CACHE / 'models'}"
-    rows = capture_rows(model)
+    from specdec_cpu.demo_models import ensure_model
+
+    from .suite import Q4_K_M
+
+    model = ensure_model(Q4_K_M)
+    llm = llama_cpp.Llama(str(model), n_ctx=512, n_batch=512, n_threads=os.cpu_count() or 1, logits_all=True,
+                          verbose=False)
+    tokens = llm.tokenize(PROMPT.encode(), add_bos=True, special=True)
+    llm.eval(tokens)
+    rows = np.array(llm.scores[len(tokens) - N_ROWS:len(tokens)], dtype=np.float32)
+    llm.close()
     CAPTURE.parent.mkdir(parents=True, exist_ok=True)
     np.save(CAPTURE, rows)
     return rows, f"captured from {model.name}"
@@ -349,21 +307,14 @@ def measure(args: argparse.Namespace, command: str) -> dict:
     isas = sampling.supported_isas()
     default_isa = sampling.active_isa()
     captured, how = captured_rows()
-    rows_note = ["*synthetic*: N(0, 1) × 3 logits, 8 rows"]
-    if captured is not None:
-        rows_note.append(
-            f"*qwen*: 8 logit rows of Qwen2.5-Coder-0.5B-Instruct (Q4_K_M) at the last positions of a code "
-            f"prompt ({how}, vocabulary {captured.shape[1]:,}); for other V they are subsampled (each row's "
-            f"top 1,000 kept) or padded with values resampled from the row's own tail (marked qwen*)"
-        )
-    else:
-        rows_note.append(f"no captured rows ({how})")
+    rows_note = ["*synthetic*: N(0, 1) × 3 logits, 8 rows",
+                 f"*qwen*: 8 logit rows of Qwen2.5-Coder-0.5B-Instruct (Q4_K_M) at the last positions of a code "
+                 f"prompt ({how}, vocabulary {captured.shape[1]:,}); for other V they are subsampled (each row's "
+                 f"top 1,000 kept) or padded with values resampled from the row's own tail (marked qwen*)"]
     cases = []
     for v in args.vocab:
-        sets = [("synthetic", synthetic_rows(v))]
-        if captured is not None:
-            sets.append(("qwen" + ("" if v == captured.shape[1] else "*"), fit_rows(captured, v)))
-        for kind, rows in sets:
+        qwen = "qwen" + ("" if v == captured.shape[1] else "*")
+        for kind, rows in (("synthetic", synthetic_rows(v)), (qwen, fit_rows(captured, v))):
             sampling.set_isa(default_isa)
             print(f"V={v:,} {kind}: max |ours - numpy| = {check_agreement(rows):.2e}", file=sys.stderr)
             cases.append({"v": v, "kind": kind, "times": summary(run_case(rows, args.repeats, isas))})

@@ -10,10 +10,8 @@ noise, each worth tens of milliseconds.  This isolates the layers: one decoder i
 and one client sends the same greedy one-token request (its prompt in every prompt cache) down each path in turn
 (the server both with a bare httpx client and with the ``openai`` client), the order rotated every round.
 The per-round differences between successive paths are what each adds (medians, bootstrap 95% interval);
-``GET /health``, alternately bare and through Ray's proxy, is the HTTP paths' floor.  Ray runs with the
-settings ``--ray-settings`` names.  ``--fresh-prompts`` sends a prompt no engine has seen every round, so each
-request also runs its prompt's pass.  Writes bench/results/layer_latency/layer_latency_results.json
-(``_fresh`` for fresh prompts) and a section of bench/RESULTS.md.  Nothing here asserts a time.
+``GET /health``, alternately bare and through Ray's proxy, is the HTTP paths' floor.  Writes the results file
+``--output`` names and a section of bench/RESULTS.md; nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -123,7 +121,7 @@ def measure(threads: int, rounds: int, ray_settings: str, fresh: bool = False) -
     out: Dict[str, List[float]] = {key: [] for key in order + [f"{p}-decoder" for p in order]}
     raw = httpx.Client(timeout=120)
     try:
-        for pid, e in engines.items():
+        for e in engines.values():
             print(f"threads={threads}, Ray settings {ray_settings}: loading {e.label}", file=sys.stderr, flush=True)
             e.start(1, threads)
             started.append(e)
@@ -149,7 +147,7 @@ def measure(threads: int, rounds: int, ray_settings: str, fresh: bool = False) -
         # The HTTP paths' floor: a request that decodes nothing.
         with httpx.Client() as http:
             for r in range(HEALTH_ROUNDS):
-                for pid in ("http", "ray")[r % 2:] + ("http", "ray")[:r % 2]:
+                for pid in rotated(("http", "ray"), r):
                     t0 = time.perf_counter()
                     http.get(engines[pid].url + "/health").raise_for_status()
                     out.setdefault(f"{pid}-health", []).append(time.perf_counter() - t0)
@@ -169,15 +167,9 @@ def _added(a: Sequence[float], b: Sequence[float]) -> str:
 
 def summary(lat: Dict[str, List[float]]) -> List[Dict[str, Any]]:
     """Per path: median latency, and what it adds over the path before it (``_added``)."""
-    rows = []
-    for i, (pid, label) in enumerate(PATHS):
-        row: Dict[str, Any] = {"path": pid, "label": label, "median_ms": 1000 * statistics.median(lat[pid]),
-                               "n": len(lat[pid]), "vs": "–", "added": "–"}
-        if i:
-            prev = PATHS[i - 1][0]
-            row.update(vs=prev, added=_added(lat[pid], lat[prev]))
-        rows.append(row)
-    return rows
+    return [{"path": pid, "label": label, "median_ms": 1000 * statistics.median(lat[pid]), "n": len(lat[pid]),
+             "vs": prev or "–", "added": _added(lat[pid], lat[prev]) if prev else "–"}
+            for prev, (pid, label) in zip([None, *(p for p, _ in PATHS)], PATHS)]
 
 
 def outside_summary(lat: Dict[str, List[float]]) -> List[Dict[str, Any]]:
@@ -185,9 +177,7 @@ def outside_summary(lat: Dict[str, List[float]]) -> List[Dict[str, Any]]:
     of the same request: one process ran both, so the pass and that process's speed cancel), with the decoder's
     median."""
     rows = summary({pid: [a - d for a, d in zip(lat[pid], lat[f"{pid}-decoder"])] for pid, _ in PATHS})
-    for row in rows:
-        row["decoder_ms"] = 1000 * statistics.median(lat[f"{row['path']}-decoder"])
-    return rows
+    return [row | {"decoder_ms": 1000 * statistics.median(lat[f"{row['path']}-decoder"])} for row in rows]
 
 
 def render(results: Dict[str, Any], results_file: Path, results_md: Path = RESULTS_MD) -> str:
@@ -249,9 +239,10 @@ def render(results: Dict[str, Any], results_file: Path, results_md: Path = RESUL
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.layer_latency", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--threads", default="1,2", help="llama.cpp threads per engine, a run for each (default 1,2)")
+    ap.add_argument("--threads", type=lambda s: [int(t) for t in s.split(",")], default="1,2",
+                    help="llama.cpp threads per engine, a run for each (default 1,2)")
     ap.add_argument("--rounds", type=int, default=100, help="requests per path and thread count (default 100)")
-    ap.add_argument("--ray-settings", default="ours,python-proxy",
+    ap.add_argument("--ray-settings", type=lambda s: s.split(","), default="ours,python-proxy",
                     help="Ray Serve settings, a run for each: ours (serve --ray's, HAProxy ingress), "
                          "python-proxy (the same with Ray's Python proxy), defaults (Ray's own)")
     ap.add_argument("--fresh-prompts", action="store_true",
@@ -262,8 +253,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ap.add_argument("--results-md", type=Path, default=RESULTS_MD)
     ap.add_argument("--report-only", type=Path, metavar="RESULTS_JSON")
     args = ap.parse_args(argv)
-    args.threads = [int(t) for t in args.threads.split(",")]
-    args.ray_settings = args.ray_settings.split(",")
     if not set(args.ray_settings) <= set(RAY_SETTINGS):
         ap.error(f"--ray-settings takes {', '.join(RAY_SETTINGS)}, got {','.join(args.ray_settings)}")
     if args.rounds < 2 or any(t < 1 for t in args.threads):

@@ -7,7 +7,6 @@ decoding, else ours), with a bootstrap interval (bench/common.py).
 
 from __future__ import annotations
 
-import math
 import re
 import statistics
 from pathlib import Path
@@ -27,6 +26,8 @@ SPEC_OURS = FIXED_GAMMA + ("auto",)
 #: measured / predicted counts as a miss outside this band, either way.
 THEORY_BAND = (0.9, 1.1)
 Kinds = Optional[Sequence[str]]
+#: The shell-quoted word after " -p " in a peer's command line (a ' is written '\'' inside it).
+PROMPT_ARG = re.compile(r" -p '(?:[^']|'\\'')*'")
 
 
 def baseline_id(results) -> str:
@@ -58,8 +59,12 @@ def engines_of(results, pair: str) -> List[str]:
     return [e for e in order if e in present] + sorted(present - set(order))
 
 
+def _info(results, eid: str) -> Dict[str, Any]:
+    return results.get("engines", {}).get(eid, {})
+
+
 def family_of(results, eid: str) -> str:
-    return results.get("engines", {}).get(eid, {}).get("family") or eid
+    return _info(results, eid).get("family") or eid
 
 
 def variants(results, pair: str, family: str) -> List[str]:
@@ -67,16 +72,15 @@ def variants(results, pair: str, family: str) -> List[str]:
 
 
 def setting_label(results, eid: str) -> str:
-    info = results.get("engines", {}).get(eid, {})
-    return info.get("setting_label") or info.get("label", eid)
+    return _info(results, eid).get("setting_label") or engine_label(results, eid)
 
 
 def engine_label(results, eid: str) -> str:
-    return results.get("engines", {}).get(eid, {}).get("label", eid)
+    return _info(results, eid).get("label", eid)
 
 
 def _family_label(results, eid: str) -> str:
-    return results.get("engines", {}).get(eid, {}).get("family_label") or family_of(results, eid)
+    return _info(results, eid).get("family_label") or family_of(results, eid)
 
 
 def fastest(results, pair: str, setting: str, eids: Sequence[str], kinds: Kinds = None) -> Optional[str]:
@@ -139,6 +143,11 @@ def _xs(st: Dict[str, Any]) -> str:
     return _x(st["median"]) + _ci(st)
 
 
+def _num_ci(st: Dict[str, Any]) -> str:
+    """A stat dict as a plain figure with its interval (measured / predicted)."""
+    return "–" if st["median"] is None else fmt(st["median"], 2) + _ci(st)
+
+
 def _pct(x: Optional[float]) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
 
@@ -147,6 +156,11 @@ def _tps(s: Dict[str, Any]) -> str:
     if s["tps_median"] is None:
         return "failed"
     return f"{s['tps_min']:.1f} – **{s['tps_median']:.1f}** – {s['tps_max']:.1f}"
+
+
+def _rate(s: Dict[str, Any], missing: str) -> str:
+    """A summary as "median tok/s, × baseline"."""
+    return missing if s["tps_median"] is None else f"{s['tps_median']:.1f}, {_x(s['ratio']['median'])}"
 
 
 def shown_label(results, pair: str, eid: str) -> str:
@@ -167,12 +181,11 @@ def pair_table(results, pair: str, setting: str) -> List[str]:
              "[95% interval] | Python overhead | tokens/run (median) |", "|---" * 11 + "|"]
     for eid in shown_engines(results, pair, setting):
         s = summarize(results, pair, setting, eid)
-        ours = results["engines"].get(eid, {}).get("kind") == "ours"
+        ours = _info(results, eid).get("kind") == "ours"
         lines.append(_row([
             shown_label(results, pair, eid), _tps(s), _xs(s["ratio"]), fmt(s["acceptance"], 2),
             fmt(s["mean_alpha"], 3), fmt(s["tokens_per_step"], 2) if ours else "–",
-            fmt(s["mean_gamma"], 1) if ours and eid != "plain" else "–", _x(s["predicted"]),
-            "–" if s["mp"]["median"] is None else fmt(s["mp"]["median"], 2) + _ci(s["mp"]),
+            fmt(s["mean_gamma"], 1) if ours and eid != "plain" else "–", _x(s["predicted"]), _num_ci(s["mp"]),
             _pct(s["overhead_fraction"]) if ours else "–", fmt(s["tokens"], 0)]))
     return lines
 
@@ -188,9 +201,7 @@ def sweep_table(results, pair: str, setting: str) -> List[str]:
         best = best_variant(results, pair, setting, fam)
         cells = []
         for eid in variants(results, pair, fam):
-            s = summarize(results, pair, setting, eid)
-            cell = f"{setting_label(results, eid)}: " + (
-                "failed" if s["tps_median"] is None else f"{s['tps_median']:.1f}, {_x(s['ratio']['median'])}")
+            cell = f"{setting_label(results, eid)}: " + _rate(summarize(results, pair, setting, eid), "failed")
             cells.append(f"**{cell}**" if eid == best else cell)
         lines.append(f"| {_family_label(results, best or fam)} | " + " · ".join(cells) + " |")
     return lines
@@ -202,11 +213,8 @@ def ngram_kind_table(results, setting: str) -> List[str]:
     lines = [_row(["engine"] + [f"{k} ({names[k]}): tok/s, × {baseline_label(results)}" for k in kinds]),
              "|---|" + "---|" * len(kinds)]
     for eid in shown_engines(results, "ngram", setting):
-        cells = [shown_label(results, "ngram", eid)]
-        for k in kinds:
-            s = summarize(results, "ngram", setting, eid, [k])
-            cells.append("–" if s["tps_median"] is None else f"{s['tps_median']:.1f}, {_x(s['ratio']['median'])}")
-        lines.append(_row(cells))
+        lines.append(_row([shown_label(results, "ngram", eid)]
+                          + [_rate(summarize(results, "ngram", setting, eid, [k]), "–") for k in kinds]))
     return lines
 
 
@@ -228,29 +236,17 @@ def _straddles(st: Dict[str, Any], threshold: float, band=None) -> bool:
     lo, hi = st.get("lo"), st.get("hi")
     if lo is None or hi is None:
         return False
-    if band is not None:
-        return (lo < band[0] <= hi) or (lo <= band[1] < hi)
-    return lo < threshold <= hi
+    return (lo < band[0] <= hi) or (lo <= band[1] < hi) if band else lo < threshold <= hi
 
 
-def _target(issue: int, goal: str, st: Optional[Dict[str, Any]], threshold: float, shown: str, note: str = "",
-            band=None, value: Optional[float] = None) -> Dict[str, Any]:
-    """One goal, judged on ``st["median"]`` (or ``value``) against ``threshold`` (≥), or inside ``band``."""
-    st = st if st is not None else {"median": value, "lo": None, "hi": None}
-    value = st["median"]
-    met = None if value is None else (band[0] <= value <= band[1]) if band else value >= threshold
-    return {"issue": issue, "goal": goal, "value": value, "lo": st["lo"], "hi": st["hi"], "threshold": threshold,
-            "band": band, "measured": shown, "met": met, "unresolved": met is not None and _straddles(
-                st, threshold, band), "note": note}
-
-
-def _band_all(issue: int, goal: str, stats: Dict[str, Dict[str, Any]], shown: str, note: str) -> Dict[str, Any]:
-    """Met when every engine's median is inside THEORY_BAND; the value is the one furthest from 1."""
-    worst = max(stats.values(), key=lambda st: abs(math.log(st["median"])))
-    t = _target(issue, goal, worst, THEORY_BAND[0], shown, note, band=THEORY_BAND)
-    t["met"] = all(THEORY_BAND[0] <= st["median"] <= THEORY_BAND[1] for st in stats.values())
-    t["unresolved"] = any(_straddles(st, 0, THEORY_BAND) for st in stats.values())
-    return t
+def _target(issue: int, goal: str, stats: Sequence[Dict[str, Any]], threshold: float, shown: str, note: str = "",
+            band=None) -> Dict[str, Any]:
+    """One goal, met when the median of every stat of ``stats`` is ≥ ``threshold`` (or inside ``band``);
+    not measured when one is None, unresolved when an interval includes the threshold (or an edge of the band)."""
+    meds = [st["median"] for st in stats]
+    met = None if None in meds else all(band[0] <= m <= band[1] if band else m >= threshold for m in meds)
+    return {"issue": issue, "goal": goal, "measured": shown, "note": note, "met": met,
+            "unresolved": met is not None and any(_straddles(st, threshold, band) for st in stats)}
 
 
 def targets(results) -> List[Dict[str, Any]]:
@@ -263,6 +259,9 @@ def targets(results) -> List[Dict[str, Any]]:
     def r(pair, s, eid, kinds=None):
         return stat(ratios(results, pair, s, eid, kinds))
 
+    def vs(pair, s, a, b, kinds=None):
+        return stat(block_ratios(results, pair, s, a, b, kinds))
+
     def label(s):
         return settings[s]["label"]
 
@@ -270,7 +269,7 @@ def targets(results) -> List[Dict[str, Any]]:
     if "memory" in pairs and "t1" in settings:
         auto, bf = r("memory", "t1", "auto"), fastest(results, "memory", "t1", FIXED_GAMMA)
         extra = f"; best fixed γ: {bf[5:]} at {_xs(r('memory', 't1', bf))}" if bf else ""
-        out.append(_target(3, "T = 1, top_k 0, top_p 1: ≥ 1.5× plain decoding", auto, 1.5,
+        out.append(_target(3, "T = 1, top_k 0, top_p 1: ≥ 1.5× plain decoding", [auto], 1.5,
                            f"γ=auto {_xs(auto)}{extra}", f"memory-bound pair, × {base}; our own plain decoding "
                            f"ran at {_xs(r('memory', 't1', 'plain'))} of it"))
     for s, peer, thr, goal in (
@@ -280,27 +279,27 @@ def targets(results) -> List[Dict[str, Any]]:
         best = best_variant(results, "memory", s, peer)
         if best is None or not runs_of(results, "memory", s, "auto"):
             continue
-        st = stat(block_ratios(results, "memory", s, "auto", best))
-        out.append(_target(3, goal, st, thr, f"γ=auto / {peer} ({setting_label(results, best)}, its fastest): "
+        st = vs("memory", s, "auto", best)
+        out.append(_target(3, goal, [st], thr, f"γ=auto / {peer} ({setting_label(results, best)}, its fastest): "
                            f"{_xs(st)}", "'on par' read as ≥ 1.00×" if "par" in goal else ""))
     if "memory" in pairs:
         for s in settings:
             stats = {e: st for e in SPEC_OURS if (st := summarize(results, "memory", s, e)["mp"])["median"] is not None}
             if stats:
-                out.append(_band_all(
+                out.append(_target(
                     3, "Measured speed-up ≥ 0.9 of the theory's prediction from the α, c and v(k) measured in the "
-                    f"same run ({label(s)})", stats,
-                    ", ".join(f"{e.replace('gamma', 'γ=')} {st['median']:.2f}{_ci(st)}" for e, st in stats.items()),
+                    f"same run ({label(s)})", list(stats.values()), THEORY_BAND[0],
+                    ", ".join(f"{e.replace('gamma', 'γ=')} {_num_ci(st)}" for e, st in stats.items()),
                     f"memory-bound pair, measured × {base} over predicted; a miss outside "
-                    f"{THEORY_BAND[0]}–{THEORY_BAND[1]} for any engine"))
+                    f"{THEORY_BAND[0]}–{THEORY_BAND[1]} for any engine", band=THEORY_BAND))
         ov = {(s, e): v for s in settings for e in SPEC_OURS + ("plain",)
               if (v := summarize(results, "memory", s, e)["overhead_fraction"]) is not None}
         worst = max(ov.items(), key=lambda kv: kv[1]) if ov else None
-        out.append(_target(3, "Python orchestration overhead ≤ 5% of step time", None, -0.05,
+        out.append(_target(3, "Python orchestration overhead ≤ 5% of step time",
+                           [{"median": None if worst is None else -worst[1]}], -0.05,
                            "–" if worst is None else f"worst median {_pct(worst[1])} ({worst[0][1]}, "
                            f"{label(worst[0][0])}); median over all {_pct(median(ov.values()))}",
-                           "decode time outside draft, target and sampling kernels, memory-bound pair",
-                           value=None if worst is None else -worst[1]))
+                           "decode time outside draft, target and sampling kernels, memory-bound pair"))
     # issue #4
     for s in settings:
         st = r("compute", s, "auto")
@@ -309,22 +308,22 @@ def targets(results) -> List[Dict[str, Any]]:
         best = best_variant(results, "compute", s, "llama-speculative")
         peer = f"; llama-speculative, its fastest setting: {_x(r('compute', s, best)['median'])}" if best else ""
         out.append(_target(4, "Compute-bound pair (Qwen Q4_K_M target, Q4_0 draft): `gamma=\"auto\"` ≥ 0.97× plain "
-                              f"decoding ({label(s)})", st, 0.97, f"γ=auto {_xs(st)}{peer}", f"× {base}"))
+                              f"decoding ({label(s)})", [st], 0.97, f"γ=auto {_xs(st)}{peer}", f"× {base}"))
     for s in settings:
         bf = fastest(results, "memory", s, FIXED_GAMMA)
         if bf is None or not runs_of(results, "memory", s, "auto"):
             continue
-        st = stat(block_ratios(results, "memory", s, "auto", bf))
+        st = vs("memory", s, "auto", bf)
         out.append(_target(4, "Memory-bound pair (F32 target, Q4_0 draft): `gamma=\"auto\"` within 3% of the best "
-                              f"fixed γ in {{2, 4, 6, 8}}, or better ({label(s)})", st, 0.97,
+                              f"fixed γ in {{2, 4, 6, 8}}, or better ({label(s)})", [st], 0.97,
                            f"γ=auto / γ={bf[5:]} (the fastest fixed γ): {_xs(st)}", "median of per-block ratios"))
     for pair in ("memory", "compute"):
         for s in settings:
             st = summarize(results, pair, s, "auto")["mp"]
             if st["median"] is not None:
                 out.append(_target(4, "For each pair, the measured speed-up against the theory's prediction: aim "
-                                      f"for ≥ 0.9 ({pairs[pair]['label']}, {label(s)})", st, THEORY_BAND[0],
-                                   f"γ=auto measured/predicted {fmt(st['median'], 2)}{_ci(st)}",
+                                      f"for ≥ 0.9 ({pairs[pair]['label']}, {label(s)})", [st], THEORY_BAND[0],
+                                   f"γ=auto measured/predicted {_num_ci(st)}",
                                    f"measured × {base}; a miss outside {THEORY_BAND[0]}–{THEORY_BAND[1]}",
                                    band=THEORY_BAND))
     # issue #7: the n-gram pair
@@ -332,7 +331,7 @@ def targets(results) -> List[Dict[str, Any]]:
     for s in ngram_settings:
         st = r("ngram", s, "ngram", ["grounded"])
         out.append(_target(7, "Code-editing and document-grounded prompts, F32 target: ≥ 1.5× plain decoding "
-                              f"({label(s)})", st, 1.5, f"n-gram {_xs(st)}", f"× {base}"))
+                              f"({label(s)})", [st], 1.5, f"n-gram {_xs(st)}", f"× {base}"))
     for s in ngram_settings:
         best = best_variant(results, "ngram", s, "pld", ["grounded"])
         if best is None:
@@ -340,7 +339,7 @@ def targets(results) -> List[Dict[str, Any]]:
         blocks = block_ratios(results, "ngram", s, "ngram", best, ["grounded"])
         st = stat(blocks)
         out.append(_target(7, "… and ≥ 1.2× llama-cpp-python's `LlamaPromptLookupDecoding` on the same target and "
-                              f"prompts ({label(s)})", st, 1.2,
+                              f"prompts ({label(s)})", [st], 1.2,
                            f"n-gram / PromptLookup {setting_label(results, best)} (its fastest on these prompts): "
                            f"{_xs(st)} (blocks: {', '.join(f'{b:.2f}' for b in blocks)})"))
     for s in settings:
@@ -348,7 +347,7 @@ def targets(results) -> List[Dict[str, Any]]:
         if rows:
             st = r("ngram", s, "ngram", ["open"])
             worst = min((x for x in (run_ratio(results, y) for y in rows) if x is not None), default=None)
-            out.append(_target(7, f"Open-ended prompts: never below 0.97× plain decoding ({label(s)})", st, 0.97,
+            out.append(_target(7, f"Open-ended prompts: never below 0.97× plain decoding ({label(s)})", [st], 0.97,
                                f"median {_xs(st)}, worst single run {_x(worst)}",
                                f"× {base}; judged on the median over the open prompts"))
     # issue #6: the duration of a default run
@@ -358,8 +357,8 @@ def targets(results) -> List[Dict[str, Any]]:
     if dur is not None and (cfg.get("quick") or full):
         limit = 10 if cfg.get("quick") else 60
         out.append(_target(6, f"{'`--quick`' if cfg.get('quick') else 'The full run'} finishes within {limit} "
-                              "minutes on this 2-core machine", None, -limit, f"{dur / 60:.1f} min",
-                           "" if results.get("complete") else "run interrupted", value=-dur / 60))
+                              "minutes on this 2-core machine", [{"median": -dur / 60}], -limit, f"{dur / 60:.1f} min",
+                           "" if results.get("complete") else "run interrupted"))
     return out
 
 
@@ -463,8 +462,8 @@ def command_lines(results) -> List[str]:
          "`~/.cache/specdec-cpu`; the other settings of a peer differ only in the flags the method lists; "
          "llama-server listens on a free port of 127.0.0.1, its sampling flags are only defaults: each run is one "
          "`POST /completion` that sets them, see the last line)", ""]
-    L += [f"- {e}: `{_abbrev_prompt(c)}`" for e, c in cmds.values()]
-    if any(results["engines"].get(e, {}).get("kind") == "server" for e, _ in cmds.values()):
+    L += ["- {}: `{}`".format(e, PROMPT_ARG.sub(" -p '<prompt>'", c, count=1)) for e, c in cmds.values()]
+    if any(_info(results, e).get("kind") == "server" for e, _ in cmds.values()):
         L.append("- llama-server request: `POST /completion` with `{\"prompt\": <the templated prompt, raw>, "
                  "\"n_predict\": N, \"temperature\": T, \"top_k\": K, \"top_p\": P, \"min_p\": M, \"seed\": S, "
                  "\"samplers\": [\"temperature\", \"top_k\", \"top_p\", \"min_p\"], \"stream\": false, "
@@ -569,8 +568,8 @@ def method_lines(results) -> List[str]:
 def _others_cores(results, run) -> Optional[float]:
     """Other processes' cores during ``run``; None for a llama-server run of a suite whose meter counted the
     server's own CPU (before ``server_cpu_is_ours``)."""
-    kind = results.get("engines", {}).get(run["engine"], {}).get("kind")
-    return None if kind == "server" and not results["config"].get("server_cpu_is_ours") else run.get("others_cores")
+    server = _info(results, run["engine"]).get("kind") == "server"
+    return None if server and not results["config"].get("server_cpu_is_ours") else run.get("others_cores")
 
 
 def _run_loads(results) -> str:
@@ -605,8 +604,7 @@ def in_run_line(results, pair: str, setting: str) -> str:
     v = {int(e[5:]) + 1: tk / t1 for e in FIXED_GAMMA if t1 and (tk := per_step(e)) is not None}
     if not v:
         return ""
-    ds = [d for e in FIXED_GAMMA if per_step(e) is not None
-          and (d := per_step(e, "draft_seconds", "drafted")) is not None]
+    ds = [d for k in v if (d := per_step(f"gamma{k - 1}", "draft_seconds", "drafted")) is not None]
     vs = ", ".join(f"v({k}) = {x:.2f}" for k, x in sorted(v.items()))
     line = f"Step costs seen in the timed runs themselves: T(1) = {1000 * t1:.1f} ms (plain runs), {vs} (fixed-γ runs)"
     if ds:
@@ -650,11 +648,6 @@ def _prompt_token_check(results) -> str:
     return f"The prompt token counts every engine reports agree with ours in all {len(checked)} runs that report one."
 
 
-def _abbrev_prompt(cmd: str) -> str:
-    """``cmd`` with the shell-quoted word after `` -p `` (``'`` written ``'\\''`` inside it) shown as ``'<prompt>'``."""
-    return re.sub(r" -p '(?:[^']|'\\'')*'", " -p '<prompt>'", cmd, count=1)
-
-
 def write_results_md(results, path: Path, plots: Dict[str, str], data: str = "results.json") -> None:
     """Write our sections first, keeping every other "## " section of the file (a Kernels placeholder if none)."""
     kept: List[List[str]] = []
@@ -674,16 +667,6 @@ def write_results_md(results, path: Path, plots: Dict[str, str], data: str = "re
 def headline(results) -> str:
     """A few lines for the terminal: the comparisons people ask for first."""
     out = ["", f"headline (median tok/s, × {baseline_label(results)}, median of per-block ratios [95% interval]):"]
-
-    def row(pair, s, eids, kinds=None):
-        cells = []
-        for e in eids:
-            e = best_variant(results, pair, s, e, kinds) or e  # a family by its fastest variant
-            sm = summarize(results, pair, s, e, kinds)
-            if sm["tps_median"] is not None:
-                cells.append(f"{e} {sm['tps_median']:.1f} ({_xs(sm['ratio'])})")
-        return ", ".join(cells)
-
     spec = ["llama-completion", "plain", "gamma4", "auto", "llama-speculative", "llama-speculative-simple",
             "llama-server-draft"]
     ngram = ["llama-completion", "plain", "ngram", "pld"]
@@ -693,9 +676,14 @@ def headline(results) -> str:
     for pair, name, eids, kinds in (("memory", None, spec, None), ("compute", None, spec, None),
                                     ("ngram", "n-gram grounded", ngram, ["grounded"])):
         for s in results["settings"] if pair in results["pairs"] else ():
-            cells = row(pair, s, eids, kinds)
+            cells = []
+            for e in eids:
+                e = best_variant(results, pair, s, e, kinds) or e  # a family by its fastest variant
+                sm = summarize(results, pair, s, e, kinds)
+                if sm["tps_median"] is not None:
+                    cells.append(f"{e} {sm['tps_median']:.1f} ({_xs(sm['ratio'])})")
             if cells:
-                out.append(f"  {name or results['pairs'][pair]['label']} {s}: " + cells)
+                out.append(f"  {name or results['pairs'][pair]['label']} {s}: " + ", ".join(cells))
     for t in targets(results):
         state = "MET" if t["met"] else "not met" if t["met"] is False else "n/a"
         out.append(f"  #{t['issue']} {state}{' (unresolved)' if t['unresolved'] else ''}: {t['goal']} — "
@@ -763,8 +751,7 @@ def _plot_tps(results, plt):
             ax.barh(y, [sm["tps_median"] for _, sm in sms], capsize=2, color=[_colour(e) for e, _ in sms],
                     xerr=[[sm["tps_median"] - sm["tps_min"] for _, sm in sms],
                           [sm["tps_max"] - sm["tps_median"] for _, sm in sms]])
-            ax.set_yticks(y)
-            ax.set_yticklabels([_short(results, e) for e, _ in sms], fontsize=8)
+            ax.set_yticks(y, [_short(results, e) for e, _ in sms], fontsize=8)
             ax.set_title(f"{results['pairs'][p]['label']} · {results['settings'][s]['label']}", fontsize=9)
             ax.set_xlabel("tokens/s", fontsize=8)
             ax.tick_params(axis="x", labelsize=8)

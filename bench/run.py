@@ -40,6 +40,9 @@ CALIBRATION_GAMMA_MAX = 8
 #: A peer run that takes longer than this is recorded as failed (a very busy machine).
 PEER_TIMEOUT = 600.0
 PEER_ERRORS = (llama_cli.PeerRunError, llama_cli.PeerBuildError, OSError)
+#: A full run's defaults of what --quick changes (suite.QUICK).
+FULL = dict(settings=tuple(SETTINGS), prompts=tuple(p.name for p in PROMPTS), engines=None,
+            draft_max=suite.DEFAULT_DRAFT_MAX, tokens=128, repeats=1)
 
 
 def _csv(choices: Sequence[str], what: str):
@@ -103,24 +106,22 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--dry-run", action="store_true",
                     help="print the engines, blocks and estimated duration, run nothing")
     args = ap.parse_args(argv)
-    quick = args.quick
-    args.peer_draft_max = args.peer_draft_max or list(q["draft_max"] if quick else suite.DEFAULT_DRAFT_MAX)
+    d = q if args.quick else FULL
+    args.peer_draft_max = args.peer_draft_max or list(d["draft_max"])
     if args.peer_draft_max != list(suite.DEFAULT_DRAFT_MAX):
         suite.set_draft_sweep(args.peer_draft_max)
     args.pairs = args.pairs or list(PAIRS)
-    args.settings = args.settings or list(q["settings"] if quick else SETTINGS)
-    args.prompts = args.prompts or list(q["prompts"] if quick else [p.name for p in PROMPTS])
-    args.tokens = args.tokens or (q["tokens"] if quick else 128)
-    args.repeats = args.repeats or (q["repeats"] if quick else 1)
-    if args.engines is None and quick:
-        args.engines = list(q["engines"])
+    args.settings = args.settings or list(d["settings"])
+    args.prompts = args.prompts or list(d["prompts"])
+    args.tokens = args.tokens or d["tokens"]
+    args.repeats = args.repeats or d["repeats"]
     for name in ("tokens", "repeats", "threads", "ctx"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be >= 1")
     if min(args.peer_draft_max) < 1:
         ap.error("--peer-draft-max values must be >= 1")
-    if args.engines is not None:
-        args.engines = suite.expand(args.engines)
+    engines = args.engines or d["engines"]
+    args.engines = None if engines is None else suite.expand(engines)
     return args
 
 
@@ -169,12 +170,10 @@ def estimate_run(target: str, engine: EngineSpec, tokens: int) -> float:
     return tokens / tps + fixed
 
 
-def estimate_calibration(target: str, quick: bool) -> float:
-    return (12.0 if _is_f32(target) else 6.0) * (0.6 if quick else 1.0)
-
-
-def _n_calibrations(group: "Group") -> int:
-    return len({e.drafter for e in group.engines if e.kind == "ours"} - {"plain"})
+def estimate_calibrations(group: "Group", quick: bool) -> float:
+    """The group's calibrations at one setting: one per drafting mode of ours."""
+    n = len({e.drafter for e in group.engines if e.kind == "ours"} - {"plain"})
+    return n * (12.0 if _is_f32(group.target) else 6.0) * (0.6 if quick else 1.0)
 
 
 def estimate_total(groups: List["Group"], args: argparse.Namespace) -> float:
@@ -183,7 +182,7 @@ def estimate_total(groups: List["Group"], args: argparse.Namespace) -> float:
     for g in groups:
         n_servers = sum(1 for e in g.engines if e.kind == "server")
         total += (25.0 if _is_f32(g.target) else 10.0) + n_servers * (8.0 if _is_f32(g.target) else 4.0)
-        total += len(args.settings) * _n_calibrations(g) * estimate_calibration(g.target, args.quick)
+        total += len(args.settings) * estimate_calibrations(g, args.quick)
         total += n_blocks * (2.0 + sum(estimate_run(g.target, e, args.tokens) for e in g.engines))
     return total
 
@@ -465,8 +464,7 @@ def run_suite(args: argparse.Namespace, command: str) -> Dict[str, Any]:
             for setting in settings:
                 t0 = time.monotonic()
                 results["calibrations"].extend(calibrate_group(group, setting, args, progress))
-                progress.add(_n_calibrations(group) * estimate_calibration(group.target, args.quick),
-                             time.monotonic() - t0)
+                progress.add(estimate_calibrations(group, args.quick), time.monotonic() - t0)
                 for prompt in prompts:
                     text = group.plain_decoder().chat_prompt(prompt.messages())
                     for rep in range(args.repeats):

@@ -9,15 +9,11 @@
     python -m bench.serving --ray                 # Ray Serve, 1 and 2 replicas of 1 thread
     python -m bench.serving --report-only bench/results/serving/serving_results.json
 
-For each K (concurrent streams) every engine is loaded for K streams and, block after block, serves the
-same K chat requests (different prompts, tagged unique to their block so that no earlier block's prompt
-cache answers them; 128 new tokens each, end-of-generation banned in every engine, ``ignore_eos``, unless
-``--until-eos``), in an order rotated every block so that a change of machine load hits all engines alike.
-Arrivals are "burst" (all K at once) or "staggered" (one every ``--stagger`` seconds).  Measured per run:
-aggregate tokens/s (first request sent → last finished, prompt processing included), time to first token
-and inter-token gaps (p50 / p95); ratios are medians of per-block ratios with a bootstrap 95% interval
-over blocks.  Writes the mode's results file and plot under bench/results/serving/ and its section of
-bench/RESULTS.md.  Nothing here asserts a time.
+For each K (concurrent streams) every engine is loaded for K streams and, block after block, serves the same
+K chat requests (tagged unique to their block, so that no earlier block's prompt cache answers them; ``ignore_eos``
+unless ``--until-eos``) in an order rotated every block, so that a change of machine load hits all engines alike.
+Arrivals are "burst" (all K at once) or "staggered" (one every ``--stagger`` seconds).  What is measured is said
+in the section of bench/RESULTS.md it writes (``render``); nothing here asserts a time.
 """
 
 from __future__ import annotations
@@ -31,9 +27,10 @@ import statistics
 import sys
 import threading
 import time
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .common import (
     BASELINE_PYTHON_ENV,
@@ -145,9 +142,7 @@ HTTP_ENGINES = ("batched-auto", "http-batched-auto", "server-plain", "server-md4
 RAY_ENGINES = ("bare-t1", "ray-1", "ray-2")
 
 
-# ---------------------------------------------------------------------------
-# a run: K clients against one engine
-# ---------------------------------------------------------------------------
+# a run: K clients against one engine ----------------------------------------
 
 
 def run_once(engine: Engine, prompts: Sequence[str], setting: Setting, max_tokens: int, arrival: str,
@@ -202,11 +197,11 @@ def run_once(engine: Engine, prompts: Sequence[str], setting: Setting, max_token
 
 
 def _pct(xs: Sequence[float], q: float) -> Optional[float]:
+    """The ``q``-th percentile of ``xs`` (nearest rank), None for none."""
     if not xs:
         return None
     s = sorted(xs)
-    i = min(len(s) - 1, max(0, int(math.ceil(q / 100.0 * len(s))) - 1))
-    return s[i]
+    return s[min(len(s) - 1, max(0, int(math.ceil(q / 100.0 * len(s))) - 1))]
 
 
 def chat_prompts(k: int, tag: str, kind: str = "chat", block: int = 0) -> List[str]:
@@ -219,21 +214,17 @@ def chat_prompts(k: int, tag: str, kind: str = "chat", block: int = 0) -> List[s
             for i in range(k)]
 
 
-# ---------------------------------------------------------------------------
-# the sweep
-# ---------------------------------------------------------------------------
+# the sweep ------------------------------------------------------------------
 
 
 def sweep(args: argparse.Namespace) -> Dict[str, Any]:
+    """Every K, block and engine of ``args``; the results are saved to ``args.output`` after every block."""
     results: Dict[str, Any] = {
-        "command": args.command,
-        "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-        "machine": machine_info(args.threads),
-        "git": versions(None).get("specdec_cpu_git"),
+        "command": args.command, "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+        "machine": machine_info(args.threads), "git": versions(None).get("specdec_cpu_git"),
         "tokens": args.tokens, "ignore_eos": not args.until_eos, "stagger_s": args.stagger, "threads": args.threads,
         "mode": "http" if args.http else "ray" if args.ray else "direct", "output": args.output.name,
-        "prompts": args.prompts,
-        "engines": {}, "runs": [],
+        "prompts": args.prompts, "engines": {}, "runs": [],
     }
     if AB_ENGINE in args.engines:
         results["baseline_versions"] = baseline_versions(os.environ[BASELINE_PYTHON_ENV])
@@ -293,9 +284,7 @@ def _save(results: Dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(results, indent=1))
 
 
-# ---------------------------------------------------------------------------
-# report
-# ---------------------------------------------------------------------------
+# report ----------------------------------------------------------------------
 
 
 def _runs(results, **match) -> List[Dict[str, Any]]:
@@ -309,15 +298,18 @@ def _axes(results) -> tuple[List[int], List[str], List[str]]:
             [a for a in ("burst", "staggered") if any(r["arrival"] == a for r in runs)])
 
 
-def _goal_rows(results, engine: str) -> Iterator[tuple[str, Dict[str, Any]]]:
-    """(a row's setting | arrivals | K cells, its runs' match) for every combination where ``engine`` ran."""
+def _goal_table(results, heading: str, engine: str, columns: Sequence[str],
+                cells: Callable[[Dict[str, Any]], Optional[Sequence[str]]]) -> List[str]:
+    """A "### heading" table with a row for every setting, arrivals and K where ``engine`` ran: its
+    ``columns`` hold ``cells(match)`` (``match`` selects the row's runs; None leaves the row out)."""
+    L = [f"### {heading}", "", "| setting | arrivals | K | " + " | ".join(columns) + " |",
+         "|---" * (3 + len(columns)) + "|"]
     ks, settings, arrivals = _axes(results)
-    for sid in settings:
-        for arrival in arrivals:
-            for k in ks:
-                m = dict(k=k, setting=sid, arrival=arrival)
-                if _runs(results, engine=engine, **m):
-                    yield f"| {SETTINGS[sid].label} | {arrival} | {k} | ", m
+    for sid, arrival, k in itertools.product(settings, arrivals, ks):
+        m = dict(k=k, setting=sid, arrival=arrival)
+        if _runs(results, engine=engine, **m) and (row := cells(m)) is not None:
+            L.append(f"| {SETTINGS[sid].label} | {arrival} | {k} | " + " | ".join(row) + " |")
+    return L
 
 
 def paired_runs(results, a: str, b: str, key: str = "agg_tps", **match) -> List[tuple[Dict[str, Any], ...]]:
@@ -334,22 +326,23 @@ def block_ratios(results, a: str, b: str, **match) -> List[float]:
     return [x["agg_tps"] / y["agg_tps"] for x, y in paired_runs(results, a, b, **match)]
 
 
+def _ratio(results, a: str, b: str, **match) -> str:
+    """``block_ratios`` as a table cell."""
+    return ratio_text(block_ratios(results, a, b, **match))
+
+
 def best_server(results, **match) -> Optional[str]:
     """The faster llama-server mode (median aggregate tok/s) for these runs."""
-    best, best_tps = None, -1.0
-    for e in results["engines"]:
-        if not e.startswith("server-"):
-            continue
-        tps = [r["agg_tps"] for r in _runs(results, engine=e, **match) if r["agg_tps"]]
-        if tps and statistics.median(tps) > best_tps:
-            best, best_tps = e, statistics.median(tps)
-    return best
+    tps = {e: [r["agg_tps"] for r in _runs(results, engine=e, **match) if r["agg_tps"]]
+           for e in results["engines"] if e.startswith("server-")}
+    medians = {e: statistics.median(v) for e, v in tps.items() if v}
+    return max(medians, key=medians.__getitem__) if medians else None
 
 
 def _vs_server(results, engine: str, **match) -> str:
     """``engine`` / the faster llama-server mode, as a table cell naming that mode."""
     srv = best_server(results, **match)
-    return f"{ratio_text(block_ratios(results, engine, srv, **match))} (vs {srv})" if srv else "–"
+    return f"{_ratio(results, engine, srv, **match)} (vs {srv})" if srv else "–"
 
 
 def render(results, data_dir: Path = SERVING, results_md: Path = RESULTS_MD) -> str:
@@ -392,29 +385,26 @@ def render(results, data_dir: Path = SERVING, results_md: Path = RESULTS_MD) -> 
                         "tokens, so its ITL is the step time" if mode == "http" else "")
          + "). Ratios: median of per-block ratios [bootstrap 95% interval over blocks].",
          "- Engines: " + "; ".join(f"`{e}` {lab}" for e, lab in results["engines"].items()) + ".", ""]
-    for sid in settings:
-        for arrival in arrivals:
-            rows = [(k, e, runs) for k in ks for e in results["engines"]
-                    if (runs := _runs(results, k=k, engine=e, setting=sid, arrival=arrival))]
-            if not rows:
-                continue
-            L += [f"### {SETTINGS[sid].label}, {arrival} arrivals", "",
-                  "| K | engine | agg tok/s min – **median** – max | TTFT p50 / p95 s | ITL p50 / p95 ms "
-                  "| tokens/pass | rows/pass | acceptance | × batched γ=0 |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-            for k, e, rs in rows:
-                tps = sorted(r["agg_tps"] for r in rs if r["agg_tps"])
-                med = lambda key: median([r.get(key) for r in rs])  # noqa: E731
-                st = lambda key: median([r["stats"].get(key) for r in rs if r.get("stats")])  # noqa: E731
-                vs0 = block_ratios(results, e, "batched-g0", k=k, setting=sid, arrival=arrival)
-                L.append(
-                    f"| {k} | {e} | " + (f"{tps[0]:.1f} – **{statistics.median(tps):.1f}** – {tps[-1]:.1f}"
-                                         if tps else "failed")
-                    + f" | {fmt(med('ttft_p50'), 2)} / {fmt(med('ttft_p95'), 2)}"
-                    + f" | {fmt(_ms(med('itl_p50')), 0)} / {fmt(_ms(med('itl_p95')), 0)}"
-                    + f" | {fmt(st('tokens_per_pass'), 2)} | {fmt(st('rows_per_pass'), 1)}"
-                    + f" | {fmt(st('acceptance'), 2)} | {ratio_text(vs0) if e != 'batched-g0' else '1.00×'} |")
-            L.append("")
+    for sid, arrival in itertools.product(settings, arrivals):
+        m = dict(setting=sid, arrival=arrival)
+        rows = [(k, e, runs) for k in ks for e in results["engines"] if (runs := _runs(results, k=k, engine=e, **m))]
+        if not rows:
+            continue
+        L += [f"### {SETTINGS[sid].label}, {arrival} arrivals", "",
+              "| K | engine | agg tok/s min – **median** – max | TTFT p50 / p95 s | ITL p50 / p95 ms "
+              "| tokens/pass | rows/pass | acceptance | × batched γ=0 |",
+              "|---|---|---|---|---|---|---|---|---|"]
+        for k, e, rs in rows:
+            tps = sorted(r["agg_tps"] for r in rs if r["agg_tps"])
+            med = lambda key: median([r.get(key) for r in rs])  # noqa: E731
+            st = lambda key: median([r["stats"].get(key) for r in rs if r.get("stats")])  # noqa: E731
+            cells = [f"{tps[0]:.1f} – **{statistics.median(tps):.1f}** – {tps[-1]:.1f}" if tps else "failed",
+                     f"{fmt(med('ttft_p50'), 2)} / {fmt(med('ttft_p95'), 2)}",
+                     f"{fmt(_ms(med('itl_p50')), 0)} / {fmt(_ms(med('itl_p95')), 0)}",
+                     fmt(st("tokens_per_pass"), 2), fmt(st("rows_per_pass"), 1), fmt(st("acceptance"), 2),
+                     "1.00×" if e == "batched-g0" else _ratio(results, e, "batched-g0", k=k, **m)]
+            L.append(f"| {k} | {e} | " + " | ".join(cells) + " |")
+        L.append("")
     if mode == "direct":
         L += goals(results) + where_time_goes(results)
     elif mode == "http":
@@ -427,29 +417,28 @@ def render(results, data_dir: Path = SERVING, results_md: Path = RESULTS_MD) -> 
 
 
 def goals(results) -> List[str]:
-    L = ["### Goals (median of per-block ratios [95% interval])", "",
-         "| setting | arrivals | K | auto / faster llama-server mode | auto / batched γ=0 | "
-         "auto / γ=0 that 1.2× the server needs | auto / γ=0 forecast | "
-         "auto / DecoderPool(K) | auto / SpeculativeDecoder | tokens auto drafted |",
-         "|---|---|---|---|---|---|---|---|---|---|"]
+    """The batched-decoding issue's goals: auto against the faster llama-server mode, γ=0 and the others."""
     from specdec_cpu.planning.forecast import forecast
 
     model = _calibration(results)
-    for row, m in _goal_rows(results, "batched-auto"):
+
+    def cells(m: Dict[str, Any]) -> List[str]:
         alpha = _pair_alpha(results, m["setting"])
         srv = best_server(results, **m)
         srv_vs0 = block_ratios(results, srv, "batched-g0", **m) if srv else []
         gain = forecast(model, alpha, [m["k"]])[0].gain if model is not None and alpha is not None else None
-        cells = [
-            _vs_server(results, "batched-auto", **m),
-            ratio_text(block_ratios(results, "batched-auto", "batched-g0", **m)),
-            f"{1.2 * statistics.median(srv_vs0):.2f}×" if srv_vs0 else "–",
-            f"{gain:.2f}× (α {alpha:.2f})" if gain is not None else "–",
-            ratio_text(block_ratios(results, "batched-auto", "pool-auto", **m)),
-            ratio_text(block_ratios(results, "batched-auto", "single-auto", **m)) if m["k"] == 1 else "–",
-            str(sum((r.get("stats") or {}).get("drafted") or 0 for r in _runs(results, engine="batched-auto", **m))),
-        ]
-        L.append(row + " | ".join(cells) + " |")
+        return [_vs_server(results, "batched-auto", **m), _ratio(results, "batched-auto", "batched-g0", **m),
+                f"{1.2 * statistics.median(srv_vs0):.2f}×" if srv_vs0 else "–",
+                f"{gain:.2f}× (α {alpha:.2f})" if gain is not None else "–",
+                _ratio(results, "batched-auto", "pool-auto", **m),
+                _ratio(results, "batched-auto", "single-auto", **m) if m["k"] == 1 else "–",
+                str(sum((r.get("stats") or {}).get("drafted") or 0
+                        for r in _runs(results, engine="batched-auto", **m)))]
+
+    L = _goal_table(results, "Goals (median of per-block ratios [95% interval])", "batched-auto",
+                    ["auto / faster llama-server mode", "auto / batched γ=0", "auto / γ=0 that 1.2× the server needs",
+                     "auto / γ=0 forecast", "auto / DecoderPool(K)", "auto / SpeculativeDecoder",
+                     "tokens auto drafted"], cells)
     L += ["", "Goals of the batched-decoding issue: at every K, auto ≥ 1.2× the faster llama-server mode and "
           "≥ 0.97× batched γ=0; at K = 4, ≥ 2.4× DecoderPool(4); at K = 1, ≥ 0.97× SpeculativeDecoder.", "",
           "Where auto drafted no token (all runs of a row), it ran the same passes as γ=0: the planner "
@@ -501,18 +490,17 @@ def _ttft_diff_text(results, a: str, b: str, **match) -> str:
 
 
 def http_goals(results) -> List[str]:
+    """The HTTP layer's cost: ours through `specdec-cpu serve` against BatchedDecoder called directly."""
     ours = "http-batched-auto"
-    L = ["### The HTTP layer's cost (ours through `specdec-cpu serve` and the openai client, against "
-         "BatchedDecoder called directly; medians of per-block values [95% interval])", "",
-         "| setting | arrivals | K | aggregate tok/s, HTTP / direct | TTFT p50, HTTP − direct | "
-         "HTTP layer's CPU per step, server loop + client | its share of the run's time | "
-         "ours over HTTP / llama-server (faster mode) | ours over HTTP / llama-cpp-python server |",
-         "|---|---|---|---|---|---|---|---|---|"]
-    for row, m in _goal_rows(results, ours):
-        L.append(row + f"{ratio_text(block_ratios(results, ours, 'batched-auto', **m))} | "
-                 f"{_ttft_diff_text(results, ours, 'batched-auto', **m)} | "
-                 f"{_layer_cpu_text(_runs(results, engine=ours, **m))} | {_vs_server(results, ours, **m)} | "
-                 f"{ratio_text(block_ratios(results, ours, 'lcp-server', **m))} |")
+    L = _goal_table(
+        results, "The HTTP layer's cost (ours through `specdec-cpu serve` and the openai client, against "
+        "BatchedDecoder called directly; medians of per-block values [95% interval])", ours,
+        ["aggregate tok/s, HTTP / direct", "TTFT p50, HTTP − direct",
+         "HTTP layer's CPU per step, server loop + client", "its share of the run's time",
+         "ours over HTTP / llama-server (faster mode)", "ours over HTTP / llama-cpp-python server"],
+        lambda m: [_ratio(results, ours, "batched-auto", **m), _ttft_diff_text(results, ours, "batched-auto", **m),
+                   _layer_cpu_text(_runs(results, engine=ours, **m)), _vs_server(results, ours, **m),
+                   _ratio(results, ours, "lcp-server", **m)])
     L += ["", "Goal of the server issue: the HTTP layer costs under 2% of aggregate throughput (ratio ≥ 0.98) "
           "and adds under 5 ms to time to first token.", "",
           "The layer's CPU (medians over blocks; runs measured before it was recorded show –): the CPU time "
@@ -536,15 +524,13 @@ def http_goals(results) -> List[str]:
 def ab_goals(results) -> List[str]:
     """This checkout's server against the previous main's, and both against the faster llama-server mode."""
     ours = "http-batched-auto"
-    L = ["### This checkout against the previous main (aggregate tok/s; medians of per-block ratios "
-         "[95% interval])", "",
-         "| setting | arrivals | K | ours / previous main | ours / llama-server (faster mode) | "
-         "previous main / llama-server (faster mode) | TTFT p50, ours − previous main |",
-         "|---|---|---|---|---|---|---|"]
-    for row, m in _goal_rows(results, AB_ENGINE):
-        L.append(row + f"{ratio_text(block_ratios(results, ours, AB_ENGINE, **m))} | "
-                 f"{_vs_server(results, ours, **m)} | {_vs_server(results, AB_ENGINE, **m)} | "
-                 f"{_ttft_diff_text(results, ours, AB_ENGINE, **m)} |")
+    L = _goal_table(
+        results, "This checkout against the previous main (aggregate tok/s; medians of per-block ratios "
+        "[95% interval])", AB_ENGINE,
+        ["ours / previous main", "ours / llama-server (faster mode)", "previous main / llama-server (faster mode)",
+         "TTFT p50, ours − previous main"],
+        lambda m: [_ratio(results, ours, AB_ENGINE, **m), _vs_server(results, ours, **m),
+                   _vs_server(results, AB_ENGINE, **m), _ttft_diff_text(results, ours, AB_ENGINE, **m)])
     return L + ["", f"`{ours}` and `{AB_ENGINE}` run the same `specdec-cpu serve` command, threads and "
                 "settings, each under its checkout's Python; each server measures the pair's pass times at "
                 "first use or reads them from the calibration store both share.", ""]
@@ -564,22 +550,19 @@ def _layer_cpu_text(runs: Sequence[Dict[str, Any]]) -> str:
 
 
 def ray_goals(results) -> List[str]:
-    L = ["### Ray Serve: scaling and overhead (1 thread per replica; medians of per-block values "
-         "[95% interval])", "",
-         "| setting | arrivals | K | 2 replicas / 1 replica (aggregate tok/s) | 1 replica / bare server | "
-         "TTFT p50, 1 replica − bare server |", "|---|---|---|---|---|---|"]
-    for row, m in _goal_rows(results, "ray-1"):
-        L.append(row + f"{ratio_text(block_ratios(results, 'ray-2', 'ray-1', **m))} | "
-                 f"{ratio_text(block_ratios(results, 'ray-1', 'bare-t1', **m))} | "
-                 f"{_ttft_diff_text(results, 'ray-1', 'bare-t1', **m)} |")
-    ingress = {}
-    for r in results["runs"]:
-        if r["engine"] in ("ray-1", "ray-2"):
-            ingress.setdefault(r["engine"], []).append((r.get("stats") or {}).get("ingress") or "not recorded")
-    if ingress:
+    """Ray Serve's scaling from 1 to 2 replicas, and its overhead over the bare server."""
+    L = _goal_table(
+        results, "Ray Serve: scaling and overhead (1 thread per replica; medians of per-block values "
+        "[95% interval])", "ray-1",
+        ["2 replicas / 1 replica (aggregate tok/s)", "1 replica / bare server", "TTFT p50, 1 replica − bare server"],
+        lambda m: [_ratio(results, "ray-2", "ray-1", **m), _ratio(results, "ray-1", "bare-t1", **m),
+                   _ttft_diff_text(results, "ray-1", "bare-t1", **m)])
+    ingress = {e: Counter((r.get("stats") or {}).get("ingress") or "not recorded" for r in _runs(results, engine=e))
+               for e in ("ray-1", "ray-2")}
+    if any(ingress.values()):
         L += ["", "HTTP ingress of each run (each Ray engine runs alone, started before its run and stopped "
-              "after): " + "; ".join(f"`{e}` " + ", ".join(f"{v} ×{n.count(v)}" for v in sorted(set(n)))
-                                    for e, n in sorted(ingress.items())) + "."]
+              "after): " + "; ".join(f"`{e}` " + ", ".join(f"{v} ×{n}" for v, n in sorted(c.items()))
+                                    for e, c in ingress.items() if c) + "."]
     L += ["", "Goals of the Ray issue: Ray adds under 10 ms per request at 1 client; 2 replicas ≥ 1.6× one "
           "replica's aggregate throughput on a machine with cores to spare.", "",
           "On a 2-core machine there are no cores to spare: two 1-thread replicas take both cores, "
@@ -592,33 +575,30 @@ def ray_goals(results) -> List[str]:
 
 
 def where_time_goes(results) -> List[str]:
-    L = ["### Where the time goes (ours, BatchedDecoder γ=auto; share of step time, medians over runs)", "",
-         "| setting | arrivals | K | target | draft | sampling | scheduler | rows/pass | tokens/pass | "
-         "drafted tokens/run | mean α |",
-         "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for row, m in _goal_rows(results, "batched-auto"):
+    """Where BatchedDecoder γ=auto's step time went, and how it batched and drafted."""
+
+    def cells(m: Dict[str, Any]) -> Optional[List[str]]:
         rs = [r for r in _runs(results, engine="batched-auto", **m) if r.get("stats")]
         if not rs:
-            continue
-        share = lambda key: median([r["stats"][key] / r["stats"]["step_s"]  # noqa: E731
-                                    for r in rs if r["stats"].get("step_s")])
-        st = lambda key: median([r["stats"].get(key) for r in rs])  # noqa: E731
-        L.append(row + f"{_pctx(share('target_s'))} | {_pctx(share('draft_s'))} | {_pctx(share('sampling_s'))} | "
-                 f"{_pctx(share('scheduler_s'))} | {fmt(st('rows_per_pass'), 1)} | "
-                 f"{fmt(st('tokens_per_pass'), 2)} | {fmt(st('drafted'), 0)} | {fmt(st('mean_alpha'), 3)} |")
-    return L + [""]
+            return None
+        # The scheduler's share is what the step's timers leave over: a hair below 0 is 0.
+        shares = [median([r["stats"][key] / r["stats"]["step_s"] for r in rs if r["stats"].get("step_s")])
+                  for key in ("target_s", "draft_s", "sampling_s", "scheduler_s")]
+        return ["–" if x is None else f"{max(100 * x, 0.0):.0f}%" for x in shares] + [
+            fmt(median([r["stats"].get(key) for r in rs]), digits)
+            for key, digits in (("rows_per_pass", 1), ("tokens_per_pass", 2), ("drafted", 0), ("mean_alpha", 3))]
+
+    return _goal_table(results, "Where the time goes (ours, BatchedDecoder γ=auto; share of step time, medians "
+                       "over runs)", "batched-auto", ["target", "draft", "sampling", "scheduler", "rows/pass",
+                                                     "tokens/pass", "drafted tokens/run", "mean α"], cells) + [""]
 
 
 def _ms(x: Optional[float]) -> Optional[float]:
     return None if x is None else 1000.0 * x
 
 
-def _pctx(x: Optional[float]) -> str:
-    # The scheduler's share is what the step's timers leave over: a hair below 0 is 0.
-    return "–" if x is None else f"{max(100 * x, 0.0):.0f}%"
-
-
 def plot(results, path: Path) -> None:
+    """Aggregate tokens/s against K, one panel per setting (burst arrivals), into ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -645,19 +625,17 @@ def plot(results, path: Path) -> None:
     plt.close(fig)
 
 
-# ---------------------------------------------------------------------------
-# command line
-# ---------------------------------------------------------------------------
+# command line ---------------------------------------------------------------
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4, 8],
+    words = lambda s: s.split(",")  # noqa: E731
+    ap.add_argument("--ks", type=lambda s: [int(x) for x in words(s)], default=[1, 2, 4, 8],
                     help="concurrent streams (default 1,2,4,8)")
-    ap.add_argument("--settings", type=lambda s: s.split(","), default=["t0.7", "t1"],
-                    help="sampling settings (default t0.7,t1)")
-    ap.add_argument("--arrivals", type=lambda s: s.split(","), default=["burst", "staggered"])
-    ap.add_argument("--engines", type=lambda s: s.split(","), default=list(DEFAULT_ENGINES),
+    ap.add_argument("--settings", type=words, default=["t0.7", "t1"], help="sampling settings (default t0.7,t1)")
+    ap.add_argument("--arrivals", type=words, default=["burst", "staggered"])
+    ap.add_argument("--engines", type=words, default=list(DEFAULT_ENGINES),
                     help=f"engines (default all: {','.join(DEFAULT_ENGINES)})")
     ap.add_argument("--tokens", type=int, default=128, help="new tokens per request (default 128)")
     ap.add_argument("--prompts", choices=["chat", "suite"], default="chat",
@@ -674,31 +652,29 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                     help=f"through HTTP: engines {','.join(HTTP_ENGINES)} (the HTTP layer's cost, and the servers)")
     ap.add_argument("--ray", action="store_true",
                     help=f"Ray Serve scaling at K = 1,2,4,8, 1 thread per replica: engines {','.join(RAY_ENGINES)}")
-    ap.add_argument("--baseline-python", default=None,
-                    help=f"a Python importing the previous main's specdec_cpu, for engine {AB_ENGINE} "
-                         f"(default: ${BASELINE_PYTHON_ENV})")
+    ap.add_argument("--baseline-python", help=f"a Python importing the previous main's specdec_cpu, for engine "
+                                              f"{AB_ENGINE} (default: ${BASELINE_PYTHON_ENV})")
     ap.add_argument("--output", type=Path, default=SERVING / "serving_results.json")
     ap.add_argument("--results-md", type=Path, default=RESULTS_MD)
-    ap.add_argument("--report-only", type=Path, default=None, metavar="RESULTS_JSON",
+    ap.add_argument("--report-only", type=Path, metavar="RESULTS_JSON",
                     help="re-render the section and plot from a results file")
-    ap.add_argument("--trace-steps", type=Path, default=None, metavar="JSONL",
+    ap.add_argument("--trace-steps", type=Path, metavar="JSONL",
                     help="append BatchedDecoder γ=auto's step records (the planner's predictions beside each "
                          "step's outcome; a 'run' field numbers the runs) to this file; summarise it with "
                          "python -m bench.step_trace")
     args = ap.parse_args(argv)
     given = list(argv if argv is not None else sys.argv[1:])
     args.command = " ".join(["python -m bench.serving", *redact_baseline(given)])
-    default_out = "serving_http" if args.http else "serving_ray" if args.ray else "serving"
-    default_out += "_suite" if args.prompts == "suite" else ""  # each variant its own results and section
-    if args.http or args.ray:
-        if not any(a.startswith("--engines") for a in given):
-            args.engines = list(RAY_ENGINES if args.ray else HTTP_ENGINES)
+    if (args.http or args.ray) and not any(a.startswith("--engines") for a in given):
+        args.engines = list(RAY_ENGINES if args.ray else HTTP_ENGINES)
+    if args.output == SERVING / "serving_results.json":  # each variant its own results and section
+        stem = "serving_http" if args.http else "serving_ray" if args.ray else "serving"
+        stem += "_suite" if args.prompts == "suite" else ""
         if args.http and AB_ENGINE in args.engines:
-            default_out += "_ab"  # this checkout against the previous main
+            stem += "_ab"  # this checkout against the previous main
         elif args.http and args.threads < (os.cpu_count() or 1):
-            default_out += f"_t{args.threads}"
-    if args.output == SERVING / "serving_results.json":
-        args.output = SERVING / f"{default_out}_results.json"
+            stem += f"_t{args.threads}"
+        args.output = SERVING / f"{stem}_results.json"
     if args.quick:
         args.ks, args.settings, args.arrivals, args.repeats = [1, 4], ["t1"], ["burst"], 1
     unknown = [e for e in args.engines if e not in ENGINES] + [s for s in args.settings if s not in SETTINGS]

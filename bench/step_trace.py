@@ -1,5 +1,4 @@
-"""Summarise a BatchedDecoder's step records: the planner's predictions
-against what its steps did.
+"""Summarise a BatchedDecoder's step records: the planner's predictions against what its steps did.
 
     python -m bench.serving --ks 4 --engines batched-auto --repeats 2 --trace-steps steps.jsonl \
         --output scratch.json --results-md scratch.md    # leave the recorded sweep alone
@@ -41,6 +40,7 @@ def _catch_up_ms(step: Dict[str, Any]) -> float:
 
 
 def summarise(steps: Sequence[Dict[str, Any]], batch: Optional[int] = None) -> List[str]:
+    """The report's lines, per batch size (only ``batch`` if given), over steps whose requests all decode."""
     by_batch: Dict[int, List[Dict[str, Any]]] = defaultdict(list)
     for s in steps:
         if s["gammas"] and not s["prompt_rows"] and batch in (None, len(s["gammas"])):
@@ -48,10 +48,11 @@ def summarise(steps: Sequence[Dict[str, Any]], batch: Optional[int] = None) -> L
     out = []
     for n in sorted(by_batch):
         group = by_batch[n]
+        caught = [s for s in group if s["catch_up_rows"]]
         plain = [s for s in group if not any(s["gammas"]) and not s["catch_up_rows"]]
         drafting = [s for s in group if any(s["gammas"]) and not s["catch_up_rows"]]
         out.append(f"batch {n}: {len(plain)} plain steps, {len(drafting)} drafting steps "
-                   f"(+{sum(1 for s in group if s['catch_up_rows'])} with a catch-up)")
+                   f"(+{len(caught)} with a catch-up)")
         if not plain:
             continue
         plain_real = _rate(plain)
@@ -73,7 +74,6 @@ def summarise(steps: Sequence[Dict[str, Any]], batch: Optional[int] = None) -> L
             out.append(f"  {rows:10d} | {len(ss):5d} | {predicted:23.2f} | {_rate(ss) / plain_real:13.2f} | "
                        f"{accepted:.2f}")
         gained = sum(s["emitted"] - s["seconds"] * plain_real for s in drafting)
-        caught = [s for s in group if s["catch_up_rows"]]
         cost = sum(_catch_up_ms(s) for s in caught) / 1000 * plain_real
         gained += sum(s["emitted"] - (s["seconds"] - _catch_up_ms(s) / 1000) * plain_real
                       for s in caught if any(s["gammas"]))

@@ -8,7 +8,6 @@ then ``run(jobs, setting)``: one :class:`Sample` per :class:`Job`; bench/audit.p
 
 from __future__ import annotations
 
-import dataclasses
 import http.client
 import os
 import re
@@ -30,16 +29,15 @@ def quote(s: str) -> str:
     return s if re.fullmatch(r"[\w@%+=:,./-]+", s) else "'" + s.replace("'", "'\\''") + "'"
 
 
-def short_paths(text: str) -> str:
-    """``text`` with the package's cache directory written ``<cache>`` (no machine paths in results)."""
+def shown(cmd: Sequence[str], masked: Optional[Dict[str, str]] = None) -> str:
+    """A command as one shell line, the cache directory written ``<cache>`` (no machine paths in
+    results); ``masked`` replaces the value after each of its flags (e.g. ``{"--port": "PORT"}``)."""
     from specdec_cpu.paths import cache_dir
 
-    return text.replace(str(cache_dir()), "<cache>")
-
-
-def shown(cmd: Sequence[str]) -> str:
-    """A command as one shell line, the cache directory written ``<cache>``."""
-    return short_paths(" ".join(quote(str(c)) for c in cmd))
+    cmd = [str(c) for c in cmd]
+    for flag, value in (masked or {}).items():
+        cmd[cmd.index(flag) + 1] = value
+    return " ".join(quote(c) for c in cmd).replace(str(cache_dir()), "<cache>")
 
 
 def pair_paths() -> Tuple[str, str]:
@@ -141,11 +139,6 @@ def consume(pieces: Iterable[Any], rec: Request, t_sent_abs: float, t0: float) -
         if rec.first is None:
             rec.first = now - t0
         rec.arrivals.append(now - t_sent_abs)
-
-
-def params(setting: Any, seed: int, ignore_eos: bool) -> Any:
-    """The setting's SamplingParams, end-of-generation tokens banned or not."""
-    return dataclasses.replace(setting.params(seed), ignore_eos=ignore_eos)
 
 
 # audited sequences (audit) -------------------------------------------------

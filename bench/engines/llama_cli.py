@@ -18,6 +18,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, TextIO, Union
@@ -45,12 +46,9 @@ CMAKE_FLAGS: List[str] = [
 ]
 #: ggml's AMX path crashes on some CPUs (llama.cpp issue 20824) and ours turns it off: so do the peers.
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-try:
-    with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as _f:
-        if " amx_int8" in _f.read():
-            CMAKE_FLAGS += [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]
-except OSError:
-    pass
+with suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as _f:
+    if " amx_int8" in _f.read():
+        CMAKE_FLAGS += [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -104,24 +102,21 @@ def _extract_llama_cpp(tarball: Path, dest: Path, log: Optional[TextIO]) -> Path
         return dest
     if log is not None:
         print(f"extracting vendored llama.cpp from {tarball.name}", file=log, flush=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".src-", dir=dest.parent))
-    try:
-        with tarfile.open(tarball, "r:gz") as tf:
-            members, prefix = [], None
-            for m in tf.getmembers():
-                parts = Path(m.name).parts
-                if len(parts) >= 3 and parts[1:3] == ("vendor", "llama.cpp"):
-                    prefix = Path(*parts[:3])
-                    if not (m.issym() or m.islnk() or ".." in parts or m.name.startswith("/")):
-                        members.append(m)
-            if prefix is None:
-                raise PeerBuildError(f"{tarball} has no vendor/llama.cpp directory")
-            tf.extractall(tmp, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+    with (tempfile.TemporaryDirectory(prefix=".src-", dir=dest.parent, ignore_cleanup_errors=True) as tmp,
+          tarfile.open(tarball, "r:gz") as tf):
+        members, prefix = [], None
+        for m in tf.getmembers():
+            parts = Path(m.name).parts
+            if len(parts) >= 3 and parts[1:3] == ("vendor", "llama.cpp"):
+                prefix = Path(*parts[:3])
+                if not (m.issym() or m.islnk() or ".." in parts or m.name.startswith("/")):
+                    members.append(m)
+        if prefix is None:
+            raise PeerBuildError(f"{tarball} has no vendor/llama.cpp directory")
+        tf.extractall(tmp, members=members, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         if dest.exists():
             shutil.rmtree(dest)
-        os.replace(tmp / prefix, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        os.replace(Path(tmp) / prefix, dest)
     return dest
 
 
@@ -260,8 +255,7 @@ def sampling_args(temp: float, top_k: int, top_p: float, min_p: float, seed: int
 def _run(tool: str, cmd: List[str], timeout: Optional[float]) -> "tuple[str, str, float]":
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              timeout=timeout, env=tool_env())
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, env=tool_env())
     except subprocess.TimeoutExpired as e:
         raise PeerRunError(f"{tool} did not finish within {timeout} s: {' '.join(cmd)}") from e
     wall = time.perf_counter() - t0
@@ -360,8 +354,7 @@ class SpeculativeTool(Engine):
             c.target, c.draft, job.text, c.max_tokens, c.threads, setting.temperature, setting.top_k, setting.top_p,
             job.seed, min_p=setting.min_p, draft_max=self.draft_max, variant=self.variant, ctx=N_CTX) + ["-lv", "5"]
         self._last_cmd = cmd
-        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env=tool_env(), timeout=1800)
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, env=tool_env(), timeout=1800)
         if proc.returncode != 0:
             tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-5:]
             return Sample(job.index, job.prompt, job.text, job.seed, [], False,
@@ -377,11 +370,7 @@ class SpeculativeTool(Engine):
                       accepted=accepted, text_check=printed_text_matches(proc.stdout, job, ids, c, self.variant))
 
     def command(self) -> str:
-        cmd = list(self._last_cmd)
-        if not cmd:
-            return ""
-        cmd[cmd.index("-p") + 1] = "<chat-templated prompt>"
-        return shown(cmd)
+        return shown(self._last_cmd, {"-p": "<chat-templated prompt>"}) if self._last_cmd else ""
 
 
 _RE_SPEC = re.compile(

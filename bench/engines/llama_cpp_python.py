@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -68,10 +69,8 @@ class LcpRunner:
         }
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # best effort, the process ends soon
             self.llm.close()
-        except Exception:  # noqa: BLE001 - best effort, the process ends soon
-            pass
 
 
 class LcpPromptLookup(Engine):

@@ -15,9 +15,9 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import base
 from .base import N_CTX, Engine, Job, Sample, cut, free_port, pair_paths, quote, shown, tool_env
@@ -100,10 +100,8 @@ def llama_server(model: PathLike, *, startup_timeout: float = 180.0, **options: 
         finally:
             base.stop_process(proc, 15.0)
             log.close()
-            try:
+            with suppress(OSError):
                 os.unlink(log.name)
-            except OSError:
-                pass
     raise PeerRunError(f"llama-server could not bind a free port: {last_error}")
 
 
@@ -171,46 +169,16 @@ def server_complete(url: str, prompt: Union[str, Sequence[int]], n_predict: int 
         if resp.status != 200:
             raise PeerRunError(f"llama-server {endpoint} answered {resp.status}: "
                                f"{resp.read()[:500].decode('utf-8', 'replace')}")
-        if not stream:
+        if stream:
+            ids, streamed, arrival, final = _read_stream(resp, t0)
+        else:
             final = json.loads(resp.read())
-            return _completion(final, time.perf_counter() - t0, [int(t) for t in final.get("tokens") or []], "", None)
-        ids: List[int] = []
-        pieces: List[str] = []
-        arrival: List[float] = []
-        final = None
-        for event in _sse_events(resp):
-            now = time.perf_counter() - t0
-            if "error" in event:
-                raise PeerRunError(f"llama-server streamed an error: {event['error']}")
-            for i, tok in enumerate(event.get("tokens") or []):
-                ids.append(int(tok))
-                pieces.append(event.get("content", "") if i == 0 else "")
-                arrival.append(now)
-            if event.get("stop"):
-                final = event
-        if final is None:
-            raise PeerRunError("llama-server's stream ended without a final (stop) event")
-        return _completion(final, time.perf_counter() - t0, ids, "".join(pieces), arrival)
+            ids, streamed, arrival = [int(t) for t in final.get("tokens") or []], "", None
+        wall = time.perf_counter() - t0
     except (OSError, http.client.HTTPException) as exc:
         raise PeerRunError(f"llama-server request failed: {type(exc).__name__}: {exc}") from exc
     finally:
         conn.close()
-
-
-def _sse_events(resp: http.client.HTTPResponse) -> Iterator[Dict[str, Any]]:
-    """The JSON objects of a server-sent event stream, each as soon as its line arrives."""
-    for line in iter(resp.readline, b""):
-        line = line.strip()
-        if line.startswith(b"data:"):
-            if line[5:].strip() == b"[DONE]":
-                return
-            yield json.loads(line[5:].strip())
-        elif line.startswith(b"error:"):
-            yield {"error": line[6:].strip().decode("utf-8", "replace")}
-
-
-def _completion(final: Dict[str, Any], wall: float, ids: List[int], streamed: str,
-                arrival: Optional[List[float]]) -> ServerCompletion:
     tm = final.get("timings")
     if not tm:
         raise PeerRunError("llama-server's answer has no 'timings'")
@@ -221,6 +189,36 @@ def _completion(final: Dict[str, Any], wall: float, ids: List[int], streamed: st
         prompt_tokens=final.get("tokens_evaluated"), prompt_ms=tm.get("prompt_ms"), draft_n=tm.get("draft_n"),
         draft_n_accepted=tm.get("draft_n_accepted"), stop_type=final.get("stop_type"), wall_seconds=wall,
         arrival_s=arrival, timings=dict(tm))
+
+
+def _read_stream(resp: http.client.HTTPResponse, t0: float) -> Tuple[List[int], str, List[float], Dict[str, Any]]:
+    """A server-sent event stream, read to its end: the ids, their text, when each id arrived
+    (seconds after ``t0``) and the final (stop) event."""
+    ids: List[int] = []
+    pieces: List[str] = []
+    arrival: List[float] = []
+    final = None
+    for line in iter(resp.readline, b""):
+        line = line.strip()
+        if line.startswith(b"error:"):
+            raise PeerRunError(f"llama-server streamed an error: {line[6:].strip().decode('utf-8', 'replace')}")
+        if not line.startswith(b"data:"):
+            continue
+        if line[5:].strip() == b"[DONE]":
+            break
+        event = json.loads(line[5:].strip())
+        now = time.perf_counter() - t0
+        if "error" in event:
+            raise PeerRunError(f"llama-server streamed an error: {event['error']}")
+        for i, tok in enumerate(event.get("tokens") or []):
+            ids.append(int(tok))
+            pieces.append(event.get("content", "") if i == 0 else "")
+            arrival.append(now)
+        if event.get("stop"):
+            final = event
+    if final is None:
+        raise PeerRunError("llama-server's stream ended without a final (stop) event")
+    return ids, "".join(pieces), arrival, final
 
 
 def run_server(url: ServerURL, prompt: str, n_predict: int = 128, temp: float = 0.0, top_k: int = 0,
@@ -295,8 +293,6 @@ class LlamaServer(Engine):
             self._stack = None
 
     def command(self) -> str:
-        cmd = list(self.url.command)
-        cmd[cmd.index("--port") + 1] = "PORT"
-        return (shown(cmd) + f"; POST /completion with the prompt's ids, n_predict {self.ctx.max_tokens}, "
-                "temperature, top_k 0, top_p, min_p 0, seed, samplers [temperature, top_k, top_p, min_p], "
-                "return_tokens true")
+        return (shown(self.url.command, {"--port": "PORT"})
+                + f"; POST /completion with the prompt's ids, n_predict {self.ctx.max_tokens}, temperature, top_k 0, "
+                "top_p, min_p 0, seed, samplers [temperature, top_k, top_p, min_p], return_tokens true")

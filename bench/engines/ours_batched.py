@@ -9,30 +9,28 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..common import BENCH
-from .base import N_CTX, Engine, consume, free_port, http_ok, pair_paths, params, stop_process, wait_ready
-from .ours_single import sample_of
+from .base import N_CTX, Engine, consume, free_port, http_ok, pair_paths, stop_process, wait_ready
+from .ours_single import OursEngine
 
 
-class OursBatched(Engine):
-    """BatchedDecoder: K sequences share every target pass (γ auto, or fixed; 0: continuous
-    batching alone), with the draft model, n-gram lookup, both or neither."""
+class OursBatched(OursEngine):
+    """BatchedDecoder: K sequences share every target pass (γ auto, or fixed; 0: continuous batching alone)."""
 
-    ids_from = "`Generation.tokens`"
     batched = True
 
     def __init__(self, gamma: Any = "auto", draft_vocab: Optional[int] = None, *, draft: bool = True,
                  ngram: bool = False, control: bool = False, id: Optional[str] = None,
                  label: Optional[str] = None) -> None:
-        self.gamma, self.draft_vocab, self.control = gamma, draft_vocab, control
-        self.use_draft, self.ngram = draft, ngram
+        super().__init__(gamma, draft, ngram)
+        self.draft_vocab, self.control = draft_vocab, control
         self.id = id or ("batched-auto" if gamma == "auto" else f"batched-g{gamma}") + ("-cut" if draft_vocab else "")
         self.label = label or (f"ours, BatchedDecoder γ={gamma}"
                                + (f", draft cut to {draft_vocab} ids" if draft_vocab else ""))
-        self.dec = None
         self.trace_path: Optional[Path] = None  # JSON lines of the decoder's steps (--trace-steps)
         self._trace = None
         self._run = 0
@@ -43,11 +41,8 @@ class OursBatched(Engine):
         self._k = k
         if self.trace_path is not None:
             self._trace = open(self.trace_path, "a")
-        target, draft = pair_paths()
-        self.dec = BatchedDecoder.from_gguf(target, draft if self.use_draft else None, ngram=self.ngram,
-                                            max_sequences=k, n_ctx=N_CTX, n_threads=threads, gamma=self.gamma,
-                                            step_trace=self._write_step if self._trace else None,
-                                            draft_vocab=self.draft_vocab)
+        self.dec = self.load(BatchedDecoder, threads, max_sequences=k, n_ctx=N_CTX, draft_vocab=self.draft_vocab,
+                             step_trace=self._write_step if self._trace else None)
         self._last = self.dec.metrics()
 
     def _write_step(self, record) -> None:
@@ -57,10 +52,8 @@ class OursBatched(Engine):
         self._run += 1
 
     def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False):
-        s = self.dec.stream(prompt, max_tokens=max_tokens, params=params(setting, seed, ignore_eos))
-        consume(s, rec, time.perf_counter(), t0)
-        rec.tokens = len(s.result.tokens)
-        rec.decoder_ttft = s.result.stats.first_token_seconds
+        gen = super().request(prompt, setting, max_tokens, seed, rec, t0, ignore_eos)
+        rec.decoder_ttft = gen.stats.first_token_seconds
 
     def stats(self) -> Dict[str, Any]:
         m = self.dec.metrics()
@@ -77,14 +70,8 @@ class OursBatched(Engine):
                 "acceptance": per("accepted", "drafted"), "mean_alpha": per("alpha_sum", "alpha_rows"),
                 **{k.replace("seconds", "s"): d[k] for k in times}}
 
-    def one(self, job, setting):
-        gen = self.dec.generate(list(job.ids), max_tokens=self.ctx.max_tokens, params=setting.params(job.seed))
-        return sample_of(job, gen, self.ctx)
-
     def stop(self) -> None:
-        if self.dec is not None:
-            self.dec.close()
-            self.dec = None
+        super().stop()
         if self._trace is not None:
             self._trace.close()
             self._trace = None
@@ -109,11 +96,9 @@ def _thread_cpu(pid: int, tid: int) -> float:
 def _raylet_running() -> bool:
     """Whether a Ray raylet runs on this host."""
     for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
+        with suppress(OSError):  # gone meanwhile
             if Path(f"/proc/{pid}/comm").read_text(errors="replace").strip() == "raylet":
                 return True
-        except OSError:
-            continue
     return False
 
 
@@ -182,7 +167,8 @@ class OpenAIServer(Engine):
         rec.tokens = (usage[-1] if usage else 0) or len(rec.arrivals)
 
     def mark(self) -> None:
-        self._mark = self._counters(scrape_first=True) if self._measures_cpu() else None
+        measured = self.kind == "ours" and not self.replicas and Path(f"/proc/{self.proc.pid}/task").is_dir()
+        self._mark = self._counters(scrape_first=True) if measured else None
 
     def stats(self) -> Dict[str, Any]:
         """Our server's CPU during the run (its event loop, i.e. the main thread, and the whole
@@ -193,9 +179,6 @@ class OpenAIServer(Engine):
             return {}
         loop, proc, steps = (b - a for a, b in zip(self._mark, self._counters(scrape_first=False)))
         return {"server_loop_cpu_s": loop, "server_cpu_s": proc, "steps": steps}
-
-    def _measures_cpu(self) -> bool:
-        return self.kind == "ours" and not self.replicas and Path(f"/proc/{self.proc.pid}/task").is_dir()
 
     def _counters(self, scrape_first: bool) -> tuple:
         """(event-loop CPU s, process CPU s, decoder steps), the /metrics scrape outside the measured span."""

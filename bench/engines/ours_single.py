@@ -1,12 +1,14 @@
 """Ours, single stream: ``SpeculativeDecoder``: the suite's record of a generation
-(:func:`generation_record`) and the serving/audit adapter (:class:`OursSingle`)."""
+(:func:`generation_record`) and the serving/audit adapter (:class:`OursSingle`), built on what
+our in-process adapters share (:class:`OursEngine`)."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any, Dict
 
-from .base import N_CTX, Ctx, Engine, Job, Sample, consume, cut, pair_paths, params
+from .base import N_CTX, Engine, Sample, consume, cut, pair_paths
 
 
 def generation_record(gen: Any) -> Dict[str, Any]:
@@ -24,42 +26,53 @@ def generation_record(gen: Any) -> Dict[str, Any]:
     }
 
 
-def sample_of(job: Job, gen: Any, ctx: Ctx) -> Sample:
-    """The audit's Sample of one of our generations (``Generation.tokens``)."""
-    st = gen.stats
-    tokens, cut_eog = cut(list(gen.tokens), ctx.max_tokens, ctx.is_eog)
-    return Sample(job.index, job.prompt, job.text, job.seed, tokens, st.finish_reason == "stop" or cut_eog,
-                  produced=len(gen.tokens), drafted=st.drafted, accepted=st.accepted, passes=st.steps)
-
-
-class OursSingle(Engine):
-    """SpeculativeDecoder, one conversation at a time (serving: K = 1 only), with the draft model,
-    n-gram lookup, both or neither."""
+class OursEngine(Engine):
+    """Our decoder (``dec``) in this process, with the draft model, n-gram lookup, both or neither."""
 
     ids_from = "`Generation.tokens`"
+    dec: Any = None
+
+    def __init__(self, gamma: Any, draft: bool, ngram: bool) -> None:
+        self.gamma, self.use_draft, self.ngram = gamma, draft, ngram
+
+    def load(self, decoder: Any, threads: int, **options: Any) -> Any:
+        """``decoder.from_gguf`` of the demo pair (the draft file or none) with our options."""
+        target, draft = pair_paths()
+        return decoder.from_gguf(target, draft if self.use_draft else None, ngram=self.ngram, gamma=self.gamma,
+                                 n_threads=threads, **options)
+
+    def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False) -> Any:
+        """Stream one request into ``rec``; returns the ``Generation``."""
+        s = self.dec.stream(prompt, max_tokens=max_tokens, params=replace(setting.params(seed), ignore_eos=ignore_eos))
+        consume(s, rec, time.perf_counter(), t0)
+        rec.tokens = len(s.result.tokens)
+        return s.result
+
+    def one(self, job, setting):
+        gen = self.dec.generate(list(job.ids), max_tokens=self.ctx.max_tokens, params=setting.params(job.seed))
+        st = gen.stats
+        tokens, cut_eog = cut(list(gen.tokens), self.ctx.max_tokens, self.ctx.is_eog)
+        return Sample(job.index, job.prompt, job.text, job.seed, tokens, st.finish_reason == "stop" or cut_eog,
+                      produced=len(gen.tokens), drafted=st.drafted, accepted=st.accepted, passes=st.steps)
+
+    def stop(self) -> None:
+        if self.dec is not None:
+            self.dec.close()
+            self.dec = None
+
+
+class OursSingle(OursEngine):
+    """SpeculativeDecoder, one conversation at a time (serving: K = 1 only)."""
 
     def __init__(self, gamma: Any = "auto", *, draft: bool = True, ngram: bool = False, n_ctx: int = N_CTX,
                  id: str = "single-auto", label: str = "ours, SpeculativeDecoder γ=auto") -> None:
-        self.gamma, self.use_draft, self.ngram, self.n_ctx, self.id, self.label = gamma, draft, ngram, n_ctx, id, label
+        super().__init__(gamma, draft, ngram)
+        self.n_ctx, self.id, self.label = n_ctx, id, label
 
     def start(self, k, threads):
         from specdec_cpu import SpeculativeDecoder
 
-        target, draft = pair_paths()
-        self.dec = SpeculativeDecoder.from_gguf(target, draft if self.use_draft else None, ngram=self.ngram,
-                                                gamma=self.gamma, n_ctx=self.n_ctx, n_threads=threads)
-
-    def request(self, prompt, setting, max_tokens, seed, rec, t0, ignore_eos=False):
-        s = self.dec.stream(prompt, max_tokens=max_tokens, params=params(setting, seed, ignore_eos))
-        consume(s, rec, time.perf_counter(), t0)
-        rec.tokens = len(s.result.tokens)
-
-    def one(self, job, setting):
-        gen = self.dec.generate(list(job.ids), max_tokens=self.ctx.max_tokens, params=setting.params(job.seed))
-        return sample_of(job, gen, self.ctx)
-
-    def stop(self) -> None:
-        self.dec.close()
+        self.dec = self.load(SpeculativeDecoder, threads, n_ctx=self.n_ctx)
 
     def command(self) -> str:
         return (f"SpeculativeDecoder.from_gguf(F32, Q4_0, gamma={self.gamma!r}, n_ctx={N_CTX}, "
