@@ -14,6 +14,7 @@ import math
 import os
 import platform
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -64,10 +65,13 @@ def say(text: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
 
+def quote(s: str) -> str:
+    """``s`` as a shell word."""
+    return s if re.fullmatch(r"[\w@%+=:,./-]+", s) else "'" + s.replace("'", "'\\''") + "'"
+
+
 def command_line(prog: str, argv: Optional[Sequence[str]]) -> str:
     """How a study was run, as results record it: ``prog`` and its arguments (``sys.argv``'s by default)."""
-    from .engines.base import quote
-
     return " ".join([prog, *(quote(a) for a in (sys.argv[1:] if argv is None else argv))])
 
 
@@ -238,14 +242,10 @@ def versions(peer_paths: Optional[Dict[str, Path]]) -> Dict[str, Any]:
 
     import specdec_cpu
 
-    from .engines.llama_cli import LLAMA_CPP_PYTHON_VERSION
-
     out: Dict[str, Any] = {
         "specdec_cpu": getattr(specdec_cpu, "__version__", "?"),
         "llama_cpp_python": getattr(llama_cpp, "__version__", "?"),
         "numpy": numpy.__version__,
-        "peers_built_from": f"vendored llama.cpp of the llama-cpp-python "
-                            f"{LLAMA_CPP_PYTHON_VERSION} sdist",
     }
     try:
         import matplotlib

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import http.client
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -20,13 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ..common import quote
+
 #: Tokens of context per sequence in the serving and audit studies (prompt and new tokens).
 N_CTX = 1024
-
-
-def quote(s: str) -> str:
-    """``s`` as a shell word."""
-    return s if re.fullmatch(r"[\w@%+=:,./-]+", s) else "'" + s.replace("'", "'\\''") + "'"
 
 
 def shown(cmd: Sequence[str], masked: Optional[Dict[str, str]] = None) -> str:

@@ -25,7 +25,8 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO, Union
 
 from specdec_cpu.paths import cache_dir
 
-from .base import N_CTX, Ctx, Engine, Job, Sample, cut, quote, shown, tool_env
+from ..common import quote
+from .base import N_CTX, Ctx, Engine, Job, Sample, cut, shown, tool_env
 
 #: The llama-cpp-python release whose vendored llama.cpp the peers are built from.
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"

@@ -19,8 +19,9 @@ from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
+from ..common import quote
 from . import base
-from .base import N_CTX, Engine, Job, Sample, cut, free_port, pair_paths, quote, shown, tool_env
+from .base import N_CTX, Engine, Job, Sample, cut, free_port, pair_paths, shown, tool_env
 from .llama_cli import SAMPLER_CHAIN, PathLike, PeerResult, PeerRunError, ensure_peers, sampling_args
 
 HOST = "127.0.0.1"
