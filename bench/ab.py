@@ -20,7 +20,8 @@ plan from the same pass times, which the baseline measures before the first
 block into a calibration directory every engine reads.  Reported per
 setting: medians of per-block ratios of decode tok/s [bootstrap 95%
 interval].  Writes bench/results/ab/ab_results.json and its section of
-bench/RESULTS.md.
+bench/results/ab/RESULTS.md (``--output-dir``'s RESULTS.md): the evidence for
+one change, which its commit and bench/HISTORY.md cite, not a current result.
 """
 
 from __future__ import annotations
@@ -244,7 +245,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     results = json.loads(args.report_only.read_text()) if args.report_only else run(args)
     publish("ab", results, render, SECTION, output_dir=args.output_dir, name="ab_results.json",
-            report_only=args.report_only, after="## Targets")
+            report_only=args.report_only, results_md=args.output_dir / "RESULTS.md")
     return 0
 
 

@@ -43,15 +43,16 @@ def results_md_for(output_dir: Path, default_dir: Path) -> Path:
 
 
 def publish(study: str, results: Dict[str, Any], render: Callable[[Dict[str, Any], str], str], heading: str, *,
-            output_dir: Path, name: str, report_only: Optional[Path] = None, after: Optional[str] = None) -> str:
+            output_dir: Path, name: str, report_only: Optional[Path] = None, after: Optional[str] = None,
+            results_md: Optional[Path] = None) -> str:
     """Write a study's ``results`` to ``output_dir/name`` (not when re-rendering
-    ``report_only``) and its section of RESULTS.md, linking the file.
-    ``render(results, link)`` makes the section.  Returns the section."""
+    ``report_only``) and its section of ``results_md`` (default: ``results_md_for``),
+    linking the file.  ``render(results, link)`` makes the section.  Returns the section."""
     path = Path(report_only) if report_only is not None else Path(output_dir) / name
     if report_only is None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(results, indent=1))
-    results_md = results_md_for(output_dir, results_dir(study))
+    results_md = Path(results_md) if results_md is not None else results_md_for(output_dir, results_dir(study))
     results_md.parent.mkdir(parents=True, exist_ok=True)
     section = render(results, link(path, results_md))
     write_section(results_md, section, heading, after)
@@ -284,6 +285,10 @@ def versions(peer_paths: Optional[Dict[str, Path]]) -> Dict[str, Any]:
 # ---------------------------------------------------------------------------
 # the previous main, for the side-by-side benchmarks (bench/ab.py, bench/serving.py)
 # ---------------------------------------------------------------------------
+
+#: Where a checkout-against-previous-main run writes its results and section: the evidence
+#: for one change, which bench/HISTORY.md cites, not a current result of bench/RESULTS.md.
+AB_RESULTS_MD = results_dir("ab") / "RESULTS.md"
 
 #: Where a side-by-side benchmark finds the Python of the checkout to compare
 #: with, when no ``--baseline-python`` is given.

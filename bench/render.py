@@ -67,11 +67,8 @@ def _audit() -> str:
 #: Every section of RESULTS.md, in its order.
 SECTIONS: List[Callable[[], str]] = [
     _suite,  # "End-to-end decoding" and "Targets"
-    lambda: _published("ab", "ab_results.json"),
     lambda: _published("kernels", "kernels_results.json"),
     lambda: _serving("serving_http_results.json"),
-    lambda: _serving("serving_http_ab_results.json"),
-    lambda: _serving("serving_http_suite_ab_results.json"),
     lambda: _serving("serving_http_t1_results.json"),
     lambda: _serving("serving_ray_results.json"),
     lambda: _layer_latency("layer_latency_results.json"),

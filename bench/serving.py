@@ -4,7 +4,7 @@
     python -m bench.serving --quick               # minutes: K = 1, 4, T = 1, one block
     python -m bench.serving --http                # through HTTP: ours, llama-server, llama-cpp-python's server
     python -m bench.serving --http --engines ours,ours-baseline,server-plain,server-md4 --baseline-python PATH
-                                                  # through HTTP: this checkout against the previous main
+                                                  # this checkout against the previous main (bench/results/ab/)
     python -m bench.serving --prompts suite ...   # the suite's five prompts (up to 400 tokens) instead of short chats
     python -m bench.serving --ray                 # Ray Serve, 1 and 2 replicas of 1 thread
     python -m bench.serving --report-only bench/results/serving/serving_results.json
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .common import (
+    AB_RESULTS_MD,
     BASELINE_PYTHON_ENV,
     RESULTS_MD,
     CpuMeter,
@@ -655,7 +656,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     ap.add_argument("--baseline-python", help=f"a Python importing the previous main's specdec_cpu, for engine "
                                               f"{AB_ENGINE} (default: ${BASELINE_PYTHON_ENV})")
     ap.add_argument("--output", type=Path, default=SERVING / "serving_results.json")
-    ap.add_argument("--results-md", type=Path, default=RESULTS_MD)
+    ap.add_argument("--results-md", type=Path,
+                    help="where the section goes (default: bench/RESULTS.md; bench/results/ab/RESULTS.md for a run "
+                         f"with {AB_ENGINE}, the evidence for one change)")
     ap.add_argument("--report-only", type=Path, metavar="RESULTS_JSON",
                     help="re-render the section and plot from a results file")
     ap.add_argument("--trace-steps", type=Path, metavar="JSONL",
@@ -670,11 +673,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     if args.output == SERVING / "serving_results.json":  # each variant its own results and section
         stem = "serving_http" if args.http else "serving_ray" if args.ray else "serving"
         stem += "_suite" if args.prompts == "suite" else ""
+        folder = SERVING
         if args.http and AB_ENGINE in args.engines:
-            stem += "_ab"  # this checkout against the previous main
+            stem, folder = stem + "_ab", AB_RESULTS_MD.parent  # this checkout against the previous main
         elif args.http and args.threads < (os.cpu_count() or 1):
             stem += f"_t{args.threads}"
-        args.output = SERVING / f"{stem}_results.json"
+        args.output = folder / f"{stem}_results.json"
     if args.quick:
         args.ks, args.settings, args.arrivals, args.repeats = [1, 4], ["t1"], ["burst"], 1
     unknown = [e for e in args.engines if e not in ENGINES] + [s for s in args.settings if s not in SETTINGS]
@@ -693,10 +697,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results = json.loads(args.report_only.read_text()) if args.report_only is not None else sweep(args)
     heading, plot_file = section_of(results)
     data_dir = (args.report_only or args.output).parent
+    results_md = args.results_md or (AB_RESULTS_MD if AB_ENGINE in results["engines"] else RESULTS_MD)
     plot(results, data_dir / plot_file)
-    write_section(args.results_md, render(results, data_dir, args.results_md), heading,
-                  after=MODES[results["mode"]][0])
-    say(f"wrote {args.results_md} ({heading}) and {plot_file}")
+    write_section(results_md, render(results, data_dir, results_md), heading, after=MODES[results["mode"]][0])
+    say(f"wrote {results_md} ({heading}) and {plot_file}")
     return 0
 
 
