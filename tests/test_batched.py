@@ -92,6 +92,32 @@ def test_stop_strings_and_max_tokens(batched) -> None:
         assert cut.finish_reason == "stop" and cut.text == text[:text.index(stop)]
 
 
+def test_a_grammar_past_the_matchers_limits_fails_its_request_alone(batched) -> None:
+    """A grammar that never ends (each step forces more tokens than llguidance
+    will fast-forward) fails its own request with a ConstraintError, wherever
+    in the step it hits the limit; the scheduler and the other requests go on."""
+    from specdec_cpu.constraints import Grammar
+    from specdec_cpu.errors import ConstraintError
+
+    endless = Grammar.gbnf('root ::= "a" root')
+    before = batched.metrics()
+    other = threading.Thread(target=batched.generate, args=("the other request",),
+                             kwargs={"max_tokens": 30, "params": GREEDY})
+    other.start()
+    batched.generate("x", max_tokens=2, params=GREEDY)  # "x" is cached: the limit is hit while drafting
+    where = set()
+    for prompt in ("x", "a new prompt"):
+        with pytest.raises(ConstraintError, match="Too many items") as info:
+            batched.generate(prompt, max_tokens=16, params=GREEDY, gamma=2, grammar=endless)
+        where.add(str(info.value).split(" failed ")[1].split(":")[0])
+    other.join(60)
+    assert "while drafting" in where, where
+    assert batched.healthy and batched.generate("hi", max_tokens=3, params=GREEDY).tokens
+    after = batched.metrics()
+    assert after.requests["error"] - before.requests["error"] == 2
+    wait_idle(batched)
+
+
 def test_bad_requests_are_refused_before_they_run(batched) -> None:
     before = batched.metrics()
     with pytest.raises(InvalidPromptError, match="empty"):
@@ -108,6 +134,8 @@ def test_bad_requests_are_refused_before_they_run(batched) -> None:
         batched.generate("hi", gamma=-1)
     with pytest.raises(ValueError, match="timeout"):
         batched.generate("hi", timeout=0)
+    with pytest.raises(TypeError, match="stop must be a str"):
+        batched.generate("hi", stop=5)
     after = batched.metrics()
     assert after.requests == before.requests and after.active_sequences == 0
     assert batched.generate("hi", max_tokens=3, params=GREEDY).tokens  # still serving

@@ -262,6 +262,9 @@ def test_api_key_body_limit_and_queue_full(tiny_target, tiny_draft, endless, tmp
         assert r.json()["error"]["code"] == "rate_limit_exceeded"
         with pytest.raises(openai.RateLimitError):
             c.completions.create(model="tiny", prompt="hi", max_tokens=2)
+        # Choices that could never all run or wait at once are the request's fault, not a busy server's.
+        r = httpx.post(s.url + "/v1/completions", headers=auth, json={"model": "tiny", "prompt": "hi", "n": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "n" and "limit of 1 choices" in r.text
         hold.close()
         assert s.metric('specdec_requests_total{outcome="rejected"}', auth) == 2
 
@@ -344,6 +347,20 @@ def test_a_model_that_fails_to_load_stops_the_server(tmp_path, non_gguf) -> None
     s = ServerProcess([non_gguf, "--threads", "1"], tmp_path, ready=False)
     assert s.proc.wait(60) == 1
     assert "not a GGUF file" in s.logs()
+
+
+def test_a_port_in_use_stops_the_server_before_the_model_loads(tiny_target) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "specdec_cpu.cli", "serve", tiny_target, "--port", str(port)],
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last == f"specdec-cpu: error: cannot listen on 127.0.0.1:{port}: Address already in use"
 
 
 @pytest.mark.real_model

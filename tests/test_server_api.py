@@ -294,6 +294,56 @@ def test_chat_template_override(tiny_target, tmp_path, monkeypatch) -> None:
                       DecoderSettings).chat_template == str(path)
 
 
+def test_a_grammar_the_matcher_cannot_follow_is_a_400_and_the_server_goes_on(server) -> None:
+    """A grammar that never ends goes past llguidance's fast-forward limit
+    while decoding: its request gets a 400 (invalid_grammar), the others and
+    /health are untouched."""
+    body = {"model": "tiny", "prompt": "x", "temperature": 0}
+    ok(server.post("/v1/completions", {**body, "max_tokens": 2}))  # cached: the limit is hit while drafting
+    for prompt in ("x", "a fresh prompt"):
+        r = server.post("/v1/completions", {**body, "prompt": prompt, "max_tokens": 16, "gamma": 2,
+                                            "grammar": 'root ::= "a" root'})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_grammar", r.text
+        assert "Too many items" in r.json()["error"]["message"]
+    assert httpx.get(server.url + "/health").status_code == 200
+    ok(server.post("/v1/completions", {**body, "max_tokens": 2}))
+
+
+def test_a_gamma_without_a_drafter_is_a_400_naming_gamma(tiny_target) -> None:
+    from specdec_cpu import BatchedDecoder
+    from specdec_cpu.server.openai_app import ServerOptions
+
+    def load():
+        return BatchedDecoder.from_gguf(tiny_target, max_sequences=1, n_ctx=N_CTX, n_threads=1)
+
+    with ThreadServer(load, ServerOptions(model_name="tiny")) as s:
+        body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+        assert "needs a drafter" in refused(s.post("/v1/completions", {**body, "gamma": 2}), "gamma")["message"]
+        ok(s.post("/v1/completions", {**body, "gamma": 0}))
+
+
+def test_chat_template_kwargs_that_break_the_template_are_the_clients_400(decoder_loader, tmp_path) -> None:
+    """The template fails with the client's variables but not without: 400
+    naming chat_template_kwargs; it fails on its own (here, on any second
+    message): 500, the server's fault, whatever variables came along."""
+    from specdec_cpu.server.openai_app import ServerOptions
+
+    path = tmp_path / "dated.jinja"
+    path.write_text("{% if messages | length > 1 %}{{ 1 / 0 }}{% endif %}"
+                    "{% if date_string is defined %}{{ 'Today: ' + date_string }}{% endif %}"
+                    "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}>")
+    one = [{"role": "user", "content": "hi"}]
+    body = {"model": "tiny", "messages": one, "max_tokens": 2}
+    with ThreadServer(lambda: decoder_loader(chat_template=str(path)), ServerOptions(model_name="tiny")) as s:
+        ok(s.post("/v1/chat/completions", {**body, "chat_template_kwargs": {"date_string": "1 May"}}))
+        err = refused(s.post("/v1/chat/completions", {**body, "chat_template_kwargs": {"date_string": 20250101}}),
+                      "chat_template_kwargs")
+        assert err["code"] == "chat_template_failed" and "TypeError" in err["message"]
+        r = s.post("/v1/chat/completions", {**body, "messages": one * 2, "chat_template_kwargs": {"date_string": 1}})
+        assert r.status_code == 500 and r.json()["error"]["code"] == "chat_template_failed"
+        assert "ZeroDivisionError" in r.json()["error"]["message"]
+
+
 # ---------------------------------------------------------------------------
 # /openapi.json
 # ---------------------------------------------------------------------------

@@ -318,6 +318,9 @@ def test_chat_logprob_fields_are_checked(server) -> None:
     refused(post(top_logprobs=21, logprobs=True), "top_logprobs", "less than or equal to 20")
     refused(post(top_logprobs=2), "top_logprobs", "needs logprobs")
     refused(post(logprobs=2), "logprobs", "boolean")
+    refused(post(logprobs=True, top_logprobs=2, n_probs=5), "n_probs", "conflicting top_logprobs=2 and n_probs=5")
+    assert len(ok(post(logprobs=True, top_logprobs=2, n_probs=2))["choices"][0]["logprobs"]["content"][0][
+        "top_logprobs"]) == 2
     with pytest.raises(openai.BadRequestError) as info:
         client(server).chat.completions.create(model="tiny", messages=USER, max_tokens=2, presence_penalty=3)
     assert info.value.param == "presence_penalty"
@@ -417,6 +420,29 @@ def test_infill_answers_in_llama_servers_shape(fim_server) -> None:
     assert sum(len(e.get("completion_probabilities", [])) for e in events) == r["tokens_predicted"]
     refused(fim_server.post("/infill", {**body, "input_extra": [{"filename": "x"}]}), "input_extra[0].text")
     refused(fim_server.post("/infill", {**body, "n": 2}), "n")
+    refused(fim_server.post("/infill", {**body, "best_of": 3}), "best_of")
+
+
+def with_lone_surrogate(server, path: str, body: dict, field: str) -> httpx.Response:
+    """``body`` posted with ``field`` set to a lone surrogate (the JSON escape
+    a client may send, which UTF-8 cannot hold)."""
+    raw = json.dumps({**body, field: "@"}).replace('"@"', '"\\ud800"')
+    return server.post(path, content=raw, headers={"content-type": "application/json"})
+
+
+def test_a_lone_surrogate_is_a_400_naming_its_field(fim_server) -> None:
+    infill = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 4}
+    for field in ("input_prefix", "input_suffix", "prompt"):
+        refused(with_lone_surrogate(fim_server, "/infill", infill, field), field, "not valid Unicode")
+    completion = {"model": "fim", "prompt": PREFIX, "suffix": SUFFIX, "max_tokens": 4}
+    for field in ("prompt", "suffix"):
+        refused(with_lone_surrogate(fim_server, "/v1/completions", completion, field), field, "not valid Unicode")
+    r = with_lone_surrogate(fim_server, "/v1/completions", completion, "model")  # echoed in the message
+    assert r.status_code == 404 and "The model '\\ud800' does not exist" in r.json()["error"]["message"]
+    raw = json.dumps({**completion, "@": 1}).replace('"@"', '"\\udc00"')  # an unknown field's name, echoed
+    r = fim_server.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    assert ok(fim_server.post("/infill", infill))["tokens_predicted"] > 0
 
 
 def test_fill_in_the_middle_needs_fim_tokens(server) -> None:

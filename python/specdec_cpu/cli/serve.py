@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ray:
         return _run_ray(args, settings, target, draft, name)
     from ..decoding.batched import BatchedDecoder
-    from ..server.http_server import run_server
+    from ..server.http_server import listen, run_server
     from ..server.openai_app import ServerOptions
 
     def load() -> BatchedDecoder:
@@ -95,10 +95,11 @@ def run(args: argparse.Namespace) -> int:
     options = ServerOptions(model_name=name, api_key=args.api_key or None, max_body_bytes=args.max_body,
                             request_timeout=args.timeout, log_prompts=args.log_prompts,
                             cors_origins=cors_origins(args))
+    listener = listen(args.host, args.port)  # a port in use stops here, before the model loads
     emit(f"serving {name} on http://{args.host}:{args.port} (OpenAI API under /v1; /health, /metrics); "
          f"loading {label(target)}" + (f" + {label(draft)}" if draft else "") + " ...")
     return run_server(load, options, host=args.host, port=args.port, grace=args.grace,
-                      log_level=args.log_level)
+                      log_level=args.log_level, listener=listener)
 
 
 def cors_origins(args: argparse.Namespace) -> "tuple[str, ...]":

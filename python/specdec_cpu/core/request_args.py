@@ -16,7 +16,7 @@ from ..params import SamplingParams
 from .logprobs import LOGPROB_MODES, MAX_TOP_LOGPROBS
 from .protocols import Tokenizer
 
-__all__ = ["GAMMA_LIMIT", "Prompt", "chat_prompt", "check_gamma", "check_request", "prompt_tokens"]
+__all__ = ["GAMMA_LIMIT", "Prompt", "chat_prompt", "check_gamma", "check_request", "check_unicode", "prompt_tokens"]
 
 GAMMA_LIMIT = 64
 Prompt = Union[str, bytes, Sequence[int]]
@@ -76,12 +76,7 @@ def prompt_tokens(prompt: Any, tokenizer: Tokenizer, n_vocab: int, limit: int) -
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidPromptError("prompt is empty")
-        try:
-            prompt.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise InvalidPromptError(
-                f"prompt is not valid Unicode: {exc.reason} at index {exc.start} "
-                f"({prompt[exc.start:exc.end]!r}); lone surrogates cannot be encoded as UTF-8") from None
+        check_unicode(prompt)
         tokens = tokenizer.tokenize(prompt, add_special=True, parse_special=True)
     else:
         tokens = _token_ids(prompt, n_vocab)
@@ -92,6 +87,17 @@ def prompt_tokens(prompt: Any, tokenizer: Tokenizer, n_vocab: int, limit: int) -
             f"prompt is {len(tokens)} tokens but the context holds {limit}; "
             "shorten the prompt or raise n_ctx")
     return tokens
+
+
+def check_unicode(text: str, name: str = "prompt") -> None:
+    """``InvalidPromptError`` naming ``name`` for text UTF-8 cannot hold (a
+    lone surrogate, as a JSON ``\\ud800`` escape gives)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidPromptError(
+            f"{name} is not valid Unicode: {exc.reason} at index {exc.start} "
+            f"({text[exc.start:exc.end]!r}); lone surrogates cannot be encoded as UTF-8") from None
 
 
 def _utf8_text(data: bytes) -> str:

@@ -50,7 +50,7 @@ import numpy as np
 from .. import sampling
 from ..constraints import bitmask
 from ..drafters.vocab_map import DraftVocab
-from ..errors import InvalidLogitsError, SpecDecError
+from ..errors import ConstraintError, InvalidLogitsError, SpecDecError
 from .logprobs import row_logprobs
 from .protocols import LogitRowsView, Rows, SequenceLM, Tokenizer, eog_id_array
 from .sequence import Sequence
@@ -153,24 +153,10 @@ class StepCore:
         without a pass of its own.  A work whose draft came out empty, or
         whose draft pass failed, takes a plain step."""
         for w in works:
-            w.gamma = w.gamma if w.route is not None else 0
-            f = min(len(w.forced), w.gamma)
-            w.tokens = np.zeros(w.gamma, dtype=np.int32)
-            w.tokens[:f] = w.forced[:f]
-            w.forced, w.free = w.forced[:f], list(range(f))
-            c = w.seq.constraint
-            if c is not None:
-                w.masks = w.seq.mask_rows(w.gamma + 1)
-                for i in range(f):  # the state follows the draft; verify rolls it back
-                    c.fill_mask(w.masks[i])
-                    c.consume((int(w.tokens[i]),))
-            w.consumed = f if c is not None else 0
-            if w.route == NGRAM and w.gamma > f:
-                self._lookup(w, f)
-            elif w.route != MODEL:
-                w.gamma = f
-            if w.gamma == 0:
-                w.route = None
+            try:
+                self._start_draft(w)
+            except Exception as exc:
+                self._drafting_failed(w, exc)
         drafting = [w for w in works if w.route == MODEL and w.gamma > len(w.forced)]
         if self.draft is not None and (drafting or catch_up):
             for w in drafting:
@@ -182,7 +168,40 @@ class StepCore:
             if w.route == MODEL and w.gamma == len(w.free):  # nothing sampled: one-hot rows only
                 w.route, w.probs = (FORCED if w.gamma else None), None
             if w.seq.constraint is not None and not w.seq.finished:
-                w.seq.constraint.fill_mask(w.mask_row(w.gamma))  # the bonus row's
+                try:
+                    w.seq.constraint.fill_mask(w.mask_row(w.gamma))  # the bonus row's
+                except Exception as exc:
+                    self._drafting_failed(w, exc)
+
+    def _start_draft(self, w: Work) -> None:
+        """A work's draft rows, its forced tokens first (the grammar's state
+        follows them; verify rolls it back), then a prompt lookup's."""
+        w.gamma = w.gamma if w.route is not None else 0
+        f = min(len(w.forced), w.gamma)
+        w.tokens = np.zeros(w.gamma, dtype=np.int32)
+        w.tokens[:f] = w.forced[:f]
+        w.forced, w.free = w.forced[:f], list(range(f))
+        c = w.seq.constraint
+        if c is not None:
+            w.masks = w.seq.mask_rows(w.gamma + 1)
+            for i in range(f):
+                c.fill_mask(w.masks[i])
+                c.consume((int(w.tokens[i]),))
+        w.consumed = f if c is not None else 0
+        if w.route == NGRAM and w.gamma > f:
+            self._lookup(w, f)
+        elif w.route != MODEL:
+            w.gamma = f
+        if w.gamma == 0:
+            w.route = None
+
+    def _drafting_failed(self, w: Work, exc: Exception) -> None:
+        """A fault of one sequence's drafting (its grammar's matcher past a
+        limit, say): that sequence alone fails, and takes no part in the
+        passes of this step."""
+        log.exception("drafting for request %d failed", w.seq.id)
+        self._fail(w.seq, _fault(w.seq.id, "while drafting", exc))
+        w.route, w.gamma = None, 0
 
     @staticmethod
     def _one_hot(w: Work, i: int) -> None:
@@ -273,8 +292,7 @@ class StepCore:
                 f"from position {len(seq.seq)}: {exc}"))
             return i
         except Exception as exc:  # a fault of this sequence's draft: it alone fails
-            log.exception("drafting for request %d failed", seq.id)
-            self._fail(seq, SpecDecError(f"request {seq.id} failed while drafting: {exc}"))
+            self._drafting_failed(w, exc)
             return i
         if t < 0:  # the cut draft has none of the tokens allowed here
             w.gamma = i
@@ -283,6 +301,18 @@ class StepCore:
         i += 1
         if c is None:
             return i
+        try:
+            return self._follow_grammar(w, i, t)
+        except Exception as exc:
+            self._drafting_failed(w, exc)
+            return i
+
+    def _follow_grammar(self, w: Work, i: int, t: int) -> int:
+        """The grammar's state after draft token ``t`` (row ``i - 1``), and
+        the tokens it forces after it joining the draft; returns the draft
+        rows now known."""
+        c = w.seq.constraint
+        assert c is not None
         if c.consume((t,)) != 1:
             # An unmasked draft (mask_draft off) left the grammar: the token stays the last
             # row, which the verify rejects (p = 0 there), drawing from the residual.  Dropping
@@ -362,7 +392,7 @@ class StepCore:
             return 0
         except Exception as exc:  # a fault of this sequence's sampling: it alone fails
             log.exception("sampling the first token of request %d failed", seq.id)
-            self._fail(seq, SpecDecError(f"request {seq.id} failed at its first token: {exc!r}"))
+            self._fail(seq, _fault(seq.id, "at its first token", exc))
             return 0
         stats = seq.stats
         stats.steps += 1
@@ -402,7 +432,7 @@ class StepCore:
             return 0
         except Exception as exc:  # a fault of this sequence's step: it alone fails
             log.exception("verify of request %d failed", seq.id)
-            self._fail(seq, SpecDecError(f"request {seq.id} failed in its verify step: {exc}"))
+            self._fail(seq, _fault(seq.id, "in its verify step", exc))
             return 0
         t_sample = time.perf_counter() - t0
         # Every cache keeps only a prefix of the sequence: rejected drafts go,
@@ -507,6 +537,13 @@ class StepCore:
     # ------------------------------------------------------------ internals
     def _fail(self, seq: Sequence, error: BaseException) -> None:
         self.observer.end(seq, None, error)
+
+
+def _fault(seq_id: int, where: str, exc: Exception) -> SpecDecError:
+    """One sequence's failure; a grammar's (its matcher past a limit: the
+    request's doing, not the server's) keeps its type."""
+    kind = ConstraintError if isinstance(exc, ConstraintError) else SpecDecError
+    return kind(f"request {seq_id} failed {where}: {exc or repr(exc)}")
 
 
 def _first_rows(sparse: tuple, k: int) -> tuple:

@@ -147,7 +147,7 @@ class BatchedDecoder(DecoderFront):
 
     # ------------------------------------------------------------------ requests
     def generate(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
-                 stop: Seq[str] = (), gamma: Optional[GammaSetting] = None,
+                 stop: Optional[Seq[str]] = (), gamma: Optional[GammaSetting] = None,
                  cancel: Optional[threading.Event] = None, timeout: Optional[float] = None,
                  grammar: Any = None, logprobs: Optional[int] = None, logprob_mode: str = "model") -> Generation:
         """Generate a continuation of ``prompt``; see ``SpeculativeDecoder.generate``.
@@ -177,7 +177,7 @@ class BatchedDecoder(DecoderFront):
         return generation_or_raise(req.result, timeout)
 
     def stream(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
-               stop: Seq[str] = (), gamma: Optional[GammaSetting] = None,
+               stop: Optional[Seq[str]] = (), gamma: Optional[GammaSetting] = None,
                cancel: Optional[threading.Event] = None, timeout: Optional[float] = None,
                grammar: Any = None, logprobs: Optional[int] = None, logprob_mode: str = "model") -> RequestStream:
         """Yield text pieces as they are accepted; see ``SpeculativeDecoder.stream``.
@@ -190,7 +190,7 @@ class BatchedDecoder(DecoderFront):
                                           logprobs=logprobs, logprob_mode=logprob_mode))
 
     def astream(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
-                stop: Seq[str] = (), gamma: Optional[GammaSetting] = None,
+                stop: Optional[Seq[str]] = (), gamma: Optional[GammaSetting] = None,
                 cancel: Optional[threading.Event] = None, timeout: Optional[float] = None,
                 grammar: Any = None, logprobs: Optional[int] = None,
                 logprob_mode: str = "model") -> AsyncRequestStream:
@@ -230,6 +230,13 @@ class BatchedDecoder(DecoderFront):
     def max_sequences(self) -> int:
         """Requests decoded at once."""
         return self.target.n_seq
+
+    @property
+    def max_choices(self) -> int:
+        """The most choices (OpenAI's ``n``) of one request: four per sequence,
+        and no more than can run and wait at once (more would be refused as
+        a full queue however idle the decoder)."""
+        return min(4 * self.max_sequences, self.max_sequences + self._scheduler.max_queue)
 
     @property
     def n_ctx(self) -> int:
@@ -291,8 +298,9 @@ class BatchedDecoder(DecoderFront):
     def _submit_choices(self, prompt: Prompt, n: int, kwargs: dict) -> list[Request]:
         """The ``n`` requests of one prompt: the first, then the others
         waiting for its prompt to be in (``Request.after``); all or none."""
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_sequences * 4:
-            raise ValueError(f"n must be an int in [1, {self.max_sequences * 4}] (choices), got {n!r}")
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.max_choices:
+            raise ValueError(f"n must be an int in [1, {self.max_choices}] (choices: {self.max_sequences} "
+                             f"sequences decoded at once, {self._scheduler.max_queue} waiting), got {n!r}")
         unknown = set(kwargs) - {"max_tokens", "params", "stop", "gamma", "cancel", "timeout", "grammar",
                                  "logprobs", "logprob_mode"}
         if unknown:

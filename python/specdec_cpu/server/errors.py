@@ -34,8 +34,14 @@ class RequestError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict:
-        """The response body."""
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        """The response body (a lone surrogate the client sent, in a message
+        or a field's name, written as its escape: UTF-8 cannot hold it)."""
+        return {"error": {"message": _utf8_safe(self.message), "type": self.type,
+                          "param": None if self.param is None else _utf8_safe(self.param), "code": self.code}}
+
+
+def _utf8_safe(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class ErrorDetail(BaseModel):

@@ -4,25 +4,45 @@ Shutdown (SIGTERM or SIGINT, which uvicorn handles): the listening socket
 closes at once, requests in flight are given ``grace`` seconds to finish,
 then the decoder is closed and the process exits 0.  A model that fails to
 load stops the server with exit code 1 (``/health`` says why meanwhile).
+The port is taken before the model starts loading, so a port in use is an
+error at once, not after a load of minutes.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 import threading
 from typing import Callable, Optional
 
 from ..decoding.batched import BatchedDecoder
 from .openai_app import ServerOptions, create_app
 
-__all__ = ["run_server"]
+__all__ = ["listen", "run_server"]
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host``:``port`` (OSError naming both when the
+    port is taken or the address is not this machine's)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise OSError(f"cannot listen on {host}:{port}: {why}") from None
 
 
 def run_server(load: Callable[[], BatchedDecoder], options: ServerOptions, *, host: str = "127.0.0.1",
-               port: int = 8000, grace: float = 30.0, log_level: str = "info") -> int:
-    """Serve until told to stop; returns the process's exit code."""
+               port: int = 8000, grace: float = 30.0, log_level: str = "info",
+               listener: Optional[socket.socket] = None) -> int:
+    """Serve until told to stop; returns the process's exit code.
+    ``listener``: a socket from ``listen`` (default: one made here, before
+    the model starts loading)."""
     import uvicorn
+
+    sock = listener if listener is not None else listen(host, port)
 
     failed: list[str] = []
     server: Optional[uvicorn.Server] = None
@@ -43,7 +63,7 @@ def run_server(load: Callable[[], BatchedDecoder], options: ServerOptions, *, ho
     if threading.current_thread() is threading.main_thread():
         previous = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

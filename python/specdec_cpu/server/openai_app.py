@@ -36,12 +36,14 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from fastapi.sse import EventSourceResponse, format_sse_event
 
+from ..core.request_args import check_unicode
 from ..core.stats import Generation
 from ..decoding.batched import BatchedDecoder
 from ..decoding.request import AsyncRequestStream
 from ..errors import (
     ChatTemplateError,
     ChatTemplateRefusal,
+    ConstraintError,
     ContextOverflowError,
     DecoderClosedError,
     InfillUnsupportedError,
@@ -72,8 +74,6 @@ __all__ = ["ServerOptions", "ServerState", "create_app"]
 
 log = logging.getLogger("specdec_cpu.server")
 
-#: Choices per sequence the decoder runs at once (the decoder's own limit of n).
-CHOICES_PER_SEQUENCE = 4
 
 #: What the generation routes may answer besides 200.
 GENERATION_ERRORS = error_responses(400, 401, 404, 413, 429, 500, 503, 504)
@@ -175,7 +175,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         dec = state.decoder
         if dec is None:
             return None
-        return docs.LiveBounds(n_vocab=dec.n_vocab, max_choices=dec.max_sequences * CHOICES_PER_SEQUENCE)
+        return docs.LiveBounds(n_vocab=dec.n_vocab, max_choices=dec.max_choices)
 
     docs.install_openapi(app, live_bounds, api_key=options.api_key is not None)
 
@@ -249,7 +249,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
             if not isinstance(prompt, str):
                 raise RequestError(400, "suffix needs a text prompt (the text before the middle), not token ids",
                                    param="suffix")
-            prompt = _infill_ids(dec, prompt, body.suffix, (), param="suffix")
+            prompt = _infill_ids(dec, prompt, body.suffix, (), names=("prompt", "suffix"))
         return await _generate(dec, body, prompt, body.token_limit(16), "prompt", spec, request, options,
                                state, chat=False, echo=echo)
 
@@ -273,11 +273,13 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         _check_model(body.model, options)
         spec = output_spec(body, chat=False)
         extra = [chunk.model_dump() for chunk in body.input_extra or ()]
-        ids = _infill_ids(dec, body.input_prefix, body.input_suffix, extra, param="input_suffix")
+        ids = _infill_ids(dec, body.input_prefix, body.input_suffix, extra, names=("input_prefix", "input_suffix"))
         if body.prompt:  # llama-server: the middle's start, after the middle token
+            _unicode(body.prompt, "prompt")
             ids += dec.tokenizer.tokenize(body.prompt, add_special=False, parse_special=False)
         if spec.grammar is not None:
             await run_in_threadpool(compile_constraint, dec, spec)
+        _ = body.choices  # a best_of other than n (1) is refused, not ignored
         top = body.top_logprobs_count()
         (stream,), _ = _submit(dec, ids, body, body.token_limit(None), "input_prefix", options, spec, 1, top)
         infill_reply = InfillReply(dec, options.model_name, stream, ids, body.stop or (), top)
@@ -305,26 +307,50 @@ def _check_model(name: Optional[str], options: ServerOptions) -> None:
 
 def _chat_prompt(dec: BatchedDecoder, body: ChatCompletionRequest, spec: OutputSpec) -> str:
     """The rendered chat prompt (400 for messages the template cannot take)."""
+    messages = chat_messages(body.messages)
     try:
-        return dec.chat_prompt(chat_messages(body.messages), tools=spec.tools,
-                               chat_template_kwargs=body.chat_template_kwargs)
+        return dec.chat_prompt(messages, tools=spec.tools, chat_template_kwargs=body.chat_template_kwargs)
     except ChatTemplateRefusal as exc:
         raise RequestError(400, str(exc), param="messages", code="chat_template_refused") from None
-    except ChatTemplateError as exc:  # the template's own fault
+    except ChatTemplateError as exc:
+        if body.chat_template_kwargs and _renders(dec, messages, spec):  # the client's variables broke it
+            raise RequestError(400, f"the chat template fails with these chat_template_kwargs: {exc}",
+                               param="chat_template_kwargs", code="chat_template_failed") from None
         raise RequestError(500, str(exc), type="server_error", code="chat_template_failed") from None
     except (InvalidPromptError, ValueError) as exc:
         param = "tools" if spec.tools and "tools" in str(exc) else "messages"
         raise RequestError(400, str(exc), param=param) from None
 
 
-def _infill_ids(dec: BatchedDecoder, prefix: str, suffix: str, extra: Any, *, param: str) -> "list[int]":
-    """The fill-in-the-middle prompt (400 for a model without FIM tokens)."""
+def _renders(dec: BatchedDecoder, messages: Any, spec: OutputSpec) -> bool:
+    """Whether the chat template renders ``messages`` without extra variables."""
+    try:
+        dec.chat_prompt(messages, tools=spec.tools)
+    except (ChatTemplateError, ValueError):
+        return False
+    return True
+
+
+def _infill_ids(dec: BatchedDecoder, prefix: str, suffix: str, extra: Any, *,
+                names: "tuple[str, str]") -> "list[int]":
+    """The fill-in-the-middle prompt (400 for a model without FIM tokens, or
+    text UTF-8 cannot hold); ``names``: the request's fields of the prefix
+    and the suffix."""
+    for text, name in zip((prefix, suffix), names):
+        _unicode(text, name)
     try:
         return dec.infill_prompt(prefix, suffix, extra)
     except InfillUnsupportedError as exc:
-        raise RequestError(400, str(exc), param=param, code="infill_unsupported") from None
+        raise RequestError(400, str(exc), param=names[1], code="infill_unsupported") from None
     except ValueError as exc:  # a bad input_extra entry
         raise RequestError(400, str(exc), param="input_extra") from None
+
+
+def _unicode(text: str, param: str) -> None:
+    try:
+        check_unicode(text, param)
+    except InvalidPromptError as exc:
+        raise RequestError(400, str(exc), param=param) from None
 
 
 async def _generate(dec: BatchedDecoder, body: Any, prompt: Any, max_tokens: Optional[int], param: str,
@@ -396,10 +422,10 @@ def _submit(dec: BatchedDecoder, prompt: Any, body: Any, max_tokens: Optional[in
     if max_tokens is not None and params.min_tokens > max_tokens:
         raise RequestError(400, f"min_tokens={params.min_tokens} exceeds the output limit of {max_tokens}",
                            param="min_tokens")
-    most = dec.max_sequences * CHOICES_PER_SEQUENCE
-    if n > most:
-        raise RequestError(400, f"n={n} exceeds this server's limit of {most} choices "
-                                f"({dec.max_sequences} sequences decoded at once)", param="n")
+    if n > dec.max_choices:
+        raise RequestError(400, f"n={n} exceeds this server's limit of {dec.max_choices} choices "
+                                f"({dec.max_sequences} sequences decoded at once, up to 4 choices each, and "
+                                "no more than can run and wait at once)", param="n")
     limit = room if max_tokens is None else min(max_tokens, room)  # capped at the context
     kwargs = dict(max_tokens=limit, params=params, stop=body.stop or (), gamma=body.gamma,
                   timeout=options.request_timeout, grammar=spec.grammar, logprobs=top, logprob_mode=body.mode)
@@ -412,8 +438,8 @@ def _submit(dec: BatchedDecoder, prompt: Any, body: Any, max_tokens: Optional[in
         raise RequestError(503, f"the server is shutting down: {exc}", type="server_error") from None
     except InvalidGrammarError as exc:  # compiled above: only if the cache lost it meanwhile
         raise RequestError(400, str(exc), param=spec.param, code="invalid_grammar") from None
-    except ValueError as exc:  # a sampling parameter the decoder refuses (a token id outside the vocabulary)
-        named = next((f for f in ("logit_bias", "stop_token_ids") if str(exc).startswith(f)), None)
+    except ValueError as exc:  # a parameter the decoder refuses (a token id outside the vocabulary, a γ)
+        named = next((f for f in ("logit_bias", "stop_token_ids", "gamma") if str(exc).startswith(f)), None)
         raise RequestError(400, str(exc), param=named) from None
     return streams, limit
 
@@ -638,6 +664,8 @@ def _server_error(exc: BaseException) -> RequestError:
         return RequestError(503, f"the server is shutting down: {exc}", type="server_error")
     if isinstance(exc, InvalidLogitsError):
         return RequestError(500, f"the model produced invalid logits: {exc}", type="server_error")
+    if isinstance(exc, ConstraintError):  # the request's grammar went past a limit of the matcher
+        return RequestError(400, f"the output's grammar cannot be followed: {exc}", code="invalid_grammar")
     return RequestError(500, f"generation failed: {exc}", type="server_error")
 
 

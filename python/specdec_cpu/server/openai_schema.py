@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, create_model, field_validator, model_validator
 from pydantic.functional_validators import BeforeValidator
 from typing_extensions import Annotated
 
@@ -199,15 +199,29 @@ class JsonSchemaFormat(BaseModel):
 class ResponseFormat(BaseModel):
     """OpenAI's ``response_format`` (and llama-server's ``schema`` beside ``json_object``)."""
 
-    # type json_schema needs json_schema: stated in the document too
+    # type json_schema needs json_schema, and each schema field goes with its type: stated in the document too
     model_config = ConfigDict(**_STRICT, json_schema_extra={"allOf": [
         {"if": {"properties": {"type": {"const": "json_schema"}}, "required": ["type"]},
-         "then": {"required": ["json_schema"], "properties": {"json_schema": {"type": "object"}}}}]})
+         "then": {"required": ["json_schema"], "properties": {"json_schema": {"type": "object"}}},
+         "else": {"properties": {"json_schema": {"type": "null"}}}},
+        {"if": {"properties": {"type": {"const": "json_object"}}, "required": ["type"]},
+         "else": {"properties": {"schema": {"type": "null"}}}}]})
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: Optional[JsonSchemaFormat] = None
     schema_: Optional[Dict[str, Any]] = Field(default=None, alias="schema",
                                               description="llama-server: a JSON schema for type json_object")
+
+    @model_validator(mode="after")
+    def _fits_the_type(self) -> "ResponseFormat":
+        """A schema the type would not read is refused, not dropped."""
+        if self.json_schema is not None and self.type != "json_schema":
+            raise ValueError(f"json_schema is read only with type 'json_schema', not {self.type!r} "
+                             "(llama-server's way: 'schema' beside type 'json_object')")
+        if self.schema_ is not None and self.type != "json_object":
+            raise ValueError(f"schema is read only beside type 'json_object' (llama-server's way), not "
+                             f"{self.type!r}; with type 'json_schema' it goes in json_schema.schema")
+        return self
 
     def as_dict(self) -> Dict[str, Any]:
         """As ``constraints.from_response_format`` reads it."""
@@ -467,6 +481,9 @@ class _ChatBase(_Common):
     def top_logprobs_count(self) -> Optional[int]:
         if self.top_logprobs and not self.logprobs:
             raise RequestError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if self.top_logprobs is not None and self.n_probs is not None and self.top_logprobs != self.n_probs:
+            raise RequestError(400, f"conflicting top_logprobs={self.top_logprobs} and n_probs={self.n_probs}: "
+                                    "give one", param="n_probs")
         if self.logprobs:
             return self.top_logprobs or self.n_probs or 0
         return self.n_probs or None
