@@ -267,6 +267,8 @@ def test_bad_input_lines_are_usage_errors_naming_the_line(capsys, tmp_path, tiny
     (["--engine", "ours", "--ngram", "--prompts", "P", "--chain", "temperature-last"],
      "samples with the temperature-first"),
     (["--engine", "ours", "--ngram", "--prompts", "P", "--gamma", "0"], "use --engine ours-plain"),
+    (["--engine", "ours", "--ngram", "--prompts", "P", "--save", "/no/such/dir/s.jsonl"],
+     "--save /no/such/dir/s.jsonl: /no/such/dir is not a directory"),
     (["--input", "X", "--top-p", "0"], "--top-p: must be in (0, 1]"),
     (["--input", "X", "--threshold", "1"], "--threshold: must be in (0, 1)"),
 ])
@@ -281,6 +283,12 @@ def test_missing_files_are_runtime_errors(capsys, tmp_path, tiny_target):
     empty = write_jsonl(tmp_path / "empty.jsonl", [{"prompt": "hi", "tokens": []}])
     code, _, err = run(capsys, "audit", "--target", tiny_target, "--input", empty, "--threads", 1)
     assert code == 1 and "nothing to audit" in err
+
+
+def test_more_tokens_than_a_context_holds_is_a_usage_error(capsys, tiny_target, prompts_file):
+    code, _, err = run(capsys, "audit", "--target", tiny_target, "--engine", "ours-plain", "--prompts", prompts_file,
+                       "--tokens", 1 << 20, "--threads", 1)
+    assert code == 2 and "--tokens 1048576 and the longest prompt" in err and "at most 1048576" in err, err
 
 
 def test_batch_noise_is_measured(capsys, tiny_target, reference_files):

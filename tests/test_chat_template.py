@@ -207,6 +207,9 @@ def test_raise_exception_is_a_refusal():
     ("{{ nothing.here }}", "UndefinedError"),
     ("{{ messages.append(1) }}", "SecurityError"),
     ("{{ ''.__class__.__mro__[1].__subclasses__() }}", "UndefinedError|SecurityError"),
+    ("{{ 1 / 0 }}", "ZeroDivisionError"),
+    ("{{ 10.0 ** 400 }}", "OverflowError"),
+    ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "RecursionError"),
 ])
 def test_render_failures_name_the_template(source, why):
     with pytest.raises(ChatTemplateError, match=f"t.jinja failed: ({why})") as info:

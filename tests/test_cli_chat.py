@@ -286,6 +286,15 @@ def test_missing_model_is_one_line(chat, tmp_path):
     assert child.exitstatus == 1
 
 
+def test_an_invalid_start_up_grammar_stops_before_the_models_load(chat, tmp_path):
+    (tmp_path / "bogus.json").write_text('{"type": "bogus"}')
+    child = chat("--json-schema", str(tmp_path / "bogus.json"), target=str(tmp_path / "missing.gguf"), draft=None)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 2
+    assert child.before.strip() == "specdec-cpu chat: error: --json-schema: invalid JSON schema: Invalid type: bogus"
+
+
 def test_json_mode_constrains_the_replies(chat, tmp_path):
     """/json on: the reply is one JSON object; /json FILE: it matches the
     schema; /json off: free text again; a bad file is one line, the mode kept."""

@@ -190,6 +190,18 @@ def test_flag_combinations_that_cannot_work(env, tiny_target, argv, message):
     assert message in err and err.count("\n") == 1
 
 
+def test_warnings_are_one_line_each(env, pair):
+    """A γ larger than one llama.cpp batch can verify is capped with a
+    warning: one line naming the command, not Python's file and source."""
+    code, out, err = cli("generate", *pair, "--n-batch", "4", "--gamma", "6", "--max-tokens", "4", "--raw", "hi",
+                         env=env)
+    assert code == 0, err
+    warning = [line for line in err.splitlines() if "warning" in line]
+    assert warning == ["specdec-cpu: warning: gamma=6 needs 7 rows in one verify pass but the target's n_batch is 4: "
+                       "steps use at most γ = 3"], err
+    assert "UserWarning" not in err and "warnings.warn" not in err
+
+
 def test_missing_target_file_is_one_line(env, tmp_path, tiny_draft):
     missing = tmp_path / "nowhere" / "model.gguf"
     code, out, err = cli("generate", "--target", str(missing), "--draft", tiny_draft, "hi", env=env)
@@ -301,8 +313,8 @@ def test_a_draft_cut_to_part_of_its_vocabulary(env, pair):
 def test_structured_output_options(env, pair, tmp_path):
     """--json-schema FILE, --grammar FILE (GBNF or Lark) and --regex constrain
     the output (γ = 3, sampled: drafts and forced tokens both run); a file
-    that is not a schema, or a grammar that does not compile, is one line
-    naming the option, exit code 2 or 1, no traceback."""
+    that is not a schema, a grammar that does not compile or an empty one is
+    a usage error naming the option, before any model loads."""
     import re
 
     import jsonschema
@@ -328,7 +340,13 @@ def test_structured_output_options(env, pair, tmp_path):
     (tmp_path / "bad.json").write_text("[1, 2]")
     code, out, err = cli(*base, "--json-schema", str(tmp_path / "bad.json"), "hi", env=env)
     assert code == 2 and "--json-schema" in err and "object" in err and "Traceback" not in err
-    code, out, err = cli(*base, "--regex", "(unclosed", "hi", env=env)
-    assert code == 1 and "regex" in err.lower() and "Traceback" not in err
+    (tmp_path / "bogus.json").write_text('{"type": "bogus"}')
+    missing = ("generate", "--target", str(tmp_path / "none.gguf"), "--raw")  # checked before the model is sought
+    for option, reason in ((("--regex", "(unclosed"), "invalid regex"), (("--regex", ""), "regex is empty"),
+                           (("--json-schema", str(tmp_path / "bogus.json")), "invalid JSON schema: Invalid type"),
+                           (("--grammar", str(tmp_path / "g.lark") + "x"), "cannot read")):
+        code, out, err = cli(*missing, *option, "hi", env=env)
+        assert code == 2 and err.startswith(f"specdec-cpu generate: error: {option[0]}: ") and reason in err, err
+        assert "Traceback" not in err and "none.gguf" not in err
     code, out, err = cli(*base, "--json-object", "--regex", "a", "hi", env=env)
     assert code == 2 and "not allowed with" in err

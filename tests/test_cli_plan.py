@@ -176,6 +176,36 @@ def test_version_and_help(capsys):
     assert code == 0 and "--calibration" in out
 
 
+def test_a_bad_settings_variable_stops_only_what_reads_it(capsys, monkeypatch, tmp_path):
+    """A SPECDEC_* variable that does not parse: --help, other commands and
+    the flag itself still work; a command left to read it exits 2 naming the
+    variable and the flag, with no traceback (the CLI and from_flags alike)."""
+    import argparse
+
+    from specdec_cpu.settings import DecoderSettings, add_flags, from_flags
+
+    missing = str(tmp_path / "none.gguf")
+    monkeypatch.setenv("SPECDEC_N_CTX", "abc")
+    monkeypatch.setenv("SPECDEC_NGRAM", "maybe")
+    assert run(capsys, "plan", "--alpha", "0.8", "--cost", "0.1")[0] == 0
+    code, out, _ = run(capsys, "generate", "--help")
+    assert code == 0 and "SPECDEC_N_CTX" in out
+    code, _, err = run(capsys, "generate", "--target", missing, "hi")
+    assert code == 2 and "Traceback" not in err
+    assert "environment variable SPECDEC_N_CTX must be an integer, got 'abc'" in err and "--ctx" in err
+    assert "SPECDEC_NGRAM must be true or false" in err  # every bad variable at once
+    code, _, err = run(capsys, "generate", "--ctx", "128", "--target", missing, "hi")
+    assert code == 2 and "SPECDEC_NGRAM must be true or false, got 'maybe'" in err and "--ngram" in err
+    assert "SPECDEC_N_CTX" not in err
+    code, _, err = run(capsys, "generate", "--ctx", "128", "--no-ngram", "--target", missing, "hi")
+    assert code == 1 and "none.gguf" in err and "SPECDEC_" not in err  # past the settings: the missing model
+    parser = argparse.ArgumentParser()
+    add_flags(parser, DecoderSettings)
+    with pytest.raises(ValueError, match="SPECDEC_N_CTX must be an integer"):
+        from_flags(parser.parse_args(["--ngram"]), DecoderSettings)
+    assert from_flags(parser.parse_args(["--ngram", "--ctx", "64"]), DecoderSettings).n_ctx == 64
+
+
 def test_plot_writes_a_png(capsys, tmp_path):
     pytest.importorskip("matplotlib", reason="--plot needs the optional 'plot' extra (matplotlib)")
     png = tmp_path / "plan.png"

@@ -128,6 +128,12 @@ def test_bad_arguments() -> None:
         dec.generate([1, 99], max_tokens=3)
     with pytest.raises(TypeError, match="SamplingParams"):
         dec.generate([1], params={"temperature": 1})
+    for stop in (5, b"x"):
+        with pytest.raises(TypeError, match="stop must be a str, a sequence of str or None"):
+            dec.generate([1], max_tokens=3, stop=stop)
+    with pytest.raises(ValueError, match="stop strings must be non-empty str, got ''"):
+        dec.generate([1], max_tokens=3, stop=["a", ""])
+    assert dec.generate([1], max_tokens=3, stop=None).tokens  # None: no stop strings, as in OpenAI's API
 
 
 def test_cancel_event_stops_within_a_step() -> None:

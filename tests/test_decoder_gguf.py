@@ -189,6 +189,9 @@ def test_close_frees_the_models_and_refuses_later_calls(tiny_target, tiny_draft)
     assert pair.target.closed and pair.draft.closed
     with pytest.raises(DecoderClosedError, match="closed"):
         dec.generate("hello", max_tokens=3)
+    with pytest.raises(DecoderClosedError, match="SpeculativeDecoder is closed"):
+        dec.tokenize("hello")
+    dec.reset()  # nothing to forget
     dec.close()  # idempotent
 
     # A call that passed its checks and waits for the lock while the decoder

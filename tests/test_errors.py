@@ -278,6 +278,11 @@ def test_gamma_needs_a_drafter() -> None:
     ({"seed": 2**64}, ValueError, "seed"),
     ({"seed": 1.0}, TypeError, "seed"),
     ({"seed": False}, TypeError, "seed"),
+    ({"logit_bias": "ab"}, TypeError, r"logit_bias must map token ids to numbers .*got 'ab'"),
+    ({"logit_bias": [(1,)]}, TypeError, r"logit_bias must map token ids to numbers .*got \[\(1,\)\]"),
+    ({"logit_bias": [(1, 2, 3)]}, TypeError, "logit_bias must map token ids to numbers"),
+    ({"logit_bias": 5}, TypeError, "logit_bias must map token ids to numbers"),
+    ({"logit_bias": {1: 101}}, ValueError, r"logit_bias\[1\] must be in \[-100, 100\]"),
 ])
 def test_sampling_parameters_out_of_range(kwargs, exc, match) -> None:
     with pytest.raises(exc, match=match):

@@ -91,7 +91,8 @@ def propose(drafter, seq, gamma):
     ({"max_draft": 0}, "max_draft"),
     ({"max_draft": True}, "max_draft"),
     ({"candidates": 0}, "candidates"),
-    ({"max_match": 3}, "max_match"),  # shorter than max_ngram (4)
+    ({"max_match": 3}, r"max_match must be an int >= max_ngram \(4\), got 3"),
+    ({"max_ngram": 100}, r"max_match must be an int >= max_ngram \(100\), got 64"),  # the default is too short
     ({"max_ngram": 2.0}, "max_ngram"),
 ])
 def test_bad_arguments_name_the_argument(kwargs, name):

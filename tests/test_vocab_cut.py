@@ -56,6 +56,8 @@ def test_bad_cuts_are_refused_with_the_argument_named(tiny_target, tiny_draft, c
         BatchedDecoder.from_gguf(tiny_target, None, draft_vocab=CUT)
     with pytest.raises(ModelLoadError, match="already a cut"):
         engine.cut_vocab(cut, cut + ".again.gguf", 100)
+    with pytest.raises(ValueError, match="draft_vocab=10: a cut to 10 ids keeps none of the tokenizer merges"):
+        SpeculativeDecoder.from_gguf(tiny_target, tiny_draft, draft_vocab=10)
 
 
 def test_q_rows_are_laid_out_over_the_target_ids() -> None:

@@ -165,8 +165,9 @@ def _bias_pairs(bias: Any) -> Optional[Tuple[Tuple[int, float], ...]]:
                 raise ValueError(f"logit_bias[{token}] must be in [-100, 100], got {value}")
             pairs[int(token)] = float(value)
     except (TypeError, ValueError) as exc:
-        if isinstance(exc, TypeError) and "logit_bias" not in str(exc):
-            raise TypeError(f"logit_bias must map token ids to numbers, got {bias!r}") from None
+        if "logit_bias" not in str(exc):  # not a dict nor (id, bias) pairs: "cannot unpack ...", "not iterable"
+            raise TypeError(f"logit_bias must map token ids to numbers (a dict, or (id, bias) pairs), "
+                            f"got {bias!r}") from None
         raise
     return tuple(sorted(pairs.items())) or None
 

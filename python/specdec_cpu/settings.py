@@ -21,10 +21,13 @@ from typing import Any, Callable, Mapping, Optional, Union
 
 from .core.request_args import GAMMA_LIMIT
 
-__all__ = ["BatchedSettings", "DecoderSettings", "Option", "add_flags", "env_name", "from_flags", "parse_gamma"]
+__all__ = ["BadEnvironment", "BatchedSettings", "DecoderSettings", "Option", "add_flags", "env_name", "env_errors",
+           "from_flags", "parse_gamma"]
 
 GammaSetting = Union[int, str]
 CALIBRATIONS = ("auto", "cached", "measure")
+#: The most tokens a decoder's context may hold (``n_ctx``).
+N_CTX_LIMIT = 1 << 20
 
 
 # ---------------------------------------------------------------- parsers and checks
@@ -168,7 +171,7 @@ class DecoderSettings:
         "(priors, learnt online)", _check_calibration, parse=_parse_calibration, metavar="auto|cached|measure|none")
     n_threads: Optional[int] = _opt(None, "CPU threads per model (default: all cores)", _int_in(1, 1024, none=True),
                                     flag="--threads")
-    n_ctx: int = _opt(4096, "the most tokens one sequence may hold (prompt and output)", _int_in(16, 1 << 20),
+    n_ctx: int = _opt(4096, "the most tokens one sequence may hold (prompt and output)", _int_in(16, N_CTX_LIMIT),
                       flag="--ctx", aliases=("--n-ctx",))
     n_batch: int = _opt(512, "the most rows of one llama.cpp pass (a verify pass holds γ + 1)", _int_in(1, 1 << 16))
     chat_template: Optional[str] = _opt(
@@ -214,18 +217,39 @@ def env_name(name: str) -> str:
     return "SPECDEC_" + name.upper()
 
 
+class BadEnvironment:
+    """The default of a flag whose environment variable does not parse.
+
+    It stands in for the value, so that the error waits until a command
+    that has the flag runs without it (``--help`` and the flag itself still
+    work): ``env_errors`` and ``from_flags`` report it."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"unusable: {self.message}"
+
+
+def env_errors(args: argparse.Namespace) -> list[str]:
+    """What is wrong with the environment variables behind the parsed flags
+    that were not given (none when every one parsed)."""
+    return [v.message for v in vars(args).values() if isinstance(v, BadEnvironment)]
+
+
 def add_flags(group: "argparse._ActionsContainer", settings: type = DecoderSettings,
               names: Optional[tuple[str, ...]] = None, defaults: Optional[Mapping[str, Any]] = None) -> None:
     """Add a flag for each setting of ``settings`` (or of ``names``), its
     default from the environment when its variable is set, else from
-    ``defaults``, else the declared one."""
+    ``defaults``, else the declared one.  A variable that does not parse
+    becomes a ``BadEnvironment`` default (see ``env_errors``)."""
     defaults = dict(defaults or {})
     for f in dataclasses.fields(settings):
         opt: Option = f.metadata["option"]
         flag = opt.flag_name(f.name)
         if flag is None or (names is not None and f.name not in names):
             continue
-        default = _env_default(f.name, opt, defaults.get(f.name, f.default))
+        default = _env_default(f.name, opt, flag, defaults.get(f.name, f.default))
         help_text = f"{opt.help} (default {_show(default)}; env {env_name(f.name)})"
         if opt.parse is _parse_bool:
             group.add_argument(flag, *opt.aliases, dest=f.name, action=argparse.BooleanOptionalAction,
@@ -238,13 +262,17 @@ def add_flags(group: "argparse._ActionsContainer", settings: type = DecoderSetti
 def from_flags(args: argparse.Namespace, settings: type = DecoderSettings, **extra: Any) -> Any:
     """The ``settings`` object of parsed flags (and ``extra`` values).
 
-    A bad combination raises ValueError naming the setting."""
+    A bad combination, or a bad environment variable behind a flag not
+    given, raises ValueError naming the setting."""
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(settings) if hasattr(args, f.name)}
     values.update(extra)
+    bad = env_errors(argparse.Namespace(**values))
+    if bad:
+        raise ValueError("; ".join(bad))
     return settings(**values)
 
 
-def _env_default(name: str, opt: Option, default: Any) -> Any:
+def _env_default(name: str, opt: Option, flag: str, default: Any) -> Any:
     text = os.environ.get(env_name(name))
     if text is None:
         return default
@@ -252,7 +280,7 @@ def _env_default(name: str, opt: Option, default: Any) -> Any:
         value = opt.parse(text)
         opt.check(value)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"environment variable {env_name(name)} {exc}") from None
+        return BadEnvironment(f"environment variable {env_name(name)} {exc} (fix or unset it, or give {flag})")
     return value
 
 

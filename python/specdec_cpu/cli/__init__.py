@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from importlib import import_module
 from typing import Optional, Sequence
 
 from .. import __version__
+from ..settings import env_errors
 from ._common import PROG, UsageError, emit
 
 __all__ = ["build_parser", "main"]
@@ -47,8 +49,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_usage(sys.stderr)
         emit(f"{PROG}: error: choose a command ({', '.join(COMMANDS)})", sys.stderr)
         return 2
+    bad_env = env_errors(args)
+    if bad_env:
+        emit(f"{PROG} {args.command}: error: {'; '.join(bad_env)}", sys.stderr)
+        return 2
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():  # restores the usual display when main() returns
+            warnings.showwarning = _warning_line
+            return int(args.func(args) or 0)
     except UsageError as exc:
         emit(f"{PROG} {args.command}: error: {exc}", sys.stderr)
         return 2
@@ -60,6 +68,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             raise
         emit(f"{PROG}: error: {_describe(exc)}", sys.stderr)
         return 1
+
+
+def _warning_line(message: Warning | str, category: type, filename: str, lineno: int, file: object = None,
+                  line: Optional[str] = None) -> None:
+    """A warning as one line for the user, not Python's file, line and source."""
+    emit(f"{PROG}: warning: {message}", sys.stderr)
 
 
 def _describe(exc: BaseException) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..constraints import Grammar
+from ..errors import InvalidGrammarError
 from ._common import UsageError
 
 __all__ = ["add_constraint_args", "constraint_from_args", "grammar_file", "schema_file"]
@@ -30,16 +31,21 @@ def add_constraint_args(p: argparse.ArgumentParser) -> None:
 
 
 def constraint_from_args(args: argparse.Namespace) -> Optional[Grammar]:
-    """The grammar the options ask for, or None (UsageError for a file that
-    cannot be read; the grammar itself is checked when the decoder compiles it)."""
-    if getattr(args, "json_schema", None):
-        return schema_file(args.json_schema)
+    """The grammar the options ask for, or None.  Checked now, before any
+    model loads: a file that cannot be read or a grammar that is not valid
+    (an empty one included) is a UsageError naming the option."""
     if getattr(args, "json_object", False):
         return Grammar.json_object()
-    if getattr(args, "grammar", None):
-        return grammar_file(args.grammar)
-    if getattr(args, "regex", None):
-        return Grammar.regex(args.regex)
+    for flag, dest, make in (("--json-schema", "json_schema", schema_file), ("--grammar", "grammar", grammar_file),
+                             ("--regex", "regex", Grammar.regex)):
+        value = getattr(args, dest, None)
+        if value is not None:
+            try:
+                grammar = make(value)
+                grammar.check()
+            except InvalidGrammarError as exc:
+                raise UsageError(f"{flag}: {exc}") from None
+            return grammar
     return None
 
 

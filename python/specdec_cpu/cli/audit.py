@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from ..params import SamplingParams
+from ..settings import N_CTX_LIMIT
 from ._common import UsageError, emit, int_in, nonneg_float
 from ._constraint import add_constraint_args, constraint_from_args
 from ._session import add_sampling_flags, gamma_value
@@ -228,6 +229,8 @@ def _check_flags(args: argparse.Namespace) -> None:
                          "(--engine ours-plain is plain decoding)")
     elif args.gamma == 0:
         raise UsageError("--engine ours with --gamma 0 is plain decoding: use --engine ours-plain")
+    if args.save is not None and not Path(args.save).parent.is_dir():  # found now, not after the generation
+        raise UsageError(f"--save {args.save}: {Path(args.save).parent} is not a directory")
 
 
 def _read_prompts(path: str) -> List[str]:
@@ -276,6 +279,9 @@ def _generate(args: argparse.Namespace, target, prompts: List[str], params: Samp
     ids = [target.prompt_ids(GeneratedSequence(prompt=t, tokens=[])) for t in texts]
     max_tokens = args.tokens or DEFAULT_TOKENS
     n_ctx = max(len(p) for p in ids) + max_tokens + 8
+    if n_ctx > N_CTX_LIMIT:
+        raise UsageError(f"--tokens {max_tokens} and the longest prompt ({max(len(p) for p in ids)} tokens) need a "
+                         f"context of {n_ctx} tokens; a decoder holds at most {N_CTX_LIMIT}")
 
     draft_w: Optional[engine.LlamaWeights] = None
     if args.engine == "ours" and args.draft:

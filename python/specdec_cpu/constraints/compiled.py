@@ -7,7 +7,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Optional, Tuple
 
 from ..errors import InvalidGrammarError
-from .grammar import Grammar
+from .grammar import Grammar, first_lines
 from .state import ConstraintState
 
 if TYPE_CHECKING:
@@ -98,12 +98,5 @@ def _compile(grammar: Grammar, tokenizer: "llguidance.LLTokenizer", param: Optio
     # log_level=0: problems come back through get_error(), not stderr.
     matcher = llguidance.LLMatcher(tokenizer, text, log_level=0)
     if matcher.is_error():
-        raise InvalidGrammarError(f"invalid {grammar.what}: {_first_lines(matcher.get_error())}", param=param)
+        raise InvalidGrammarError(f"invalid {grammar.what}: {first_lines(matcher.get_error())}", param=param)
     return CompiledGrammar(grammar, tokenizer, matcher)
-
-
-def _first_lines(message: str, limit: int = 600) -> str:
-    """llguidance appends the grammar and parser state to some errors; an
-    HTTP error wants the reason, not a dump."""
-    message = message.split("\n<state>", 1)[0].strip()
-    return message if len(message) <= limit else message[:limit] + " ..."

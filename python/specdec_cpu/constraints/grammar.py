@@ -4,7 +4,7 @@ A ``Grammar`` is a small immutable, hashable value (kind, source text, JSON
 layout), so compiled grammars can be cached by it.  Building one checks
 only what needs no tokenizer (a JSON schema that is not JSON, a pydantic
 class whose schema fails); llguidance checks the rest when it is compiled
-(``compile_grammar``), before anything is queued.
+(``compile_grammar``), before anything is queued, or earlier by ``check``.
 """
 
 from __future__ import annotations
@@ -103,6 +103,16 @@ class Grammar:
         return {"json_schema": "JSON schema", "json_object": "JSON object grammar", "lark": "Lark grammar",
                 "regex": "regex", "gbnf": "GBNF grammar"}[self.kind]
 
+    def check(self) -> None:
+        """Raise InvalidGrammarError naming what is wrong, without a tokenizer
+        (what a command line wants before it loads a model; compiling for a
+        tokenizer checks the grammar again)."""
+        from llguidance import LLMatcher
+
+        error = LLMatcher.validate_grammar(self.llguidance_grammar())
+        if error:
+            raise InvalidGrammarError(f"invalid {self.what}: {first_lines(error)}")
+
     def llguidance_grammar(self) -> str:
         """The grammar in llguidance's serialized form (not yet checked
         against a tokenizer)."""
@@ -123,6 +133,13 @@ class Grammar:
             return LLMatcher.grammar_from_lark(any_to_lark(self.source))
         except Exception as exc:  # the converter raises plain Exception
             raise InvalidGrammarError(f"invalid GBNF grammar: {exc}") from None
+
+
+def first_lines(message: str, limit: int = 600) -> str:
+    """The reason of an llguidance error: some append the grammar and the
+    parser's state, which an error message does not want."""
+    message = message.split("\n<state>", 1)[0].strip()
+    return message if len(message) <= limit else message[:limit] + " ..."
 
 
 def _text(text: object, what: str) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import codecs
-from typing import Sequence
+from typing import Iterable, Sequence, Union
 
 
 class TextAssembler:
@@ -15,13 +15,18 @@ class TextAssembler:
     so a consumer never sees a stop string, whole or in part.
     """
 
-    def __init__(self, stop: Sequence[str] = ()) -> None:
-        if isinstance(stop, str):
+    def __init__(self, stop: Union[str, Sequence[str], None] = ()) -> None:
+        if stop is None:  # as OpenAI's API takes it: no stop strings
+            stop = ()
+        elif isinstance(stop, str):
             stop = (stop,)
+        elif isinstance(stop, (bytes, bytearray)) or not isinstance(stop, Iterable):
+            raise TypeError(f"stop must be a str, a sequence of str or None, got {stop!r}")
+        stop = tuple(stop)
         for s in stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop strings must be non-empty str, got {s!r}")
-        self._stop = tuple(stop)
+        self._stop = stop
         self._hold = max((len(s) for s in self._stop), default=1) - 1
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""

@@ -136,7 +136,9 @@ class DecoderFront:
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """The token ids a request with this prompt would decode (checked as
-        a request's prompt is: ``InvalidPromptError``, ``ContextOverflowError``)."""
+        a request's prompt is: ``InvalidPromptError``, ``ContextOverflowError``;
+        ``DecoderClosedError`` once closed)."""
+        self._check_open()
         return prompt_tokens(prompt, self.tokenizer, self._target_lm.n_vocab, self.n_ctx)
 
     @property
@@ -165,6 +167,10 @@ class DecoderFront:
         self.close()  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------ internals
+    def _check_open(self) -> None:
+        if self._closed:
+            raise DecoderClosedError(f"this {type(self).__name__} is closed")
+
     def grammar_state(self, grammar: Any) -> Any:
         """A fresh matcher of ``grammar`` for this decoder's vocabulary: a
         ``constraints.Grammar``, or a JSON schema (a dict, or a pydantic
@@ -183,15 +189,14 @@ class DecoderFront:
             llg = llg_tokenizer(tok.weights)  # type: ignore[attr-defined]
         return compile_grammar(grammar, llg, param="grammar").new_state()
 
-    def _sequence(self, cls: Type[S], prompt: Prompt, max_tokens: int, params: SamplingParams, stop: Seq[str],
+    def _sequence(self, cls: Type[S], prompt: Prompt, max_tokens: int, params: SamplingParams, stop: Optional[Seq[str]],
                   gamma: Optional[GammaSetting], cancel: Optional[threading.Event], timeout: Optional[float],
                   gamma_limit: int, *, grammar: Any = None, logprobs: Optional[int] = None,
                   logprob_mode: str = "model") -> S:
         """A checked sequence for one call (its seed is drawn later, by the
         caller, once the request is accepted); a fixed γ above
         ``gamma_limit`` drafts ``gamma_limit`` tokens."""
-        if self._closed:
-            raise DecoderClosedError(f"this {type(self).__name__} is closed")
+        self._check_open()
         if gamma is None:
             gamma = self.gamma
         n_vocab = self._target_lm.n_vocab

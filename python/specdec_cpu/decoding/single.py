@@ -200,7 +200,7 @@ class SpeculativeDecoder(DecoderFront):
 
     # ------------------------------------------------------------------ public API
     def generate(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
-                 stop: Seq[str] = (), gamma: Optional[GammaSetting] = None,
+                 stop: Optional[Seq[str]] = (), gamma: Optional[GammaSetting] = None,
                  cancel: Optional[threading.Event] = None, timeout: Optional[float] = None,
                  grammar: Any = None, logprobs: Optional[int] = None, logprob_mode: str = "model") -> Generation:
         """Generate a continuation of ``prompt`` (text, UTF-8 bytes, or token ids).
@@ -235,7 +235,7 @@ class SpeculativeDecoder(DecoderFront):
         return generation_or_raise(run.result, timeout)
 
     def stream(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
-               stop: Seq[str] = (), gamma: Optional[GammaSetting] = None,
+               stop: Optional[Seq[str]] = (), gamma: Optional[GammaSetting] = None,
                cancel: Optional[threading.Event] = None, timeout: Optional[float] = None,
                grammar: Any = None, logprobs: Optional[int] = None, logprob_mode: str = "model") -> "_Stream":
         """Yield text pieces as they are accepted.
@@ -289,7 +289,9 @@ class SpeculativeDecoder(DecoderFront):
                 self._owned.close()
 
     def reset(self) -> None:
-        """Forget the cached conversation."""
+        """Forget the cached conversation (nothing to forget once closed)."""
+        if self._closed:
+            return
         if self._active is not None and self._active.thread == threading.get_ident():
             self._active.close()
         with self._lock:

@@ -226,10 +226,10 @@ class NgramDrafter:
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1, max_draft: int = 24,
                  candidates: int = 8, max_match: int = 64, unwrap_lines: bool = True) -> None:
         _check_orders(max_ngram, min_ngram)
-        for arg, v, lo in (("max_draft", max_draft, 1), ("candidates", candidates, 1),
-                           ("max_match", max_match, max_ngram)):
+        for arg, v, lo, bound in (("max_draft", max_draft, 1, "1"), ("candidates", candidates, 1, "1"),
+                                  ("max_match", max_match, max_ngram, f"max_ngram ({max_ngram})")):
             if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ValueError(f"{arg} must be an int >= {lo}, got {v!r}")
+                raise ValueError(f"{arg} must be an int >= {bound}, got {v!r}")
         if not isinstance(unwrap_lines, bool):
             raise ValueError(f"unwrap_lines must be a bool, got {unwrap_lines!r}")
         self.max_ngram = max_ngram

@@ -44,7 +44,7 @@ def cut_vocab(src: Union[str, "os.PathLike[str]"], dst: Union[str, "os.PathLike[
     non-normal (control) token to ``dst`` (atomically); returns ``dst``.
 
     Raises ValueError when ``n_keep`` is not an int in [1, the vocabulary's
-    size), ModelLoadError when ``src`` is no GGUF model with a vocabulary,
+    size) or keeps none of a BPE tokenizer's merges, ModelLoadError when ``src`` is no GGUF model with a vocabulary,
     or already a cut.
     """
     import gguf  # only needed here: the package's other parts read GGUF through llama.cpp
@@ -65,6 +65,9 @@ def cut_vocab(src: Union[str, "os.PathLike[str]"], dst: Union[str, "os.PathLike[
                          f"got {n_keep}")
     keep = np.concatenate([np.arange(n_keep), n_keep + np.flatnonzero(np.asarray(types[n_keep:]) != _NORMAL)])
     kept_texts = {texts[i] for i in keep}
+    merges = fields["tokenizer.ggml.merges"].contents() if "tokenizer.ggml.merges" in fields else []
+    if merges and not any(m.replace(" ", "") in kept_texts for m in merges):  # llama.cpp loads no BPE without
+        raise ValueError(f"a cut to {n_keep} ids keeps none of the tokenizer merges of {src_s}; keep more ids")
     stand_in = next((i for i in range(n_keep) if texts[i] in _SPACES), 0)
 
     arch = fields["general.architecture"].contents()
