@@ -211,6 +211,11 @@ def test_client_errors_get_openai_shaped_4xx(server) -> None:
     status, err = post("/completions", content=b'{"model": "tiny", "prompt": ',
                        headers={"content-type": "application/json"})
     assert status == 400 and "JSON" in err["message"]
+    status, err = post("/completions", content=b"[1, 2]", headers={"content-type": "application/json"})
+    assert status == 400 and err["message"] == "the request body must be a JSON object"
+    status, err = post("/completions", content=b'{"model": "tiny", "prompt": "x"}',
+                       headers={"content-type": "text/plain"})
+    assert status == 400 and "sent with 'Content-Type: application/json' (got 'text/plain')" in err["message"]
     status, err = post("/completions", {"model": "tiny", "prompt": "x", "temperature": "hot"})
     assert status == 400 and err["param"] == "temperature"
     status, err = post("/completions", {"model": "tiny", "prompt": "x", "max_tokens": -3})
@@ -247,6 +252,12 @@ def test_api_key_body_limit_and_queue_full(tiny_target, tiny_draft, endless, tmp
         assert httpx.get(s.url + "/health").status_code == 200  # open without the key
         r = httpx.post(s.url + "/v1/completions", json={"model": "tiny", "prompt": "x"})
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        broken = {"content": b'{"model": ', "headers": {"content-type": "application/json"}}
+        r = httpx.post(s.url + "/v1/completions", **broken)  # the key is asked for before the JSON is read
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        r = httpx.post(s.url + "/v1/completions", **{**broken, "headers": {**broken["headers"],
+                                                                           "Authorization": "Bearer sekrit"}})
+        assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
         bad = openai.OpenAI(base_url=s.url + "/v1", api_key="wrong", max_retries=0)
         with pytest.raises(openai.AuthenticationError):
             bad.models.list()

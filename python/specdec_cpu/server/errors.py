@@ -10,7 +10,7 @@ says about each status (the routes list theirs with :func:`error_responses`).
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -78,8 +78,10 @@ def error_responses(*statuses: int) -> Dict[int | str, Dict[str, Any]]:
     return {status: {"model": ErrorResponse, "description": STATUS_DESCRIPTIONS[status]} for status in statuses}
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Every error the app raises answers in OpenAI's shape."""
+def install_error_handlers(app: FastAPI, authorize: Optional[Callable[[Request], None]] = None) -> None:
+    """Every error the app raises answers in OpenAI's shape.  ``authorize``
+    (raising a 401 RequestError) is asked before a body that does not parse
+    is refused: a client without the key learns that first."""
 
     @app.exception_handler(RequestError)
     async def request_error(request: Request, exc: RequestError) -> JSONResponse:
@@ -87,7 +89,12 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        err = validation_request_error(exc.errors())
+        try:
+            if authorize is not None:
+                authorize(request)
+        except RequestError as denied:
+            return JSONResponse(denied.body(), status_code=denied.status)
+        err = validation_request_error(exc.errors(), request.headers.get("content-type"))
         return JSONResponse(err.body(), status_code=err.status)
 
     @app.exception_handler(StarletteHTTPException)
@@ -110,8 +117,9 @@ def install_error_handlers(app: FastAPI) -> None:
 OWN_CODES = ("unsupported_parameter", "unknown_parameter")
 
 
-def validation_request_error(errors: list) -> RequestError:
-    """A 400 naming the first field pydantic refused, in plain words."""
+def validation_request_error(errors: list, content_type: Optional[str] = None) -> RequestError:
+    """A 400 naming the first field pydantic refused, in plain words
+    (``content_type``: the request's, named when it is not JSON's)."""
     first = errors[0] if errors else {}
     kind = first.get("type")
     # Union and tagged types add the branch's name to the location: not a field.
@@ -120,6 +128,9 @@ def validation_request_error(errors: list) -> RequestError:
         return RequestError(400, f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}"
                             .rstrip(": "))
     if not loc and kind in ("missing", "model_attributes_type", "dict_type", "model_type"):
+        if content_type is None or "json" not in content_type.lower():  # the body was not read as JSON at all
+            return RequestError(400, "the request body must be a JSON object sent with 'Content-Type: "
+                                     f"application/json' (got {content_type or 'no Content-Type'!r})")
         return RequestError(400, "the request body must be a JSON object")
     param = _path(loc) or None
     if kind == "extra_forbidden":

@@ -170,14 +170,6 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
                            allow_headers=["Authorization", "Content-Type"],
                            expose_headers=["Retry-After", "x-specdec-replica"], max_age=600)
     app.state.specdec = state
-    install_error_handlers(app)
-    def live_bounds() -> Optional[docs.LiveBounds]:
-        dec = state.decoder
-        if dec is None:
-            return None
-        return docs.LiveBounds(n_vocab=dec.n_vocab, max_choices=dec.max_choices)
-
-    docs.install_openapi(app, live_bounds, api_key=options.api_key is not None)
 
     def authorized(request: Request) -> None:
         if options.api_key is None:
@@ -187,6 +179,16 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         if scheme.lower() != "bearer" or key.strip() != options.api_key:
             raise RequestError(401, "Incorrect API key provided: pass it as 'Authorization: Bearer KEY'",
                                code="invalid_api_key")
+
+    install_error_handlers(app, authorized)
+
+    def live_bounds() -> Optional[docs.LiveBounds]:
+        dec = state.decoder
+        if dec is None:
+            return None
+        return docs.LiveBounds(n_vocab=dec.n_vocab, max_choices=dec.max_choices)
+
+    docs.install_openapi(app, live_bounds, api_key=options.api_key is not None)
 
     def ready_decoder() -> BatchedDecoder:
         if state.decoder is not None and state.decoder.healthy:
