@@ -421,6 +421,9 @@ def test_infill_answers_in_llama_servers_shape(fim_server) -> None:
     refused(fim_server.post("/infill", {**body, "input_extra": [{"filename": "x"}]}), "input_extra[0].text")
     refused(fim_server.post("/infill", {**body, "n": 2}), "n")
     refused(fim_server.post("/infill", {**body, "best_of": 3}), "best_of")
+    refused(fim_server.post("/infill", {**body, "return_tokens_as_token_ids": True}), "return_tokens_as_token_ids")
+    refused(fim_server.post("/infill", {**body, "stream": True, "stream_options": {"include_usage": True}}),
+            "stream_options.include_usage")
 
 
 def with_lone_surrogate(server, path: str, body: dict, field: str) -> httpx.Response:

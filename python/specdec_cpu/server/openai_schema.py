@@ -497,6 +497,10 @@ class _ChatBase(_Common):
         return v
 
 
+class _InfillStreamOptions(StreamOptions):
+    include_usage: Optional[Literal[False]] = None
+
+
 class _InfillBase(_Common):
     """``POST /infill`` (llama-server's): fill in the middle between ``input_prefix`` and ``input_suffix``."""
 
@@ -508,6 +512,11 @@ class _InfillBase(_Common):
                                                             "token)")
     n: Optional[Annotated[int, Field(ge=1, le=1), AS_INT]] = Field(default=None, description=(
         "One completion per request (1)"))
+    # OpenAI's fields this llama-server answer has no place for: refused when asked, not ignored.
+    return_tokens_as_token_ids: Optional[Literal[False]] = Field(default=None, description=(
+        "Not for /infill: its completion_probabilities carry each token's id"))
+    stream_options: Optional[_InfillStreamOptions] = Field(default=None, description=(
+        "Not for /infill: its last event carries the counts (tokens_predicted, tokens_evaluated, timings)"))
 
     def top_logprobs_count(self) -> Optional[int]:
         return self.n_probs or None
