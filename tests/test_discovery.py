@@ -182,6 +182,70 @@ def test_a_file_found_twice_is_listed_once(stores, tiny_target):
     assert discovery.resolve_model("pub/Repo-GGUF/t.gguf", [stores["SPECDEC_LMSTUDIO_DIR"]]) == lm
 
 
+def test_a_folder_reached_twice_is_read_once(stores, monkeypatch, tmp_path, tiny_target):
+    """Nested model folders, a link to one, ollama's two default folders being
+    one: each file is one model, and its name works."""
+    lib = tmp_path / "lib"
+    mine = add_file(lib, "qwen/big.gguf", tiny_target)
+    (tmp_path / "link").symlink_to(lib / "qwen")
+    monkeypatch.setenv("SPECDEC_MODEL_DIRS", str(lib))
+    catalog = discovery.discover([lib / "qwen", tmp_path / "link"])
+    assert names(catalog, "dir") == ["big.gguf"] and "qwen/big.gguf" in catalog.entries[0].aliases
+    assert discovery.resolve_model("big", [lib / "qwen", tmp_path / "link"]) == mine
+    home = stores["HOME"]
+    (home / ".ollama").symlink_to(stores["OLLAMA_MODELS"].parent)  # ~/.ollama/models is $OLLAMA_MODELS
+    stores["OLLAMA_MODELS"].rename(stores["OLLAMA_MODELS"].parent / "models")
+    monkeypatch.delenv("OLLAMA_MODELS")
+    from specdec_cpu.discovery import ollama
+
+    monkeypatch.setattr(ollama, "default_roots", lambda: [home / ".ollama" / "models", home / ".ollama" / "models"])
+    blob = add_ollama_model(home / ".ollama" / "models", "tinyllama:latest", tiny_target)
+    assert names(discovery.discover(), "ollama") == ["tinyllama:latest"]
+    assert discovery.resolve_model("tinyllama") == blob
+
+
+def test_what_this_user_may_not_read_is_named_and_the_rest_still_found(stores, monkeypatch, tiny_target, tiny_spm):
+    """A store folder, or one repository's blobs, this user may not read (as
+    an ollama service's folder is to others): said so, and every other model
+    is still found.  Permissions are simulated: the tests may run as root."""
+    import pathlib
+
+    cache = stores["HF_HUB_CACHE"]
+    private = add_hub_file(cache, "aaa/Private-GGUF", "p.gguf", tiny_target)
+    public = add_hub_file(cache, "bbb/Tiny-GGUF", "t.gguf", tiny_spm)
+    shut = {stores["OLLAMA_MODELS"], private}
+    is_dir, is_file = pathlib.Path.is_dir, pathlib.Path.is_file
+
+    def denied(check):
+        def wrapped(self):
+            if self in shut:
+                raise PermissionError(13, "Permission denied", str(self))
+            return check(self)
+        return wrapped
+
+    monkeypatch.setattr(pathlib.Path, "is_dir", denied(is_dir))
+    monkeypatch.setattr(pathlib.Path, "is_file", denied(is_file))
+    catalog = discovery.discover()
+    assert f"(not readable by this user: {stores['OLLAMA_MODELS']})" in catalog.where()
+    assert [e.name for e in catalog.usable()] == ["bbb/Tiny-GGUF:t.gguf"]
+    assert "cannot read" in catalog.problems()[0].problem and "Permission denied" in catalog.problems()[0].problem
+    assert discovery.resolve_model("bbb/Tiny-GGUF") == public
+    assert discovery.resolve_model(tiny_target) is not None  # a path needs no store
+
+
+def test_a_damaged_metadata_cache_is_read_again(stores, tmp_path, tiny_target):
+    path = tmp_path / "m.gguf"
+    path.write_bytes(open(tiny_target, "rb").read())
+    first = discovery.describe(path)
+    vocab = discovery.vocabulary(path)
+    for npy in store.info_dir().glob("*.npy"):
+        npy.write_bytes(b"")
+    assert discovery.vocabulary(path).digest == vocab.digest
+    for entry in store.info_dir().glob("*.json"):
+        entry.write_text("null")
+    assert discovery.describe(path) == first
+
+
 # ------------------------------------------------------------------ names that do not work
 
 
@@ -208,9 +272,18 @@ def test_an_ambiguous_name_lists_the_candidates(stores, tmp_path, tiny_target, t
     assert discovery.resolve_model("model.gguf", [tmp_path / "folder"]) == mine
 
 
-def test_a_directory_is_not_a_model(stores, tmp_path):
+def test_a_directory_is_not_a_model(stores, tmp_path, monkeypatch, tiny_target):
     with pytest.raises(ModelLoadError, match="is a directory, not a GGUF file"):
         discovery.resolve_model(str(tmp_path))
+    # ... but a folder in the working directory does not hide a model of its name.
+    blob = add_ollama_model(stores["OLLAMA_MODELS"], "tinyllama:latest", tiny_target)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tinyllama").mkdir()
+    assert discovery.resolve_model("tinyllama") == blob
+    with pytest.raises(ModelLoadError, match="is a directory"):
+        discovery.resolve_model("./tinyllama")
+    with pytest.raises(ModelNotFoundError, match="no such file"):
+        discovery.resolve_model("~no-such-user-here/m.gguf")
 
 
 # ------------------------------------------------------------------ metadata

@@ -70,6 +70,31 @@ def test_nothing_larger_and_not_the_target_itself(stores, tmp_path, tiny_target,
     assert choice.entry is None and choice.line == "draft: none (no smaller model found on this machine)"
 
 
+def test_a_vocabulary_only_file_is_no_draft(stores, tmp_path, tiny_target, tiny_small_draft):
+    """llama.cpp's models/ggml-vocab-*.gguf hold a model's metadata and no tensor."""
+    import gguf
+
+    folder = tmp_path / "models"
+    target = add_file(folder, "target.gguf", tiny_target)
+    reader = gguf.GGUFReader(tiny_target)
+    arch = reader.fields["general.architecture"].contents()
+    writer = gguf.GGUFWriter(str(folder / "llama.cpp" / "models" / "ggml-vocab-tiny.gguf"), arch)
+    (folder / "llama.cpp" / "models").mkdir(parents=True)
+    for name, f in reader.fields.items():
+        if not name.startswith("GGUF.") and name != "general.architecture":
+            kind = f.types[0]
+            sub = {"sub_type": f.types[-1]} if kind == gguf.GGUFValueType.ARRAY else {}
+            writer.add_key_value(name, f.contents(), kind, **sub)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert discovery.describe(folder / "llama.cpp/models/ggml-vocab-tiny.gguf").meta.n_params is None
+    assert choose(target, [folder]).entry is None
+    small = add_file(folder, "small.gguf", tiny_small_draft)
+    assert str(choose(target, [folder]).entry.path) == str(small)
+
+
 def test_parameters_rank_before_bytes(stores, tmp_path, tiny_target, extra_models):
     """A model with fewer bytes but more parameters is no draft; a lower-bit copy
     of the target's own weights (as many parameters, fewer bytes) is one."""

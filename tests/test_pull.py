@@ -67,8 +67,10 @@ def test_network_and_repository_errors_are_one_line(monkeypatch, capsys, stores,
 
 
 def test_offline_download_of_a_named_file(monkeypatch, capsys, stores):
+    # As in huggingface_hub, the offline error is a kind of EntryNotFoundError: it must not read "no file".
+    entry_not_found = type("EntryNotFoundError", (Exception,), {})
     asked = fake_hub(monkeypatch, list_error=AssertionError("no listing for a named file"),
-                     download_error=error_named("LocalEntryNotFoundError"))
+                     download_error=error_named("LocalEntryNotFoundError", entry_not_found))
     code = main(["pull", "org/Repo-GGUF:m-q4_k_m.gguf"])
     err = capsys.readouterr().err
     assert code == 1 and asked == ["m-q4_k_m.gguf"]
@@ -89,6 +91,12 @@ def test_repo_alone_takes_q4_k_m_and_lands_where_discovery_looks(monkeypatch, ca
     # A tag picks a file, a split file comes with all its parts.
     code = main(["pull", "org/Repo-GGUF:F16"])
     assert code == 0 and asked[1:] == ["m-F16-00001-of-00002.gguf", "m-F16-00002-of-00002.gguf"]
+    capsys.readouterr()
+    # A later part named: all parts come, and the name printed is the one discovery lists (the first part's).
+    code = main(["pull", "org/Repo-GGUF:m-F16-00002-of-00002.gguf"])
+    out = capsys.readouterr().out
+    assert code == 0 and "--target org/Repo-GGUF:m-F16-00001-of-00002.gguf" in out
+    assert discovery.resolve_model("org/Repo-GGUF:m-F16-00001-of-00002.gguf")
 
 
 def test_choosing_a_file():
@@ -98,6 +106,12 @@ def test_choosing_a_file():
     with pytest.raises(PullError, match=r"o/r has 2 GGUF files; choose one with `specdec-cpu pull o/r:FILE`, "
                                         r"FILE one of: a-IQ2_M.gguf, b-IQ3_M.gguf"):
         choose_file("o/r", ["a-IQ2_M.gguf", "b-IQ3_M.gguf"], None)
+    # Two files of the preferred tag: asked which, not a larger file of the next tag instead.
+    split_q4 = ["Q4_K_M/m-Q4_K_M-00001-of-00002.gguf", "Q4_K_M/m-Q4_K_M-00002-of-00002.gguf", "m-Q4_K_M.gguf",
+                "m-Q8_0.gguf"]
+    with pytest.raises(PullError, match=r"o/r has 2 Q4_K_M GGUF files; choose one .*FILE one of: "
+                                        r"Q4_K_M/m-Q4_K_M-00001-of-00002.gguf, m-Q4_K_M.gguf"):
+        choose_file("o/r", split_q4, None)
     with pytest.raises(PullError, match="has no GGUF file 'Q5_K_M'"):
         choose_file("o/r", files, "Q5_K_M")
     with pytest.raises(PullError, match="has no GGUF files"):

@@ -52,8 +52,7 @@ def served_name(path: str) -> str:
 def _resolve(flag: str, value: str, catalog_box: list, model_dirs: Sequence[str]) -> str:
     from ..discovery import discover, find_model
 
-    path = Path(value).expanduser()
-    if path.is_file():
+    if Path(value).is_file():  # a path as given; find_model expands "~" (and names a "~user" of no user)
         return value
     if not catalog_box:
         catalog_box.append(discover(model_dirs))

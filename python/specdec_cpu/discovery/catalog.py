@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, List, Sequence, Tuple, Union
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import folders, hf_cache, lmstudio, ollama
 from .entry import SOURCE_TITLES, ModelEntry
@@ -23,11 +23,12 @@ class Catalog:
 
     ``entries`` holds usable models and, with a ``problem``, unusable ones
     (a missing blob, a corrupt manifest, a missing part); ``searched`` lists
-    ``(source, folder, exists)`` in the order searched.
+    ``(source, folder, exists)`` in the order searched (``exists`` None: the
+    folder is there but this user may not read it).
     """
 
     entries: List[ModelEntry] = field(default_factory=list)
-    searched: List[Tuple[str, Path, bool]] = field(default_factory=list)
+    searched: List[Tuple[str, Path, Optional[bool]]] = field(default_factory=list)
 
     def usable(self) -> List[ModelEntry]:
         return [e for e in self.entries if e.problem is None]
@@ -38,10 +39,13 @@ class Catalog:
     def where(self) -> str:
         """The folders searched, in one phrase for messages."""
         found = [f"{SOURCE_TITLES[s]} {p}" for s, p, exists in self.searched if exists]
-        missing = list(dict.fromkeys(str(p) for _, p, exists in self.searched if not exists))
+        missing = list(dict.fromkeys(str(p) for _, p, exists in self.searched if exists is False))
+        unreadable = list(dict.fromkeys(str(p) for _, p, exists in self.searched if exists is None))
         text = "; ".join(found) if found else "no model store found"
         if missing:
             text += f" (absent: {', '.join(missing)})"
+        if unreadable:
+            text += f" (not readable by this user: {', '.join(unreadable)})"
         return text
 
 
@@ -72,14 +76,25 @@ def discover(model_dirs: Sequence[Union[str, "os.PathLike[str]"]] = (), *, demo:
     aliases.  Within one store every name stays (ollama tags often share a blob)."""
     catalog = Catalog()
     by_file: dict = {}
+    scanned = set()
     for source, root, scan in _sources(model_dirs):
-        exists = root.is_dir()
+        exists = _folder(root)
         catalog.searched.append((source, root, exists))
-        if exists:
+        key = (source, os.path.realpath(root))
+        if exists and key not in scanned:  # a folder reached twice (a link, ollama's two defaults) is read once
+            scanned.add(key)
             _add(catalog, by_file, scan(root))
     if demo:
         _add(catalog, by_file, _demo())
     return catalog
+
+
+def _folder(root: Path) -> Optional[bool]:
+    """Whether ``root`` is a folder; None when it cannot be told (no permission)."""
+    try:
+        return root.is_dir()
+    except OSError:
+        return None
 
 
 def _add(catalog: Catalog, by_file: dict, entries: Iterable[ModelEntry]) -> None:
@@ -88,7 +103,9 @@ def _add(catalog: Catalog, by_file: dict, entries: Iterable[ModelEntry]) -> None
             if e.problem is None:
                 real = e.real_path()
                 i = by_file.get(real)
-                if i is not None and catalog.entries[i].source != e.source:
+                # The same file under another store, or another folder of one (nested
+                # model folders): an alias.  Within one folder every name stays.
+                if i is not None and (catalog.entries[i].source != e.source or catalog.entries[i].root != e.root):
                     first = catalog.entries[i]
                     catalog.entries[i] = replace(first, aliases=first.aliases + (e.name, *e.aliases))
                     continue

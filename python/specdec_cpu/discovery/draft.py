@@ -80,7 +80,8 @@ def choose_draft(target: Path, catalog: Catalog,
     for e in pool:
         try:
             info = describe(e.path, e.extra_parts)
-            if info.meta.cut or (info.meta.architecture or "") in NO_DRAFT_ARCHS:
+            # no tensors: a vocabulary-only file (llama.cpp's models/ggml-vocab-*.gguf) drafts nothing
+            if info.meta.cut or not info.meta.n_params or (info.meta.architecture or "") in NO_DRAFT_ARCHS:
                 continue
             vocab = vocabulary(e.path, e.extra_parts)
         except ModelLoadError:

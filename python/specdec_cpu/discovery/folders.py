@@ -24,13 +24,21 @@ ENV = "SPECDEC_MODEL_DIRS"
 
 def configured_dirs(extra: Sequence[Union[str, "os.PathLike[str]"]] = ()) -> List[Path]:
     """``extra`` (e.g. from ``--model-dir``), then ``$SPECDEC_MODEL_DIRS``."""
-    dirs = [Path(os.fspath(d)).expanduser() for d in extra]
-    dirs += [Path(p).expanduser() for p in os.environ.get(ENV, "").split(os.pathsep) if p]
+    dirs = [_expanded(os.fspath(d)) for d in extra]
+    dirs += [_expanded(p) for p in os.environ.get(ENV, "").split(os.pathsep) if p]
     unique: List[Path] = []
     for d in dirs:
         if d not in unique:
             unique.append(d)
     return unique
+
+
+def _expanded(text: str) -> Path:
+    """``~`` expanded; a ``~user`` of no user on this machine stays as it is (an absent folder)."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        return Path(text)
 
 
 def gguf_files(root: Path) -> List[Tuple[str, Path]]:

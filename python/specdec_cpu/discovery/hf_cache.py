@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterator, List
+from typing import Iterator, List, Optional
 
 from .entry import ModelEntry
 from .shards import group_parts
@@ -67,6 +67,16 @@ def _gguf_links(snapshot: Path) -> Iterator["tuple[str, Path]"]:
                 yield path.relative_to(snapshot).as_posix(), path
 
 
+def _blob_problem(link: Path) -> Optional[str]:
+    """Why the file behind a snapshot's link cannot be used, if it cannot."""
+    try:
+        if link.is_file():
+            return None
+    except OSError as exc:  # e.g. a repository whose blobs this user may not read
+        return f"cannot read {link}: {exc.strerror or exc}"
+    return f"not fully downloaded: {link} points to a missing blob"
+
+
 def scan(root: Path) -> Iterator[ModelEntry]:
     """Every GGUF file of every model repository in the cache at ``root``."""
     try:
@@ -80,9 +90,7 @@ def scan(root: Path) -> Iterator[ModelEntry]:
             links = [(rel, path) for rel, path in _gguf_links(snapshot) if rel not in seen]
             seen.update(rel for rel, _ in links)
             for f in group_parts(links):
-                problem = f.problem
-                if problem is None and not f.path.is_file():
-                    problem = f"not fully downloaded: {f.path} points to a missing blob"
+                problem = f.problem or _blob_problem(f.path)
                 yield ModelEntry(name=f"{repo_id}:{f.rel}", source="hf", path=f.path,
                                  extra_parts=f.extra_parts, group=repo_id, file=Path(f.rel).name,
                                  aliases=(f"hf.co/{repo_id}:{f.rel}",), problem=problem, root=root)

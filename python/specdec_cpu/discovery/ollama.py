@@ -67,8 +67,11 @@ def _model_blob(root: Path, manifest: Path, name: str) -> "tuple[Path, str | Non
     hex_digest = match.group(1)
     for blob_name in (f"sha256-{hex_digest}", f"sha256:{hex_digest}"):  # the latter: old ollama versions
         blob = root / "blobs" / blob_name
-        if blob.is_file():
-            return blob, None
+        try:
+            if blob.is_file():
+                return blob, None
+        except OSError as exc:  # blobs this user may not read
+            return blob, f"cannot read its model blob {blob}: {exc.strerror or exc}"
     blob = root / "blobs" / f"sha256-{hex_digest}"
     return blob, f"its model blob {blob} is missing (`ollama pull {name}` fetches it again)"
 
@@ -76,7 +79,10 @@ def _model_blob(root: Path, manifest: Path, name: str) -> "tuple[Path, str | Non
 def scan(root: Path) -> Iterator[ModelEntry]:
     """Every manifest under ``root/manifests``, as a model entry."""
     manifests = root / "manifests"
-    if not manifests.is_dir():
+    try:
+        if not manifests.is_dir():
+            return
+    except OSError:  # not readable by this user: nothing to list
         return
     for dirpath, dirnames, filenames in os.walk(manifests):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))

@@ -85,6 +85,9 @@ def choose_file(repo: str, files: List[str], wanted: Optional[str]) -> str:
         tagged = [m for m in models if tag_matches(m.rsplit("/", 1)[-1], tag)]
         if len(tagged) == 1:
             return tagged[0]
+        if tagged:  # not a larger file behind the user's back: the choice is theirs
+            raise PullError(f"{repo} has {len(tagged)} {tag} GGUF files; choose one with "
+                            f"`specdec-cpu pull {repo}:FILE`, FILE one of: {', '.join(tagged)}")
     raise PullError(f"{repo} has {len(models)} GGUF files; choose one with "
                     f"`specdec-cpu pull {repo}:FILE`, FILE one of: {listing}")
 
@@ -97,11 +100,12 @@ def _describe_failure(repo: str, what: str, exc: BaseException) -> str:
     if "RepositoryNotFoundError" in names:
         return (f"{repo}: no such repository on the Hugging Face hub (a private one needs a "
                 "login: HF_TOKEN)")
-    if names & {"EntryNotFoundError", "RemoteEntryNotFoundError"}:
-        return f"{repo} has no file {what}"
+    # before EntryNotFoundError: huggingface_hub's LocalEntryNotFoundError (offline, not cached) derives from it
     if names & {"OfflineModeIsEnabled", "LocalEntryNotFoundError"}:
         return (f"cannot download {repo}{what and ':' + what}: offline (HF_HUB_OFFLINE is set, or the hub "
                 f"is unreachable) and it is not in the cache ({detail})")
+    if names & {"EntryNotFoundError", "RemoteEntryNotFoundError"}:
+        return f"{repo} has no file {what}"
     if names & {"ConnectionError", "TimeoutError", "Timeout", "ConnectError", "TimeoutException",
                 "HTTPError", "HfHubHTTPError", "TransportError", "RequestException", "NetworkError"}:
         return f"cannot reach the Hugging Face hub for {repo}: {detail}; check the network connection"
@@ -141,4 +145,4 @@ def pull(spec: str, say: Optional[Callable[[str], None]] = None) -> Tuple[str, P
             paths.append(Path(hub.hf_hub_download(repo_id=repo, filename=f)))
         except Exception as exc:  # noqa: BLE001
             raise PullError(_describe_failure(repo, f, exc)) from None
-    return f"{repo}:{chosen}", paths[0]
+    return f"{repo}:{files_to_get[0]}", paths[0]  # a split file is named by its first part, as discovery lists it

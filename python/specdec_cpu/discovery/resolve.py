@@ -105,12 +105,16 @@ def find_model(query: str, catalog: Optional[Catalog] = None,
     Raises ModelNotFoundError, AmbiguousModelError, or ModelLoadError for a
     model that was found but cannot be used (its ``problem``).
     """
-    path = Path(query).expanduser()
+    try:
+        path = Path(query).expanduser()
+    except RuntimeError:  # "~user/..." of no user on this machine: no such file
+        path = Path(query)
     if path.is_file():
         return ModelEntry(name=query, source="file", path=path, file=path.name)
-    if path.is_dir():
-        raise ModelLoadError(f"{query}: is a directory, not a GGUF file")
     catalog = discover(model_dirs) if catalog is None else catalog
+    # A folder in the working directory hides no model of its name ("tinyllama").
+    if path.is_dir() and (looks_like_path(query) or not _steps(query, catalog.entries)):
+        raise ModelLoadError(f"{query}: is a directory, not a GGUF file")
     entries, rest = catalog.entries, query
     prefix, sep, after = query.partition(":")
     if sep and prefix.lower() in SOURCES and after:

@@ -71,17 +71,20 @@ def is_cached(path: Path, extra_parts: Sequence[Path] = ()) -> bool:
         key, _ = _key(_parts(path, extra_parts))
     except ModelLoadError:
         return False
-    return (info_dir() / f"{key}.json").is_file() and (info_dir() / f"{key}.npy").is_file()
+    try:
+        return (info_dir() / f"{key}.json").is_file() and (info_dir() / f"{key}.npy").is_file()
+    except OSError:  # an unreadable cache is no cache
+        return False
 
 
 def _load(key: str, path: Path, size: int) -> Optional[ModelInfo]:
     try:
         data = json.loads((info_dir() / f"{key}.json").read_text(encoding="utf-8"))
-        if data.get("version") != _VERSION:
+        if not isinstance(data, dict) or data.get("version") != _VERSION:
             return None
         meta = GGUFInfo(**data["meta"])
         return ModelInfo(str(path), size, meta, data.get("vocab_digest"))
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError):  # a damaged entry is read again from the file
         return None
 
 
@@ -137,6 +140,6 @@ def vocabulary(path: Path, extra_parts: Sequence[Path] = ()) -> Optional[VocabPr
             vocab = make_print(info.meta.vocab_type, info.meta.bos, info.meta.eos, hashes)
             if vocab.digest == info.vocab_digest:
                 return vocab
-        except (OSError, ValueError):
+        except (OSError, ValueError, EOFError):  # a damaged entry (an empty .npy: EOFError) is read again
             pass
     return _read(Path(path), parts, key, size)[1]
