@@ -324,6 +324,18 @@ def test_metadata_is_cached_by_path_size_and_mtime(stores, tmp_path, tiny_target
     assert discovery.describe(path).meta.vocab_type == "spm"
 
 
+def test_a_broken_link_and_a_fifo_are_named_not_read(stores, tmp_path):
+    from specdec_cpu.engine.gguf_meta import check_gguf_file
+
+    (tmp_path / "gone.gguf").symlink_to(tmp_path / "nowhere.gguf")
+    os.mkfifo(tmp_path / "pipe.gguf")  # reading it would block
+    for check in (discovery.describe, check_gguf_file):
+        with pytest.raises(ModelLoadError, match=r"broken link"):
+            check(tmp_path / "gone.gguf")
+        with pytest.raises(ModelLoadError, match="not a regular file"):
+            check(tmp_path / "pipe.gguf")
+
+
 def test_unreadable_files_are_named(stores, tmp_path, non_gguf, truncated_gguf):
     with pytest.raises(ModelLoadError, match="not a GGUF file"):
         discovery.describe(non_gguf)

@@ -8,6 +8,7 @@ the only module of :mod:`specdec_cpu.discovery` that opens GGUF files.
 from __future__ import annotations
 
 import os
+import stat
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Union
@@ -16,7 +17,7 @@ import numpy as np
 
 from ..errors import ModelLoadError
 
-__all__ = ["GGUFInfo", "GGUFContents", "read_gguf", "file_type_name", "VOCAB_TYPES"]
+__all__ = ["GGUFInfo", "GGUFContents", "read_error", "read_gguf", "file_type_name", "VOCAB_TYPES"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -95,8 +96,21 @@ def _reader_class():
 _READER = None
 
 
+def read_error(path: "os.PathLike[str] | str", exc: OSError) -> ModelLoadError:
+    """Why ``path`` cannot be read; a broken link is said to be one."""
+    if os.path.islink(path):
+        return ModelLoadError(f"{path} is a broken link (to {os.readlink(path)})")
+    return ModelLoadError(f"cannot read {path}: {exc.strerror or exc}")
+
+
 def _open(path: str):
     global _READER
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise read_error(path, exc) from None
+    if not stat.S_ISREG(mode):  # a FIFO would block the read below
+        raise ModelLoadError(f"not a regular file: {path}")
     try:
         with open(path, "rb") as fh:
             magic = fh.read(4)

@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import ModelLoadError
 from ..paths import atomic_path, cache_dir
 from .fingerprint import VocabPrint, make_print
-from .gguf_info import GGUFInfo, read_gguf
+from .gguf_info import GGUFInfo, read_error, read_gguf
 
 __all__ = ["ModelInfo", "describe", "vocabulary", "is_cached", "info_dir"]
 
@@ -59,7 +59,7 @@ def _key(parts: Sequence[Path]) -> "tuple[str, int]":
         try:
             st = os.stat(p)
         except OSError as exc:
-            raise ModelLoadError(f"cannot read {p}: {exc.strerror or exc}") from None
+            raise read_error(p, exc) from None
         size += st.st_size
         h.update(f"|{os.path.realpath(p)}|{st.st_size}|{st.st_mtime_ns}".encode())
     return h.hexdigest()[:32], size

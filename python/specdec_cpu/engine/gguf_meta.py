@@ -41,9 +41,13 @@ def check_gguf_file(path: Union[str, "os.PathLike[str]"]) -> str:
     if isinstance(spath, bytes):
         spath = os.fsdecode(spath)
     if not os.path.exists(spath):
+        if os.path.islink(spath):
+            raise ModelLoadError(f"model file is a broken link: {spath} -> {os.readlink(spath)}")
         raise ModelLoadError(f"model file not found: {spath}")
     if os.path.isdir(spath):
         raise ModelLoadError(f"model path is a directory, not a GGUF file: {spath}")
+    if not os.path.isfile(spath):  # a FIFO or a device: llama.cpp would block reading it
+        raise ModelLoadError(f"model path is not a regular file: {spath}")
     try:
         size = os.path.getsize(spath)
         with open(spath, "rb") as fh:
