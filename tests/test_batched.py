@@ -92,6 +92,24 @@ def test_stop_strings_and_max_tokens(batched) -> None:
         assert cut.finish_reason == "stop" and cut.text == text[:text.index(stop)]
 
 
+def test_draft_lags_longer_than_one_draft_pass_never_overflow_it(tiny_target, tiny_draft) -> None:
+    """A fixed γ takes in its draft's lag within its first draft pass; four
+    fresh 60-token prompts lag 4 x 61 rows, more than a pass of 128 holds,
+    and one prompt alone lags more than a pass of 32: they step without
+    drafting until caught up, and the decoder lives on."""
+    prompts = [" ".join([f"word{i}"] * 60) for i in range(4)]
+    with BatchedDecoder.from_gguf(tiny_target, tiny_draft, n_batch=128, max_sequences=4, gamma=3, n_ctx=512,
+                                  n_threads=1) as dec:
+        with ThreadPoolExecutor(4) as pool:
+            gens = list(pool.map(lambda p: dec.generate(p, max_tokens=30, params=GREEDY), prompts))
+        assert [g.finish_reason for g in gens] == ["length"] * 4 and dec.healthy
+        assert sum(g.stats.drafted for g in gens) > 0
+    with BatchedDecoder.from_gguf(tiny_target, tiny_draft, n_batch=32, max_sequences=1, gamma=3, n_ctx=256,
+                                  n_threads=1) as dec:
+        assert dec.generate(" ".join(["hello"] * 40), max_tokens=20, params=GREEDY).finish_reason == "length"
+        assert dec.healthy
+
+
 def test_a_grammar_past_the_matchers_limits_fails_its_request_alone(batched) -> None:
     """A grammar that never ends (each step forces more tokens than llguidance
     will fast-forward) fails its own request with a ConstraintError, wherever

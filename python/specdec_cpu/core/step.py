@@ -242,12 +242,22 @@ class StepCore:
         while True:
             live = [w for w in drafting if w.gamma > filled[id(w)] and not w.seq.finished]
             parts = list(catch_up) if first else []
+            room = draft.n_batch - sum(len(p.tokens) for p in parts)
+            fitting = []
             for w in live:
                 toks = w.tokens[fed[id(w)] or 0:filled[id(w)]].tolist()
                 if fed[id(w)] is None:
                     toks = w.seq.seq[draft.n_past(w.seq.held_slot):] + toks
+                if len(toks) > room:
+                    # The lags of several drafts' caches exceed one pass: this one drafts no more this
+                    # step (exact either way: its γ does not depend on what is drawn) and catches up later.
+                    w.gamma = filled[id(w)]
+                    continue
+                room -= len(toks)
                 fed[id(w)] = filled[id(w)]
                 parts.append(Rows(w.seq.held_slot, toks, 1))
+                fitting.append(w)
+            live = fitting
             if not parts:
                 break
             first = False

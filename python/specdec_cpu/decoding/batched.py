@@ -15,6 +15,7 @@ from ..core.sequence import GammaSetting, SeedSequence, choice_seed
 from ..core.stats import Generation
 from ..params import SamplingParams
 from ..planning.costmodel import CostModel
+from ..planning.policy import CATCH_UP_LIMIT
 from ..settings import BatchedSettings
 from .front import DecoderFront, generation_or_raise, make_policy, settings_of
 from .loop import StepLoop
@@ -78,7 +79,9 @@ class BatchedDecoder(DecoderFront):
         self._metrics = ServingMetrics(max_sequences=target.n_seq)
         loop = StepLoop(
             target=target, draft=draft, tokenizer=tokenizer,
-            policy=make_policy(cost_model, target, draft, gamma_max=self.gamma_max),
+            # A probe or a fixed γ takes in its draft's lag within one draft pass: no more than the pass holds.
+            policy=make_policy(cost_model, target, draft, gamma_max=self.gamma_max,
+                               catch_up_limit=min(CATCH_UP_LIMIT, draft.n_batch - 1) if draft is not None else 0),
             prefill_chunk=prefill_chunk, ngram_kwargs=dict(ngram_kwargs or {}) if ngram else None,
             metrics=self._metrics, step_trace=step_trace,
             draft_source_ids=draft.weights.source_ids if draft is not None else None,
