@@ -92,6 +92,24 @@ def test_stop_strings_and_max_tokens(batched) -> None:
         assert cut.finish_reason == "stop" and cut.text == text[:text.index(stop)]
 
 
+def test_a_cancel_event_that_fails_stops_its_request_alone(batched) -> None:
+    """A Manager().Event() whose manager is gone raises from is_set(): that
+    request ends as cancelled, the scheduler and the other requests go on."""
+
+    class Broken:
+        def is_set(self) -> bool:
+            raise BrokenPipeError("the manager is gone")
+
+    other = threading.Thread(target=batched.generate, args=("the other request",),
+                             kwargs={"max_tokens": 20, "params": GREEDY})
+    other.start()
+    with pytest.raises(GenerationCancelled):
+        batched.generate("hello", max_tokens=20, params=GREEDY, cancel=Broken())
+    other.join(60)
+    assert batched.healthy and batched.generate("hi", max_tokens=3, params=GREEDY).tokens
+    wait_idle(batched)
+
+
 def test_draft_lags_longer_than_one_draft_pass_never_overflow_it(tiny_target, tiny_draft) -> None:
     """A fixed γ takes in its draft's lag within its first draft pass; four
     fresh 60-token prompts lag 4 x 61 rows, more than a pass of 128 holds,

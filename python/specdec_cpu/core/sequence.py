@@ -166,11 +166,19 @@ class Sequence:
 
     def stop_reason(self, now: float) -> Optional[str]:
         """``"cancelled"`` or ``"timeout"`` once the generation must stop."""
-        if self.closed or (self.cancel is not None and self.cancel.is_set()):
+        if self.closed or self._cancel_set():
             return "cancelled"
         if self.deadline is not None and now >= self.deadline:
             return "timeout"
         return None
+
+    def _cancel_set(self) -> bool:
+        if self.cancel is None:
+            return False
+        try:
+            return bool(self.cancel.is_set())
+        except Exception:  # a cancel event that fails (a Manager().Event() whose manager is gone):
+            return True    # this request stops, the decoder's thread and the others go on
 
     def deliver(self, piece: str) -> None:
         """A text piece is ready for the caller."""
