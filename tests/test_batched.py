@@ -92,6 +92,32 @@ def test_stop_strings_and_max_tokens(batched) -> None:
         assert cut.finish_reason == "stop" and cut.text == text[:text.index(stop)]
 
 
+@pytest.mark.parametrize("cls", [BatchedDecoder, SpeculativeDecoder])
+def test_close_waits_for_a_caller_still_tokenizing(tiny_target, tiny_draft, cls) -> None:
+    """Tokenizing runs in the caller's thread; close() from another thread must
+    not free the model under it (llama.cpp would read freed memory)."""
+    dec = cls.from_gguf(tiny_target, tiny_draft, n_ctx=256, n_threads=1)
+    tokenizer, seen = dec.tokenizer, {}
+    real = tokenizer.tokenize
+
+    def slow(*args, **kwargs):
+        seen["entered"] = True
+        time.sleep(0.3)
+        seen["model_open_after"] = not dec.target.closed
+        return real(*args, **kwargs)
+
+    tokenizer.tokenize = slow
+    caller = threading.Thread(target=lambda: seen.setdefault("ids", dec.tokenize("hello world")))
+    caller.start()
+    while "entered" not in seen:
+        time.sleep(0.01)
+    dec.close()
+    caller.join(10)
+    assert seen["model_open_after"] and seen["ids"], seen
+    with pytest.raises(DecoderClosedError):
+        dec.tokenize("hello")
+
+
 def test_a_cancel_event_that_fails_stops_its_request_alone(batched) -> None:
     """A Manager().Event() whose manager is gone raises from is_set(): that
     request ends as cancelled, the scheduler and the other requests go on."""

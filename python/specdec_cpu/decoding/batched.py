@@ -17,7 +17,7 @@ from ..params import SamplingParams
 from ..planning.costmodel import CostModel
 from ..planning.policy import CATCH_UP_LIMIT
 from ..settings import BatchedSettings
-from .front import DecoderFront, generation_or_raise, make_policy, settings_of
+from .front import CallerCalls, DecoderFront, generation_or_raise, make_policy, settings_of
 from .loop import StepLoop
 from .metrics import MetricsSnapshot, ServingMetrics
 from .request import AsyncRequestStream, Request, RequestStream
@@ -72,6 +72,7 @@ class BatchedDecoder(DecoderFront):
         self._has_drafter = draft is not None or ngram
         self._seeds = SeedSequence(seed)
         self._closed = False
+        self._calls = CallerCalls("BatchedDecoder")
         self._owned: Any = None
         self.target_path: Optional[str] = target.weights.path
         self.draft_path: Optional[str] = draft.weights.path if draft is not None else None
@@ -277,6 +278,7 @@ class BatchedDecoder(DecoderFront):
             return
         self._closed = True
         self._scheduler.close(drain=drain, timeout=timeout)
+        self._calls.close()  # a caller still tokenizing finishes first
         for ctx in (self.target, self.draft):
             if ctx is not None:
                 ctx.close()

@@ -4,11 +4,12 @@ end of ``generate``."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import threading
 import warnings
-from typing import Any, Optional, Type, TypeVar
+from typing import Any, Iterator, Optional, Type, TypeVar
 from typing import Sequence as Seq
 
 from ..chat.messages import template_messages
@@ -24,9 +25,43 @@ from ..params import SamplingParams
 from ..planning.costmodel import CostModel
 from ..planning.policy import DraftPolicy
 
-__all__ = ["DecoderFront"]
+__all__ = ["CallerCalls", "DecoderFront"]
 
 S = TypeVar("S", bound=Sequence)
+
+
+class CallerCalls:
+    """Calls into the models made in the callers' threads (tokenizing,
+    rendering a prompt, compiling a grammar), outside the decoder's own
+    thread and lock: counted, so that ``close`` frees the models only once
+    they are out (freed under a running call, llama.cpp reads freed memory)."""
+
+    def __init__(self, owner: str) -> None:
+        self._owner = owner
+        self._cond = threading.Condition()
+        self._inside = 0
+        self._closed = False
+
+    @contextlib.contextmanager
+    def open(self) -> Iterator[None]:
+        """Around one such call; ``DecoderClosedError`` once closed."""
+        with self._cond:
+            if self._closed:
+                raise DecoderClosedError(f"this {self._owner} is closed")
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._inside -= 1
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """Refuse new calls and wait for those running (never from inside one)."""
+        with self._cond:
+            self._closed = True
+            while self._inside:
+                self._cond.wait()
 
 
 class DecoderFront:
@@ -34,7 +69,8 @@ class DecoderFront:
 
     A subclass sets ``tokenizer``, ``gamma``, ``gamma_max``, ``_target_lm``
     (the target as a ``SequenceLM``), ``_has_drafter``, ``_seeds`` and
-    ``_closed``, and implements ``generate``/``stream``/``close``.
+    ``_closed`` and ``_calls`` (a ``CallerCalls``, closed by ``close``
+    before the models are freed), and implements ``generate``/``stream``/``close``.
     """
 
     tokenizer: Tokenizer
@@ -44,6 +80,7 @@ class DecoderFront:
     _has_drafter: bool
     _seeds: SeedSequence
     _closed: bool
+    _calls: CallerCalls
 
     # ------------------------------------------------------------ chat
     def chat(self, messages: Seq[dict], **kwargs: Any) -> Generation:
@@ -72,6 +109,11 @@ class DecoderFront:
         (the template failed), ``ValueError`` (no template at all, or tools
         or tool calls that only a Jinja template can render).
         """
+        with self._calls.open():
+            return self._render_chat(messages, tools, add_generation_prompt, chat_template_kwargs)
+
+    def _render_chat(self, messages: Seq[dict], tools: Optional[Seq[dict]], add_generation_prompt: bool,
+                     chat_template_kwargs: Optional[dict]) -> str:
         template = self._chat_template()
         if template is not None:
             try:
@@ -132,14 +174,15 @@ class DecoderFront:
         and ``suffix`` with the target's FIM tokens; ``extra``: other files
         as ``{"filename", "text"}`` (core/infill.py).  ``InfillUnsupportedError``
         for a model without FIM tokens."""
-        return infill_tokens(self.tokenizer, prefix, suffix, extra)
+        with self._calls.open():
+            return infill_tokens(self.tokenizer, prefix, suffix, extra)
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """The token ids a request with this prompt would decode (checked as
         a request's prompt is: ``InvalidPromptError``, ``ContextOverflowError``;
         ``DecoderClosedError`` once closed)."""
-        self._check_open()
-        return prompt_tokens(prompt, self.tokenizer, self._target_lm.n_vocab, self.n_ctx)
+        with self._calls.open():
+            return prompt_tokens(prompt, self.tokenizer, self._target_lm.n_vocab, self.n_ctx)
 
     @property
     def n_ctx(self) -> int:
@@ -181,13 +224,14 @@ class DecoderFront:
         if not isinstance(grammar, Grammar):
             grammar = Grammar.json_schema(grammar)
         tok = self.tokenizer
-        if hasattr(tok, "grammar_tokenizer"):  # a tokenizer of the tests' synthetic models
-            llg = tok.grammar_tokenizer()
-        else:
-            from ..engine import llg_tokenizer
+        with self._calls.open():
+            if hasattr(tok, "grammar_tokenizer"):  # a tokenizer of the tests' synthetic models
+                llg = tok.grammar_tokenizer()
+            else:
+                from ..engine import llg_tokenizer
 
-            llg = llg_tokenizer(tok.weights)  # type: ignore[attr-defined]
-        return compile_grammar(grammar, llg, param="grammar").new_state()
+                llg = llg_tokenizer(tok.weights)  # type: ignore[attr-defined]
+            return compile_grammar(grammar, llg, param="grammar").new_state()
 
     def _sequence(self, cls: Type[S], prompt: Prompt, max_tokens: int, params: SamplingParams, stop: Optional[Seq[str]],
                   gamma: Optional[GammaSetting], cancel: Optional[threading.Event], timeout: Optional[float],

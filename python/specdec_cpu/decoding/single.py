@@ -24,7 +24,7 @@ from ..core.stats import Generation
 from ..errors import DecoderClosedError, UnsupportedModelError
 from ..params import SamplingParams
 from ..settings import DecoderSettings
-from .front import DecoderFront, generation_or_raise, make_policy, settings_of
+from .front import CallerCalls, DecoderFront, generation_or_raise, make_policy, settings_of
 from .loop import StepLoop
 from .metrics import ServingMetrics
 
@@ -108,6 +108,7 @@ class SpeculativeDecoder(DecoderFront):
         self.n_threads: Optional[int] = None
         self._owned: Any = None  # what close() frees besides the contexts: from_gguf's model pair
         self._closed = False
+        self._calls = CallerCalls("SpeculativeDecoder")
         #: after a run, give back the thread's llama.cpp workers (from_gguf: engine.release_threads)
         self._release_threads: Callable[[], object] = lambda: None
 
@@ -281,6 +282,7 @@ class SpeculativeDecoder(DecoderFront):
             if self._closed:
                 return
             self._closed = True
+            self._calls.close()  # a caller still tokenizing finishes first
             for ctx in (self.target, self.draft):
                 close = getattr(ctx, "close", None)  # in-process test models have nothing to free
                 if close is not None:
