@@ -115,3 +115,29 @@ def test_the_kernel_against_numpy():
     dist = expected_distribution(x[0].astype(np.float64), params=p)
     assert [t for t, _ in got[0].top] == list(np.argsort(-dist, kind="stable")[:3])
     assert got[0].top[0][1] == pytest.approx(np.log(dist.max()), abs=1e-4)
+
+
+@pytest.mark.parametrize("cls", [SpeculativeDecoder, BatchedDecoder])
+def test_ignore_eos_leaves_the_models_logprobs_alone(tiny_target, tiny_draft, reference, cls):
+    """ignore_eos bans the end-of-generation ids from sampling; "model"
+    log-probabilities are still the model's own, end-of-generation included
+    (checked where the model itself had ended: its end is likely there)."""
+    from specdec_cpu.core.protocols import eog_id_array
+
+    dec = cls.from_gguf(tiny_target, tiny_draft, gamma=3, n_ctx=256, n_threads=1, seed=4, calibration=None)
+    eog = eog_id_array(dec.tokenizer, dec.n_vocab)
+    prompt, p_end = dec.tokenize("hello"), 0.0
+    for seed in range(40):  # a prefix after which the model ended, with its end most likely
+        gen = dec.generate(prompt, max_tokens=60, params=SamplingParams(temperature=1.0, seed=seed))
+        if gen.finish_reason == "stop":
+            ids = prompt + gen.tokens
+            p = float(np.exp(log_softmax(reference(ids)))[eog].sum())
+            if p > p_end:
+                p_end, ended = p, ids
+    assert p_end > 0.2  # the ban has something to hide
+    params = SamplingParams(temperature=1.0, ignore_eos=True)
+    for _ in range(3):
+        gen = dec.generate(ended, max_tokens=8, params=params, logprobs=3)
+        assert not set(gen.tokens) & set(eog.tolist())
+        check(gen, ended, reference, "model", params, 3)
+    dec.close()

@@ -388,13 +388,13 @@ class StepCore:
             if seq.constraint is not None:
                 masks = seq.mask_rows(1)
                 seq.constraint.fill_mask(masks[0])
-            self._ban_eog(seq, rows, masks)
+            unbanned = self._ban_eog(seq, rows, masks)
             changes = seq.changes((), 1, masks=masks)
             logits = rows.view()
             token = sampling.sample(logits[0], seq.params, seq.rng_verify, changes.row(0))
             if seq.constraint is not None:
                 seq.constraint.consume((token,))
-            logprobs = self._logprobs(seq, logits, [token], changes)
+            logprobs = self._logprobs(seq, logits, [token], changes, unbanned)
         except InvalidLogitsError as exc:
             self._fail(seq, InvalidLogitsError(
                 f"the target model produced invalid logits{self._names[0]} for request {seq.id} at the end "
@@ -420,7 +420,7 @@ class StepCore:
         alphas: tuple[float, ...]
         try:
             assert seq.rng_verify is not None  # seeded on admission
-            self._ban_eog(seq, rows, w.masks if c is not None else None)
+            unbanned = self._ban_eog(seq, rows, w.masks if c is not None else None)
             logits = rows.view()
             changes = seq.changes(w.tokens[:w.gamma], w.gamma + 1, masks=w.masks if c is not None else None)
             if w.gamma == 0:
@@ -434,7 +434,7 @@ class StepCore:
             if c is not None:  # the grammar follows the accepted tokens and the one after them
                 c.rollback(w.consumed - n_acc)  # a draft token outside the grammar was never consumed (nor accepted)
                 c.consume((new[-1],))
-            logprobs = self._logprobs(seq, logits, new, changes)
+            logprobs = self._logprobs(seq, logits, new, changes, unbanned)
         except InvalidLogitsError as exc:
             self._fail(seq, InvalidLogitsError(
                 f"the target model produced invalid logits{self._names[0]} for request {seq.id} at positions "
@@ -475,33 +475,42 @@ class StepCore:
         self.observer.verified(w, t_sample)
         return self.emit(seq, new, logprobs)
 
-    @staticmethod
-    def _logprobs(seq: Sequence, logits: np.ndarray, tokens: List[int], changes: sampling.Changes) -> Optional[list]:
-        """The log-probabilities of ``tokens`` (rows 0.. of ``logits``), if the sequence asked for them."""
+    def _logprobs(self, seq: Sequence, logits: np.ndarray, tokens: List[int], changes: sampling.Changes,
+                  unbanned: Optional[np.ndarray] = None) -> Optional[list]:
+        """The log-probabilities of ``tokens`` (rows 0.. of ``logits``), if the sequence asked for them;
+        ``unbanned``: the end-of-generation columns as the model gave them, before ``ignore_eos``."""
         if seq.logprobs is None:
             return None
         k = len(tokens)
+        if unbanned is not None:  # "model" log-probabilities are the model's, before any ban
+            logits = logits[:k].copy()
+            logits[:, self._eog] = unbanned[:k]
         if changes.mask is not None or changes.sparse is not None:
             changes = sampling.Changes(None if changes.mask is None else changes.mask[:k],
                                        None if changes.sparse is None else _first_rows(changes.sparse, k))
         return row_logprobs(logits, tokens, seq.logprobs, seq.logprob_mode, seq.params, changes)
 
-    def _ban_eog(self, seq: Sequence, rows: LogitRowsView, masks: Optional[np.ndarray] = None) -> None:
+    def _ban_eog(self, seq: Sequence, rows: LogitRowsView, masks: Optional[np.ndarray] = None
+                 ) -> Optional[np.ndarray]:
         """A sequence with ``ignore_eos``: its target rows give the end-of-generation ids probability 0,
-        but for rows where a grammar's mask (``masks``) allows nothing else (core/penalties.py)."""
+        but for rows where a grammar's mask (``masks``) allows nothing else (core/penalties.py).
+        Returns the columns as they were when the sequence reports the model's log-probabilities."""
         if not seq.params.ignore_eos:
-            return
+            return None
         if self._eog is None:
             self._eog = eog_id_array(self.tokenizer, self.target.n_vocab)
+        unbanned = rows.view()[:, self._eog].copy() if seq.logprobs is not None and seq.logprob_mode == "model" \
+            else None
         if masks is None:
             rows.mask_columns(self._eog)
-            return
+            return unbanned
         if self._eog_bits is None:
             self._eog_bits = bitmask.from_ids(self._eog, masks.shape[1] * 32, np.uint32)
         n_rows = rows.view().shape[0]
         banned = [i for i in range(n_rows) if not bitmask.allows_only(masks[i], self._eog_bits)]
         if banned:
             rows.mask_columns(self._eog, banned)
+        return unbanned
 
     # ------------------------------------------------------------ emitting
     def emit(self, seq: Sequence, new: List[int], logprobs: Optional[list] = None) -> int:
