@@ -118,6 +118,16 @@ def test_close_waits_for_a_caller_still_tokenizing(tiny_target, tiny_draft, cls)
         dec.tokenize("hello")
 
 
+def test_a_bad_close_timeout_is_refused_before_anything_closes(tiny_target) -> None:
+    dec = BatchedDecoder.from_gguf(tiny_target, max_sequences=1, n_ctx=128, n_threads=1)
+    for bad in ("5", -1, True):
+        with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0 or None"):
+            dec.close(drain=True, timeout=bad)
+    assert not dec.closed and dec.generate("hi", max_tokens=2, params=GREEDY).tokens
+    dec.close(drain=True, timeout=5)
+    assert dec.closed and dec.target.closed
+
+
 def test_a_cancel_event_that_fails_stops_its_request_alone(batched) -> None:
     """A Manager().Event() whose manager is gone raises from is_set(): that
     request ends as cancelled, the scheduler and the other requests go on."""
@@ -279,13 +289,14 @@ def test_a_refused_request_uses_up_no_seed(tiny_target, tiny_draft) -> None:
     unseeded = SamplingParams(temperature=1.0)
 
     def run(refuse: bool) -> list:
-        with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=1, max_queue=0, n_ctx=256,
+        with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=2, max_queue=0, n_ctx=256,
                                       n_threads=1, seed=9, gamma=2) as dec:
             busy = dec.stream("hello", max_tokens=100_000, params=unseeded)  # seed 1
             next(busy)
-            if refuse:
+            if refuse:  # one sequence is free: one request would be taken, two choices are not
                 with pytest.raises(QueueFullError):
-                    dec.generate("hi", max_tokens=4, params=unseeded)
+                    dec.generate_choices("hi", 2, max_tokens=4, params=unseeded)
+                assert dec.metrics().requests["rejected"] == 1 and dec.metrics().requests["cancelled"] == 0
             busy.close()
             wait_idle(dec)
             return dec.generate("the quick brown fox", max_tokens=24, params=unseeded).tokens

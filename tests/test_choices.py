@@ -3,6 +3,8 @@ share the prompt's cached cells instead of decoding it again."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from stats_helpers import assert_matches_distribution, expected_distribution
@@ -89,3 +91,34 @@ def test_streamed_choices_and_bad_n(tiny_target):
             dec.generate_choices(PROMPT, 0)
         with pytest.raises(TypeError, match="unexpected keyword argument"):
             dec.generate_choices(PROMPT, 2, temprature=0.5)
+
+
+@pytest.mark.parametrize("cls", [SpeculativeDecoder, BatchedDecoder])
+def test_stop_strings_given_as_an_iterator_reach_every_choice(tiny_target, cls):
+    dec = cls.from_gguf(tiny_target, n_ctx=256, n_threads=1, seed=2)
+    params = SamplingParams(temperature=0.0)
+    word = dec.generate("hello", max_tokens=12, params=params).text[3:6]
+    gens = dec.generate_choices("hello", 3, max_tokens=12, params=params, stop=(s for s in [word]))
+    assert all(word not in g.text and g.finish_reason == "stop" for g in gens), [g.text for g in gens]
+    dec.close()
+
+
+def test_an_interrupted_wait_for_choices_stops_them_all(tiny_target):
+    """generate_choices waits for choice 0, then 1, ...: when a wait ends by
+    an exception (here KeyboardInterrupt), no choice decodes on."""
+    dec = BatchedDecoder.from_gguf(tiny_target, max_sequences=2, n_ctx=4096, n_threads=1)
+    calls = []
+
+    def interrupted(req, timeout):
+        calls.append(req)
+        raise KeyboardInterrupt
+
+    dec._wait = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        dec.generate_choices("hello", 2, max_tokens=4000)
+    deadline = time.monotonic() + 10
+    while (dec.metrics().active_sequences or dec.metrics().queue_depth) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    m = dec.metrics()
+    assert len(calls) == 1 and m.active_sequences == 0 and m.queue_depth == 0 and m.requests["cancelled"] == 2
+    dec.close()

@@ -3,7 +3,24 @@
 from __future__ import annotations
 
 import codecs
-from typing import Iterable, Sequence, Union
+from typing import Iterable, Union
+
+
+def stop_strings(stop: Union[str, Iterable[str], None]) -> tuple[str, ...]:
+    """A request's ``stop`` as a tuple: a str, any iterable of str (read
+    once), or None (none, as OpenAI's API takes it).  TypeError/ValueError
+    naming ``stop`` otherwise."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        return (stop,)
+    if isinstance(stop, (bytes, bytearray)) or not isinstance(stop, Iterable):
+        raise TypeError(f"stop must be a str, a sequence of str or None, got {stop!r}")
+    out = tuple(stop)
+    for s in out:
+        if not isinstance(s, str) or not s:
+            raise ValueError(f"stop strings must be non-empty str, got {s!r}")
+    return out
 
 
 class TextAssembler:
@@ -15,18 +32,8 @@ class TextAssembler:
     so a consumer never sees a stop string, whole or in part.
     """
 
-    def __init__(self, stop: Union[str, Sequence[str], None] = ()) -> None:
-        if stop is None:  # as OpenAI's API takes it: no stop strings
-            stop = ()
-        elif isinstance(stop, str):
-            stop = (stop,)
-        elif isinstance(stop, (bytes, bytearray)) or not isinstance(stop, Iterable):
-            raise TypeError(f"stop must be a str, a sequence of str or None, got {stop!r}")
-        stop = tuple(stop)
-        for s in stop:
-            if not isinstance(s, str) or not s:
-                raise ValueError(f"stop strings must be non-empty str, got {s!r}")
-        self._stop = stop
+    def __init__(self, stop: Union[str, Iterable[str], None] = ()) -> None:
+        self._stop = stop_strings(stop)
         self._hold = max((len(s) for s in self._stop), default=1) - 1
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._pending = ""

@@ -13,6 +13,7 @@ from ..core.protocols import Tokenizer
 from ..core.request_args import Prompt
 from ..core.sequence import GammaSetting, SeedSequence, choice_seed
 from ..core.stats import Generation
+from ..core.text import stop_strings
 from ..params import SamplingParams
 from ..planning.costmodel import CostModel
 from ..planning.policy import CATCH_UP_LIMIT
@@ -218,7 +219,13 @@ class BatchedDecoder(DecoderFront):
         request with a seed samples from a seed derived from it and i, so
         the choices differ and a rerun repeats them."""
         timeout = kwargs.get("timeout")
-        return [self._wait(req, timeout) for req in self._submit_choices(prompt, n, kwargs)]
+        reqs = self._submit_choices(prompt, n, kwargs)
+        try:
+            return [self._wait(req, timeout) for req in reqs]
+        except BaseException:  # one choice failed, or the wait was interrupted: none runs on
+            for req in reqs:
+                req.closed = True
+            raise
 
     def stream_choices(self, prompt: Prompt, n: int, **kwargs: Any) -> list[RequestStream]:
         """:meth:`generate_choices` as ``n`` streams (keyword arguments as for :meth:`stream`)."""
@@ -274,6 +281,9 @@ class BatchedDecoder(DecoderFront):
         without ``drain``) ends with ``DecoderClosedError``.  Never hangs on
         a request whose caller went away.
         """
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                    or not timeout >= 0):
+            raise ValueError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
         if self._closed:
             return
         self._closed = True
@@ -291,13 +301,11 @@ class BatchedDecoder(DecoderFront):
         return f"BatchedDecoder({self.target_path!r}, max_sequences={self.max_sequences}, {state})"
 
     # ------------------------------------------------------------------ internals
-    def _submit(self, prompt, max_tokens, params, stop, gamma, cancel, timeout, *, after: Optional[Request] = None,
-                **options: Any) -> Request:
+    def _submit(self, prompt, max_tokens, params, stop, gamma, cancel, timeout, **options: Any) -> Request:
         req = self._sequence(Request, prompt, max_tokens, params, stop, gamma, cancel, timeout, self.gamma_max,
                              **options)
-        req.after = after
         # The seed is drawn once the request is accepted: a refused one uses none.
-        self._scheduler.submit(req, on_accept=self._seed_of)
+        self._scheduler.submit([req], on_accept=self._seed_of)
         return req
 
     def _submit_choices(self, prompt: Prompt, n: int, kwargs: dict) -> list[Request]:
@@ -311,18 +319,15 @@ class BatchedDecoder(DecoderFront):
         if unknown:
             raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
         params = kwargs.get("params", SamplingParams())
-        args = dict(max_tokens=kwargs.get("max_tokens", 256), stop=kwargs.get("stop", ()),
-                    gamma=kwargs.get("gamma"), cancel=kwargs.get("cancel"), timeout=kwargs.get("timeout"))
+        stop = stop_strings(kwargs.get("stop", ()))  # an iterator is read once, for every choice
         options = {k: kwargs[k] for k in ("grammar", "logprobs", "logprob_mode") if k in kwargs}
         reqs: list[Request] = []
-        try:
-            for i in range(n):
-                p = params if i == 0 or params.seed is None else dataclasses.replace(
-                    params, seed=choice_seed(params.seed, i))
-                reqs.append(self._submit(prompt, args["max_tokens"], p, args["stop"], args["gamma"], args["cancel"],
-                                         args["timeout"], after=reqs[0] if reqs else None, **options))
-        except BaseException:
-            for req in reqs:  # no half-state: the choices already queued are withdrawn
-                req.closed = True
-            raise
+        for i in range(n):
+            p = params if i == 0 or params.seed is None else dataclasses.replace(
+                params, seed=choice_seed(params.seed, i))
+            req = self._sequence(Request, prompt, kwargs.get("max_tokens", 256), p, stop, kwargs.get("gamma"),
+                                 kwargs.get("cancel"), kwargs.get("timeout"), self.gamma_max, **options)
+            req.after = reqs[0] if reqs else None
+            reqs.append(req)
+        self._scheduler.submit(reqs, on_accept=self._seed_of)  # all or none: a refusal draws no seed
         return reqs

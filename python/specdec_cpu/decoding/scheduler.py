@@ -12,7 +12,7 @@ import collections
 import logging
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 from ..engine.openmp import release_threads
 from ..errors import DecoderClosedError, QueueFullError, SpecDecError
@@ -41,22 +41,24 @@ class Scheduler:
         self._thread.start()
 
     # ------------------------------------------------------------ any thread
-    def submit(self, req: Request, on_accept: Optional[Callable[[Request], None]] = None) -> None:
-        """Queue a request (FIFO); ``QueueFullError`` when ``max_queue`` wait already.
+    def submit(self, reqs: List[Request], on_accept: Optional[Callable[[Request], None]] = None) -> None:
+        """Queue requests (FIFO), all or none: ``QueueFullError`` when they
+        would make more than ``max_queue`` wait.
 
-        ``on_accept(req)`` runs once the request is accepted, before the
-        scheduler can see it."""
+        ``on_accept(req)`` runs once they are accepted, before the scheduler
+        can see them (a refused request draws no seed)."""
         with self._cond:
             if self._closed:
                 raise DecoderClosedError(self._failed or "BatchedDecoder is closed")
-            if len(self._waiting) - self.loop.n_free >= self.max_queue:
+            if len(self._waiting) + len(reqs) - self.loop.n_free > self.max_queue:
                 self.metrics.count_request("rejected")
                 raise QueueFullError(
                     f"{len(self._waiting)} requests are already waiting (max_queue={self.max_queue}); "
                     "retry later", waiting=len(self._waiting))
-            if on_accept is not None:
-                on_accept(req)
-            self._waiting.append(req)
+            for req in reqs:
+                if on_accept is not None:
+                    on_accept(req)
+                self._waiting.append(req)
             self.metrics.queue_depth = len(self._waiting)
             self._cond.notify()
 

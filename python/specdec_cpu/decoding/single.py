@@ -21,6 +21,7 @@ from ..core.protocols import CausalLM, Tokenizer
 from ..core.request_args import GAMMA_LIMIT, Prompt
 from ..core.sequence import GammaSetting, SeedSequence, Sequence, choice_seed
 from ..core.stats import Generation
+from ..core.text import stop_strings
 from ..errors import DecoderClosedError, UnsupportedModelError
 from ..params import SamplingParams
 from ..settings import DecoderSettings
@@ -264,6 +265,7 @@ class SpeculativeDecoder(DecoderFront):
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 128:
             raise ValueError(f"n must be an int in [1, 128] (choices), got {n!r}")
         params = kwargs.pop("params", SamplingParams())
+        kwargs["stop"] = stop_strings(kwargs.get("stop", ()))  # an iterator is read once, for every choice
         out = []
         for i in range(n):
             p = (params if i == 0 or params.seed is None
