@@ -7,6 +7,7 @@ resource use in test_batched_churn.py.
 from __future__ import annotations
 
 import contextlib
+import gc
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -510,6 +511,17 @@ def test_async_streams_for_asyncio_servers(batched) -> None:
         while long.result is None:
             await asyncio.sleep(0.01)
         assert long.result.finish_reason == "cancelled"
+        # So does dropping the stream (the request holds no reference to it).
+        dropped = batched.astream("hello", max_tokens=100_000, params=SamplingParams(temperature=1.0), gamma=0)
+        await dropped.__anext__()
+        req = dropped._request
+        del dropped
+        gc.collect()
+        for _ in range(500):
+            if req.done.is_set():
+                break
+            await asyncio.sleep(0.01)
+        assert req.result.finish_reason == "cancelled"  # not "context": it did not run on to the end
 
     async def _collect(s):
         return "".join([p async for p in s])

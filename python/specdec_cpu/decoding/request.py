@@ -135,8 +135,9 @@ class AsyncRequestStream:
         self._request = request
         self._ended = False
         self._end_read = False  # read_ready() took the end marker off the queue
-        self._ready = asyncio.Event()
-        request.wakeup = lambda: loop.call_soon_threadsafe(self._ready.set)
+        self._ready = ready = asyncio.Event()
+        # The doorbell holds the event, not the stream: a dropped stream is collected, and closes its request.
+        request.wakeup = lambda: loop.call_soon_threadsafe(ready.set)
         self._ready.set()  # pieces may have been delivered before the doorbell was hung
 
     def __aiter__(self) -> "AsyncRequestStream":
