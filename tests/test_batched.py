@@ -119,6 +119,16 @@ def test_close_waits_for_a_caller_still_tokenizing(tiny_target, tiny_draft, cls)
         dec.tokenize("hello")
 
 
+def test_a_decoder_dropped_without_close_stops_its_thread_and_frees_its_models(tiny_target) -> None:
+    dec = BatchedDecoder.from_gguf(tiny_target, max_sequences=1, n_ctx=128, n_threads=1)
+    dec.generate("hi", max_tokens=2, params=GREEDY)
+    thread, target = dec._scheduler._thread, dec.target
+    del dec
+    gc.collect()
+    thread.join(10)
+    assert not thread.is_alive() and target.closed
+
+
 def test_a_bad_close_timeout_is_refused_before_anything_closes(tiny_target) -> None:
     dec = BatchedDecoder.from_gguf(tiny_target, max_sequences=1, n_ctx=128, n_threads=1)
     for bad in ("5", -1, True):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import sys
 import threading
 from typing import Any, Callable, Optional, Union
 from typing import Sequence as Seq
@@ -294,6 +295,15 @@ class BatchedDecoder(DecoderFront):
                 ctx.close()
         if self._owned is not None:
             self._owned.close()
+
+    def __del__(self) -> None:
+        # Dropped without close(): its scheduler thread holds the models, not this object; stop it
+        # (not at interpreter exit, when joining a frozen daemon thread would hang).
+        if not getattr(self, "_closed", True) and not sys.is_finalizing():
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001 - nothing may escape a finalizer
+                pass
 
     def __repr__(self) -> str:
         m = self._metrics
