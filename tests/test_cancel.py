@@ -248,6 +248,11 @@ def test_waiting_for_a_busy_decoder_honours_timeout_and_cancel(how) -> None:
     assert exc.reason == how and exc.partial.tokens == []
     assert result["seconds"] < 2.0
     held.close()
+    # Both ended requests count, the one that never got the decoder included; so does a stream closed unstarted.
+    unstarted = dec.stream([6, 7], max_tokens=5, params=T1)
+    unstarted.close()
+    counts = dec.metrics().requests  # the waiting one (as ``how``), the held one and the unstarted one (cancelled)
+    assert (counts["timeout"], counts["cancelled"]) == ((1, 2) if how == "timeout" else (0, 3)), counts
     assert dec.generate([4, 5], max_tokens=30, params=T1).tokens == fresh([4, 5])
 
 

@@ -374,8 +374,8 @@ class _Run:
         gen = self._gen() if self._gen is not None else None
         if gen is not None:
             gen.close()
-        if not self.seq.finished:  # closed before it started
-            self.seq.finish("cancelled")
+        if not self.seq.finished:  # closed before it started (counted as a request all the same)
+            self.dec._loop.end(self.seq, "cancelled")
 
     def _generate(self) -> Generator[str, None, None]:
         dec, seq = self.dec, self.seq
@@ -384,13 +384,13 @@ class _Run:
             # A stream this thread left suspended: it can never resume before
             # we finish, so end it now rather than deadlock on the lock.
             active.close()
+        loop = dec._loop
         if not self._acquire(dec._lock):
             return
         if dec._closed:  # closed while this call waited for the lock
             dec._lock.release()
-            seq.finish("cancelled")
+            loop.end(seq, "cancelled")
             raise DecoderClosedError("the SpeculativeDecoder was closed while this call waited", seq.result)
-        loop = dec._loop
         try:
             dec._active, self.thread = self, threading.get_ident()
             loop.admit(seq)
@@ -421,8 +421,8 @@ class _Run:
             return True
         while True:
             reason = seq.stop_reason(time.perf_counter())
-            if reason is not None:
-                seq.finish(reason)
+            if reason is not None:  # ended waiting for the decoder: counted as a request all the same
+                self.dec._loop.end(seq, reason)
                 return False
             wait = _LOCK_POLL
             if seq.deadline is not None:
