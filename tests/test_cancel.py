@@ -171,6 +171,21 @@ def test_cancel_from_another_thread() -> None:
     assert consistent(dec)
 
 
+def test_a_stream_closed_from_another_thread_stops_at_its_next_step() -> None:
+    """A UI's stop button: close() from a thread other than the reader's."""
+    dec = make(target_kw={"hook": lambda i, m, t: time.sleep(0.01)})
+    stream = dec.stream([1, 2], max_tokens=10_000, params=T1)
+    pieces = []
+    reader = threading.Thread(target=lambda: pieces.extend(stream))
+    reader.start()
+    time.sleep(0.15)
+    stream.close()  # the reader is inside next(): it may not be closed under it
+    reader.join(5)
+    assert not reader.is_alive() and stream.result.finish_reason == "cancelled" and pieces
+    assert consistent(dec)
+    assert dec.generate([1, 2], max_tokens=5, params=T1).tokens  # the decoder is free again
+
+
 def test_cancel_between_prompt_batches() -> None:
     """A long prompt is processed a batch at a time, checking in between."""
     cancel = threading.Event()

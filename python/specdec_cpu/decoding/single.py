@@ -370,10 +370,15 @@ class _Run:
         return gen
 
     def close(self) -> None:
-        """Stop early; the decoder's caches stay consistent."""
+        """Stop early; the decoder's caches stay consistent.  From another
+        thread than the one reading, the stream stops at its next step."""
         gen = self._gen() if self._gen is not None else None
         if gen is not None:
-            gen.close()
+            self.seq.closed = True  # a reader in another thread stops at its next step
+            try:
+                gen.close()
+            except ValueError:  # "generator already executing": that reader has it, and will stop
+                pass
         if not self.seq.finished:  # closed before it started (counted as a request all the same)
             self.dec._loop.end(self.seq, "cancelled")
 
