@@ -82,9 +82,7 @@ class BatchedDecoder(DecoderFront):
         self._metrics = ServingMetrics(max_sequences=target.n_seq)
         loop = StepLoop(
             target=target, draft=draft, tokenizer=tokenizer,
-            # A probe or a fixed γ takes in its draft's lag within one draft pass: no more than the pass holds.
-            policy=make_policy(cost_model, target, draft, gamma_max=self.gamma_max,
-                               catch_up_limit=min(CATCH_UP_LIMIT, draft.n_batch - 1) if draft is not None else 0),
+            policy=self._policy(cost_model),
             prefill_chunk=prefill_chunk, ngram_kwargs=dict(ngram_kwargs or {}) if ngram else None,
             metrics=self._metrics, step_trace=step_trace,
             draft_source_ids=draft.weights.source_ids if draft is not None else None,
@@ -148,8 +146,13 @@ class BatchedDecoder(DecoderFront):
     def _set_cost_model(self, cost_model: Optional[CostModel]) -> None:
         """Plan from ``cost_model`` (while no request is in flight: at load)."""
         self.cost_model = cost_model
-        loop = self._scheduler.loop
-        loop.policy = make_policy(cost_model, self.target, self.draft, gamma_max=self.gamma_max)
+        self._scheduler.loop.policy = self._policy(cost_model)
+
+    def _policy(self, cost_model: Optional[CostModel]) -> Any:
+        # A probe or a fixed γ takes in its draft's lag within one draft pass: no more than the pass holds.
+        draft = self.draft
+        return make_policy(cost_model, self.target, draft, gamma_max=self.gamma_max,
+                           catch_up_limit=min(CATCH_UP_LIMIT, draft.n_batch - 1) if draft is not None else 0)
 
     # ------------------------------------------------------------------ requests
     def generate(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
