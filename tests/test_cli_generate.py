@@ -13,11 +13,11 @@ import pytest
 from model_stores import store_env
 
 
-def cli(*argv: str, env: dict, stdin: str | None = None, timeout: float = 120):
+def cli(*argv: str, env: dict, stdin: str | bytes | None = None, timeout: float = 120):
     """Run ``python -m specdec_cpu.cli ARGV``; return (exit code, stdout, stderr) as text."""
     proc = subprocess.run(
         [sys.executable, "-m", "specdec_cpu.cli", *argv],
-        input=stdin.encode() if stdin is not None else None,
+        input=stdin.encode() if isinstance(stdin, str) else stdin,
         stdin=None if stdin is not None else subprocess.DEVNULL,
         capture_output=True, env=env, timeout=timeout,
     )
@@ -100,6 +100,9 @@ def test_empty_stdin_prompt_is_a_usage_error(env, pair):
     code, out, err = cli("generate", *pair, "-", env=env, stdin="\n")
     assert code == 2 and out == ""
     assert "prompt is empty" in err
+    code, out, err = cli("generate", *pair, "-", env=env, stdin=b"caf\xe9\n")  # Latin-1, not UTF-8
+    assert code == 2 and err.strip() == ("specdec-cpu generate: error: PROMPT '-': standard input is not UTF-8 "
+                                         "text (invalid continuation byte at byte 3)"), err
 
 
 def test_raw_skips_the_chat_template(env, pair):

@@ -272,6 +272,12 @@ def test_an_ambiguous_name_lists_the_candidates(stores, tmp_path, tiny_target, t
     assert discovery.resolve_model("model.gguf", [tmp_path / "folder"]) == mine
 
 
+def test_a_model_folder_that_is_a_file_is_named_as_one(stores, tmp_path, tiny_target):
+    model = add_file(tmp_path / "models", "m.gguf", tiny_target)
+    where = discovery.discover([model, tmp_path / "gone"]).where()
+    assert f"(absent: {tmp_path / 'gone'})" in where and f"(not a folder: {model})" in where
+
+
 def test_a_directory_is_not_a_model(stores, tmp_path, monkeypatch, tiny_target):
     with pytest.raises(ModelLoadError, match="is a directory, not a GGUF file"):
         discovery.resolve_model(str(tmp_path))

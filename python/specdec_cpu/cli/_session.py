@@ -26,6 +26,8 @@ PARAM_KEYS = ("temperature", "top_k", "top_p", "min_p", "seed", "max_tokens", "g
 #: The decoder settings generate and chat take as flags (settings.py declares each).
 MODEL_SETTINGS = ("ngram", "draft_vocab", "gamma", "gamma_max", "calibration", "n_threads", "n_ctx", "n_batch",
                   "chat_template")
+#: The most tokens one reply may ask for (--max-tokens, chat's /params max_tokens).
+MAX_TOKENS_LIMIT = 1 << 24
 
 
 # ---------------------------------------------------------------------------
@@ -105,7 +107,7 @@ def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     g = p.add_argument_group("sampling (applied as temperature → top-k → top-p → min-p)")
     add_sampling_flags(g, DEFAULT_TEMPERATURE)
     add_flags(g, DecoderSettings, ("seed",))
-    g.add_argument("--max-tokens", type=int_in(1, 1 << 24), default=max_tokens, metavar="N",
+    g.add_argument("--max-tokens", type=int_in(1, MAX_TOKENS_LIMIT), default=max_tokens, metavar="N",
                    help=f"most tokens to generate per reply (default {max_tokens})")
     g.add_argument("--ignore-eos", action="store_true",
                    help="never end at an end-of-generation token (probability 0): generate --max-tokens "

@@ -30,6 +30,7 @@ from ._conversation import load_conversation, save_conversation
 from ._discovery import label
 from ._interrupts import PromptInterrupts
 from ._session import (
+    MAX_TOKENS_LIMIT,
     PARAM_KEYS,
     add_model_args,
     add_sampling_args,
@@ -290,8 +291,9 @@ class ChatSession:
             if key not in PARAM_KEYS:
                 raise ValueError(f"unknown parameter {key!r}; known: {', '.join(PARAM_KEYS)}")
             new[key] = _parse_value(key, value.strip())
-        if new["max_tokens"] < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {new['max_tokens']}")
+        if not 1 <= new["max_tokens"] <= MAX_TOKENS_LIMIT:
+            raise ValueError(f"max_tokens must be in [1, {MAX_TOKENS_LIMIT}] (as --max-tokens), "
+                             f"got {new['max_tokens']}")
         if isinstance(new["gamma"], int) and new["gamma"] > 0 and not has_drafter(self.decoder):
             raise ValueError(f"gamma={new['gamma']} needs a drafter; this session has none "
                              "(start with --draft or --ngram)")

@@ -111,7 +111,11 @@ def _read_prompt(arg: str) -> str:
     if arg == "-":
         if sys.stdin is None:
             raise UsageError("PROMPT is '-' but there is no standard input")
-        text = sys.stdin.read()
+        try:
+            text = sys.stdin.read()
+        except UnicodeDecodeError as exc:
+            raise UsageError(f"PROMPT '-': standard input is not UTF-8 text ({exc.reason} at byte {exc.start})") \
+                from None
         text = text[:-1] if text.endswith("\n") else text  # the newline echo/heredocs add
     else:
         text = arg

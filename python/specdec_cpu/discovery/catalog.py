@@ -39,11 +39,15 @@ class Catalog:
     def where(self) -> str:
         """The folders searched, in one phrase for messages."""
         found = [f"{SOURCE_TITLES[s]} {p}" for s, p, exists in self.searched if exists]
-        missing = list(dict.fromkeys(str(p) for _, p, exists in self.searched if exists is False))
+        missing = list(dict.fromkeys(p for _, p, exists in self.searched if exists is False))
         unreadable = list(dict.fromkeys(str(p) for _, p, exists in self.searched if exists is None))
+        files = [str(p) for p in missing if p.exists()]  # e.g. --model-dir naming a .gguf file
+        absent = [str(p) for p in missing if not p.exists()]
         text = "; ".join(found) if found else "no model store found"
-        if missing:
-            text += f" (absent: {', '.join(missing)})"
+        if absent:
+            text += f" (absent: {', '.join(absent)})"
+        if files:
+            text += f" (not a folder: {', '.join(files)})"
         if unreadable:
             text += f" (not readable by this user: {', '.join(unreadable)})"
         return text
