@@ -74,7 +74,6 @@ __all__ = ["ServerOptions", "ServerState", "create_app"]
 
 log = logging.getLogger("specdec_cpu.server")
 
-
 #: What the generation routes may answer besides 200.
 GENERATION_ERRORS = error_responses(400, 401, 404, 413, 429, 500, 503, 504)
 
