@@ -233,6 +233,33 @@ def test_what_this_user_may_not_read_is_named_and_the_rest_still_found(stores, m
     assert discovery.resolve_model(tiny_target) is not None  # a path needs no store
 
 
+def test_a_folder_that_cannot_be_listed_is_named(stores, monkeypatch, tmp_path, tiny_target, tiny_spm):
+    """A subfolder of a model folder this user may not list is an unusable
+    entry saying so (the models in it cannot be found); a model folder that
+    cannot be listed is "not readable".  Simulated: the tests may run as root."""
+    folder = tmp_path / "my-models"
+    add_file(folder, "open/a.gguf", tiny_target)
+    add_file(folder, "shut/b.gguf", tiny_spm)
+    lm = add_file(stores["SPECDEC_LMSTUDIO_DIR"], "pub/Repo-GGUF/c.gguf", tiny_spm)
+    other = tmp_path / "other-models"
+    add_file(other, "d.gguf", tiny_spm)
+    shut = {str(folder / "shut"), str(lm.parent), str(other)}
+    scandir = os.scandir
+
+    def denied(path="."):
+        if os.fspath(path) in shut:
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", denied)
+    catalog = discovery.discover([folder, other])
+    assert [e.name for e in catalog.usable()] == ["open/a.gguf"]
+    problems = {e.qualified: e.problem for e in catalog.problems()}
+    assert problems == {"dir:shut/": f"cannot read folder {folder / 'shut'}: Permission denied",
+                        "lmstudio:pub/Repo-GGUF/": f"cannot read folder {lm.parent}: Permission denied"}
+    assert f"(not readable by this user: {other})" in catalog.where()
+
+
 def test_a_damaged_metadata_cache_is_read_again(stores, tmp_path, tiny_target):
     path = tmp_path / "m.gguf"
     path.write_bytes(open(tiny_target, "rb").read())

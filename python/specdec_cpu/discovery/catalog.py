@@ -94,9 +94,12 @@ def discover(model_dirs: Sequence[Union[str, "os.PathLike[str]"]] = (), *, demo:
 
 
 def _folder(root: Path) -> Optional[bool]:
-    """Whether ``root`` is a folder; None when it cannot be told (no permission)."""
+    """Whether ``root`` is a folder; None when this user may not look into it."""
     try:
-        return root.is_dir()
+        if not root.is_dir():
+            return False
+        os.scandir(root).close()
+        return True
     except OSError:
         return None
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterator, List
 
 from .entry import ModelEntry
-from .folders import gguf_files
+from .folders import gguf_files, unreadable_folders
 from .shards import group_parts
 
 __all__ = ["default_roots", "scan", "ENV"]
@@ -47,7 +47,8 @@ def default_roots() -> List[Path]:
 
 def scan(root: Path) -> Iterator[ModelEntry]:
     """Every GGUF file under ``root``, named ``publisher/repo:file``."""
-    for f in group_parts(gguf_files(root)):
+    unreadable: List[OSError] = []
+    for f in group_parts(gguf_files(root, unreadable)):
         parts = f.rel.split("/")
         if len(parts) >= 3:
             group = "/".join(parts[:2])
@@ -56,3 +57,4 @@ def scan(root: Path) -> Iterator[ModelEntry]:
             group, name = "/".join(parts[:-1]), f.rel
         yield ModelEntry(name=name, source="lmstudio", path=f.path, extra_parts=f.extra_parts,
                          group=group, file=Path(f.rel).name, problem=f.problem, root=root)
+    yield from unreadable_folders("lmstudio", root, unreadable)
