@@ -88,6 +88,26 @@ def test_names_that_do_not_resolve_are_one_line(env, ollama_pair):
     assert code == 1 and err.count("\n") == 1 and "--draft nope:1b: no model of that name" in err
 
 
+def test_a_file_that_is_no_model_names_its_flag(env, ollama_pair, tmp_path):
+    """An empty or non-GGUF file, named or found by name, is one line naming the flag
+    (and the name) before anything loads; ``serve`` takes --target/--draft too."""
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    add_ollama_model(Path(env["OLLAMA_MODELS"]), "empty:1b", empty)
+    code, _, err = cli("generate", "--target", "empty:1b", "hi", env=env)
+    assert code == 1 and err.count("\n") == 1 and "error: --target empty:1b: model file is empty (0 bytes): " in err
+    code, _, err = cli("generate", "--target", "tiny:2l", "--draft", str(empty), "hi", env=env)
+    assert code == 1 and f"error: --draft: model file is empty (0 bytes): {empty}" in err
+    code, _, err = cli("serve", "--target", "empty:1b", "--port", "0", env=env)
+    assert code == 1 and "error: --target empty:1b: model file is empty" in err
+    code, _, err = cli("serve", str(empty), "--port", "0", env=env)
+    assert code == 1 and f"error: TARGET: model file is empty (0 bytes): {empty}" in err
+    code, _, err = cli("serve", "tiny:2l", "--target", "tiny:2l", env=env)
+    assert code == 2 and "give the target model once: as TARGET or as --target, not both" in err
+    code, _, err = cli("serve", "--draft", "tiny:1l", env=env)
+    assert code == 2 and "--draft needs a target: give TARGET (or --target)" in err
+
+
 def test_chat_status_line_names_the_draft(env, ollama_pair):
     code, out, err = cli("chat", "--target", "tiny:2l", "--gamma", "2", env=env, stdin="/exit\n")
     assert code == 0, err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import struct
 import sys
 import time
 import types
@@ -276,7 +277,7 @@ def fake_decoder_module(monkeypatch, tmp_path):
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("SPECDEC_CALIBRATION_DIR", raising=False)
     for name in ("t.gguf", "d.gguf"):
-        (tmp_path / name).write_bytes(b"gguf")
+        (tmp_path / name).write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 0))  # a header, no model
     return loaded
 
 

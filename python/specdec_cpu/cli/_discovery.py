@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..errors import ModelLoadError
 from ._common import emit
@@ -83,6 +83,20 @@ def _auto_draft(args: argparse.Namespace, target: str, catalog_box: list,
     return str(choice.entry.path)
 
 
+def _check_files(models: Iterable[Tuple[str, Optional[str], Optional[str]]]) -> None:
+    """Each ``(flag, as given, file)`` is a readable GGUF file; the error names the flag
+    (and the name given, when a store's file was found for it)."""
+    from ..engine.gguf_meta import check_gguf_file
+
+    for flag, value, path in models:
+        if path is None:
+            continue
+        try:
+            check_gguf_file(path)
+        except ModelLoadError as exc:
+            raise type(exc)(f"{flag}{'' if value == path else ' ' + str(value)}: {exc}") from None
+
+
 def finish_models(args: argparse.Namespace, target: str, draft: Optional[str], *,
                   flags: Tuple[str, str] = ("--target", "--draft"), n_ctx: int, n_seq: int = 1,
                   named: bool = True, auto_draft: bool = True) -> Tuple[str, Optional[str]]:
@@ -99,14 +113,15 @@ def finish_models(args: argparse.Namespace, target: str, draft: Optional[str], *
     model_dirs: List[str] = list(getattr(args, "model_dir", None) or [])
     box: list = []
     say = lambda line: emit(line, sys.stderr)  # noqa: E731
+    given = (target, draft)
     if named:
         target = _resolve(flags[0], target, box, model_dirs)
         if draft is not None:
             draft = _resolve(flags[1], draft, box, model_dirs)
-        wants_draft = (auto_draft and draft is None and not getattr(args, "no_auto_draft", True)
-                       and getattr(args, "gamma", "auto") != 0)
-        if wants_draft:
-            draft = _auto_draft(args, target, box, model_dirs, say)
+    _check_files(zip(flags, given, (target, draft)))
+    if (named and auto_draft and draft is None and not getattr(args, "no_auto_draft", True)
+            and getattr(args, "gamma", "auto") != 0):
+        draft = _auto_draft(args, target, box, model_dirs, say)
     if not getattr(args, "no_memory_check", False):
         from ..discovery import check_memory
 

@@ -30,6 +30,10 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("draft", nargs="?", metavar="DRAFT",
                    help="draft model sharing the target's vocabulary; default: the smallest such model "
                         "found on this machine, else n-gram drafting")
+    # The other commands name the models with flags: accept them here too (else argparse
+    # reads "--target" as an abbreviation of --target-ongoing).
+    p.add_argument("--target", dest="target_flag", metavar="T.gguf|NAME", help="the same as TARGET")
+    p.add_argument("--draft", dest="draft_flag", metavar="D.gguf|NAME", help="the same as DRAFT")
     add_discovery_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int_in(0, 65535), default=8000, help="port (default 8000)")
@@ -72,8 +76,13 @@ def run(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401
     except ImportError:
         raise UsageError("serving needs the [server] extra: pip install 'specdec-cpu[server]'") from None
-    if args.draft is not None and args.target is None:  # pragma: no cover - argparse fills target first
-        raise UsageError("DRAFT needs TARGET")
+    for flag, name in (("target", "TARGET"), ("draft", "DRAFT")):
+        given = getattr(args, f"{flag}_flag")
+        if given is not None and getattr(args, flag) is not None:
+            raise UsageError(f"give the {flag} model once: as {name} or as --{flag}, not both")
+        setattr(args, flag, getattr(args, flag) if given is None else given)
+    if args.draft is not None and args.target is None:
+        raise UsageError("--draft needs a target: give TARGET (or --target)")
     if args.draft_vocab is not None and args.target is not None and args.draft is None:
         raise UsageError("--draft-vocab cuts the draft model: give DRAFT")
     target, draft = _model_paths(args)  # may pick a draft, or fall back on prompt lookup
@@ -122,8 +131,8 @@ def _model_paths(args: argparse.Namespace) -> "tuple[str, Optional[str]]":
         target, draft = ensure_default_pair(progress=True)
         return finish_models(args, str(target), str(draft), n_ctx=args.n_ctx, n_seq=args.max_sequences,
                              named=False)
-    return finish_models(args, args.target, args.draft, flags=("TARGET", "DRAFT"), n_ctx=args.n_ctx,
-                         n_seq=args.max_sequences)
+    flags = ("--target" if args.target_flag else "TARGET", "--draft" if args.draft_flag else "DRAFT")
+    return finish_models(args, args.target, args.draft, flags=flags, n_ctx=args.n_ctx, n_seq=args.max_sequences)
 
 
 def _run_ray(args: argparse.Namespace, settings: BatchedSettings, target: str, draft: Optional[str],
