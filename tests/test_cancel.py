@@ -186,6 +186,21 @@ def test_a_stream_closed_from_another_thread_stops_at_its_next_step() -> None:
     assert dec.generate([1, 2], max_tokens=5, params=T1).tokens  # the decoder is free again
 
 
+def test_a_stream_handed_to_another_thread_is_not_ended_by_the_first() -> None:
+    """A stream started on one thread and read on by another: the first thread's
+    next call waits for it instead of taking it for one it left suspended."""
+    dec = make(target_kw={"hook": lambda i, m, t: time.sleep(0.005)})
+    stream = dec.stream([1, 2], max_tokens=60, params=T1)
+    pieces = [next(stream)]
+    reader = threading.Thread(target=lambda: pieces.extend(stream))
+    reader.start()
+    time.sleep(0.05)
+    assert dec.generate([1, 2], max_tokens=5, params=T1).finish_reason == "length"
+    reader.join(10)
+    assert stream.result.finish_reason == "length" and len(stream.result.tokens) == 60
+    assert consistent(dec)
+
+
 def test_cancel_between_prompt_batches() -> None:
     """A long prompt is processed a batch at a time, checking in between."""
     cancel = threading.Event()

@@ -401,8 +401,8 @@ class _Run:
             loop.admit(seq)
             while not seq.finished:
                 loop.step()
-                yield from seq.take_pieces()
-            yield from seq.take_pieces()  # what finishing flushed
+                yield from self._pieces()
+            yield from self._pieces()  # what finishing flushed
             if seq.error is not None:
                 raise seq.error
         finally:
@@ -416,6 +416,13 @@ class _Run:
             # This thread may not decode again for a while: its OpenMP workers
             # would slow every other decoder's passes meanwhile (engine/openmp.py).
             dec._release_threads()
+
+    def _pieces(self) -> Generator[str, None, None]:
+        """The text the last step made.  A stream may be handed to another thread:
+        the one that resumes it is the one reading it now (see ``_generate``)."""
+        for piece in self.seq.take_pieces():
+            yield piece
+            self.thread = threading.get_ident()
 
     def _acquire(self, lock: threading.Lock) -> bool:
         """Take the decoder's lock; False (the sequence finished) if cancelled
