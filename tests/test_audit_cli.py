@@ -120,6 +120,30 @@ def test_audit_of_our_speculative_decoder_passes(capsys, tmp_path, tiny_target, 
     assert data["stopped"] > 0  # sequences ending at an EOG token: their last outcome was audited too
 
 
+def test_an_engine_run_that_never_drafted_says_so(capsys, monkeypatch, tiny_target, tiny_draft, prompts_file):
+    """γ=auto may decode plainly throughout (the costs say drafting cannot pay): the
+    audit then tested plain decoding only, and says so.  The decoder's counts are
+    zeroed here, as such a run reports them; a run that drafted has no warning."""
+    from specdec_cpu.audit import generate
+
+    real = generate.generate_samples
+
+    def never_drafted(*args, **kwargs):
+        samples, summary = real(*args, **kwargs)
+        summary.drafted = summary.accepted = 0
+        return samples, summary
+
+    argv = ("--target", tiny_target, "--engine", "ours", "--draft", tiny_draft, "--prompts", prompts_file,
+            "--tokens", 8, "--samples", 1)
+    assert audit_json(capsys, *argv, "--gamma", 2)["warnings"] == []
+    monkeypatch.setattr(generate, "generate_samples", never_drafted)
+    assert audit_json(capsys, *argv)["warnings"] == [
+        "--engine ours drafted no token: this audit tested plain decoding only (γ=auto found no step where "
+        "drafting pays); give --gamma N to test speculation"]
+    code, out, _ = run(capsys, "audit", *argv, "--gamma", 2, "--threads", 1)
+    assert code == 0 and "warning: --engine ours drafted no token: this audit tested plain decoding only\n" in out
+
+
 def test_greedy_audit_checks_the_argmax_only(capsys, tmp_path, tiny_target, prompts_file):
     saved = tmp_path / "greedy.jsonl"
     data = audit_json(capsys, "--target", tiny_target, "--engine", "ours-plain", "--prompts", prompts_file,
@@ -242,6 +266,18 @@ def test_text_input_is_tokenized_with_a_warning(capsys, tmp_path, tiny_target):
     assert f"positions: {n_text + 3} " in out  # the text's tokens, 2 ids, the EOG outcome
 
 
+def test_an_eog_id_among_the_tokens_is_warned_of(capsys, tmp_path, tiny_target):
+    """llama-cpp-python yields the EOG id it stopped at; docs/audit.md says to leave it out."""
+    weights = engine.LlamaWeights(tiny_target)
+    eog = sorted(engine.LlamaTokenizer(weights).eog_ids)[0]
+    weights.close()
+    lines = [{"prompt": "hello", "tokens": [4, 5, eog], "stopped": True}, {"prompt": "hello", "tokens": [4, 5]}]
+    data = audit_json(capsys, "--target", tiny_target, "--input", write_jsonl(tmp_path / "eog.jsonl", lines))
+    assert [w[:58] for w in data["warnings"]] == ["1 of 2 sequences hold an end-of-generation id in their tok"]
+    data = audit_json(capsys, "--target", tiny_target, "--input", write_jsonl(tmp_path / "ok.jsonl", lines[1:]))
+    assert data["warnings"] == []
+
+
 @pytest.mark.parametrize("line,message", [
     ('{"prompt": "a", "tokens": [1, 2]', "bad.jsonl:2: not valid JSON"),
     ('{"prompt": "a"}', "bad.jsonl:2: give exactly one of 'tokens'"),
@@ -269,6 +305,8 @@ def test_bad_input_lines_are_usage_errors_naming_the_line(capsys, tmp_path, tiny
     (["--engine", "ours", "--ngram", "--prompts", "P", "--gamma", "0"], "use --engine ours-plain"),
     (["--engine", "ours", "--ngram", "--prompts", "P", "--save", "/no/such/dir/s.jsonl"],
      "--save /no/such/dir/s.jsonl: /no/such/dir is not a directory"),
+    (["--engine", "ours", "--ngram", "--prompts", "P", "--save", "/"],
+     "--save / is a directory: give the file to write"),
     (["--input", "X", "--top-p", "0"], "--top-p: must be in (0, 1]"),
     (["--input", "X", "--threshold", "1"], "--threshold: must be in (0, 1)"),
 ])

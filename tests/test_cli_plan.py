@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import struct
 import sys
 import time
@@ -290,7 +291,7 @@ def test_calibrate_prints_costs_alpha_and_plan(capsys, tmp_path, fake_decoder_mo
     assert fake_decoder_module["params"].temperature == 0.5 and fake_decoder_module["params"].top_k == 20
     assert "draft cost c = T_draft(1) / T_target(1)" in out
     assert "verify cost v(k)" in out and "acceptance α = 0.900" in out
-    assert "cache:" in out and str(tmp_path / "cache") in out
+    assert "cache:" in out and str(tmp_path / "cache") in out and "from the cache" not in out
     assert "draft pass time by batch size b" in out  # --batch 8 by default: both curves
     assert len(table_rows(out)) == 4 and "←" in out
     # --json: machine-readable, and usable as `plan --calibration`.
@@ -298,13 +299,22 @@ def test_calibrate_prints_costs_alpha_and_plan(capsys, tmp_path, fake_decoder_mo
                          "--temperature", "0.5", "--top-k", "20", "--json")
     assert code == 0, err
     data = json.loads(out)
-    assert data["alpha"] == pytest.approx(0.9)
+    assert data["alpha"] == pytest.approx(0.9) and data["derived"]["from_cache"] == "all"
     assert len(data["target_ms"]) == 64 and len(data["draft_batch_ms"]) == 8  # a batch's curves
     assert data["draft_batch_ms"][7] > 4 * data["draft_batch_ms"][0]  # the fake draft costs per row
     assert data["derived"]["verify_cost"][0] == 1.0 and "gamma_star" in data["derived"]
     f = tmp_path / "cal.json"
     f.write_text(out)
     assert run(capsys, "plan", "--calibration", str(f))[0] == 0
+    # A stored calibration is said to be one; other sampling settings measure α again.
+    code, out, _ = run(capsys, "calibrate", "--target", t, "--draft", d, "--gamma-max", "3", "--threads", "2",
+                       "--temperature", "0.5", "--top-k", "20")
+    assert "read from the cache, nothing measured now (--recalibrate measures again)" in out
+    code, out, _ = run(capsys, "calibrate", "--target", t, "--draft", d, "--gamma-max", "3", "--threads", "2")
+    assert "timings read from the cache, α measured now" in out
+    code, out, _ = run(capsys, "calibrate", "--target", t, "--draft", d, "--gamma-max", "3", "--threads", "2",
+                       "--recalibrate")
+    assert "from the cache" not in out
     # The draft cut to part of its vocabulary (generate's --draft-vocab) is calibrated as asked.
     code, out, err = run(capsys, "calibrate", "--target", t, "--draft", d, "--draft-vocab", "98304", "--json")
     assert code == 0, err
@@ -319,3 +329,17 @@ def test_calibrate_errors(capsys, tmp_path, fake_decoder_module):
     assert code == 2 and "--top-p" in err
     code, _, err = run(capsys, "calibrate", "--target", t)
     assert code == 2 and "--draft" in err
+
+
+def test_output_to_a_closed_pipe_ends_quietly() -> None:
+    """`specdec-cpu plan ... | head -1`: the reader gone is no error."""
+    import subprocess
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "specdec_cpu.cli", "plan", "--alpha", "0.8", "--cost", "0.1"],
+                              stdout=write, stderr=subprocess.PIPE, timeout=60)
+    finally:
+        os.close(write)
+    assert proc.returncode == 0 and proc.stderr == b""

@@ -12,7 +12,7 @@ from .chains import TEMPERATURE_FIRST, chain_distribution, check_chain
 from .eog import merge_eog
 from .near_ties import within_tolerance
 from .report import DEFAULT_THRESHOLD, DEFAULT_TIE_TOLERANCE, AuditReport
-from .samples import TEXT_WARNING, AuditInputError, GeneratedSequence
+from .samples import EOG_WARNING, TEXT_WARNING, AuditInputError, GeneratedSequence
 from .target import TargetModel
 
 __all__ = ["audit_sequences", "AuditSession"]
@@ -101,6 +101,7 @@ class AuditSession:
         self.stopped = 0
         self.positions = 0
         self.text_sequences = 0
+        self.eog_sequences = 0  # sequences holding an EOG id among their emitted tokens
 
     @property
     def tokens(self) -> int:
@@ -138,6 +139,8 @@ class AuditSession:
         self.sequences += len(prepared)
         self.stopped += sum(stopped for _, _, stopped in prepared)
         self.text_sequences += sum(s.text is not None for s in sequences)
+        eog = set(model.eog_ids)
+        self.eog_sequences += sum(not eog.isdisjoint(e) for _, e, _ in prepared)
 
     def _allowed(self, emitted: List[int], stopped: bool, seq: GeneratedSequence) -> Optional[np.ndarray]:
         """The grammar's allowed set at every audited position (rows, V) bool,
@@ -171,6 +174,8 @@ class AuditSession:
         warnings: List[str] = []
         if self.text_sequences:
             warnings.append(TEXT_WARNING.format(n=self.text_sequences, total=self.sequences))
+        if self.eog_sequences:
+            warnings.append(EOG_WARNING.format(n=self.eog_sequences, total=self.sequences))
         return AuditReport(
             target=self.model.path, params=self.params, chain=self.chain, sequences=self.sequences,
             stopped=self.stopped, positions=self.positions, point_mass=acc.point_mass,

@@ -28,12 +28,17 @@ from typing import Iterable, List, Optional, Sequence, Union
 
 from ..errors import SpecDecError
 
-__all__ = ["AuditInputError", "GeneratedSequence", "read_jsonl", "parse_record", "TEXT_WARNING"]
+__all__ = ["AuditInputError", "GeneratedSequence", "read_jsonl", "parse_record", "TEXT_WARNING", "EOG_WARNING"]
 
 TEXT_WARNING = (
     "{n} of {total} sequences give emitted text, not token ids: the text is tokenized again, which can "
     "split it differently from the ids the engine sampled (non-canonical tokenizations); a token-level "
     "audit of re-tokenized text can report a bias the engine does not have. Prefer \"tokens\"."
+)
+EOG_WARNING = (
+    "{n} of {total} sequences hold an end-of-generation id in their tokens: it is audited as an ordinary "
+    "outcome, and with \"stopped\": true one more position follows it that no engine drew. A generation "
+    "that ended at it should leave it out and say \"stopped\": true (docs/audit.md)."
 )
 
 

@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 from .. import __version__
 from ..settings import env_errors
-from ._common import PROG, UsageError, emit
+from ._common import PROG, UsageError, emit, silence_stdout
 
 __all__ = ["build_parser", "main"]
 
@@ -63,6 +63,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         emit(f"{PROG}: interrupted", sys.stderr)
         return 130
+    except BrokenPipeError:  # `| head`: the reader of the output is gone, and that is no error
+        silence_stdout()
+        return 0
     except Exception as exc:  # one clear line, not a traceback, unless asked for
         if os.environ.get("SPECDEC_DEBUG"):
             raise

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Optional, TextIO
 
@@ -79,3 +80,13 @@ def _number(text: str) -> float:
     if value != value or value in (float("inf"), float("-inf")):
         raise argparse.ArgumentTypeError(f"must be finite, got {text}")
     return value
+
+
+def silence_stdout() -> None:
+    """After a broken pipe, keep the interpreter's final flush from failing again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # pragma: no cover
+        pass

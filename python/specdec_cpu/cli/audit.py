@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -146,11 +145,11 @@ def run(args: argparse.Namespace) -> int:
 
     if report.positions == 0:
         raise ValueError("nothing to audit: every sequence is empty (no emitted tokens, none stopped)")
-    try:
-        _print(args, report, summary, noise, grammar)
-    except BrokenPipeError:  # e.g. `| head`: the reader is gone
-        _silence_stdout()
-        return 0
+    if args.engine == "ours" and summary is not None and summary.drafted == 0:
+        report.warnings.append("--engine ours drafted no token: this audit tested plain decoding only"
+                               + (" (γ=auto found no step where drafting pays); give --gamma N to test speculation"
+                                  if args.gamma is None else ""))
+    _print(args, report, summary, noise, grammar)  # a broken pipe (`| head`): see main()
     if args.plot:
         from ..audit.plot import plot_bins
 
@@ -186,16 +185,6 @@ def _print(args: argparse.Namespace, report, summary, noise, grammar) -> None:
     sys.stdout.flush()
 
 
-def _silence_stdout() -> None:
-    """After a broken pipe, keep the interpreter's final flush from failing again."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):  # pragma: no cover
-        pass
-
-
 def _params(args: argparse.Namespace) -> SamplingParams:
     try:
         return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -229,8 +218,11 @@ def _check_flags(args: argparse.Namespace) -> None:
                          "(--engine ours-plain is plain decoding)")
     elif args.gamma == 0:
         raise UsageError("--engine ours with --gamma 0 is plain decoding: use --engine ours-plain")
-    if args.save is not None and not Path(args.save).parent.is_dir():  # found now, not after the generation
-        raise UsageError(f"--save {args.save}: {Path(args.save).parent} is not a directory")
+    if args.save is not None:  # found now, not after the generation
+        if Path(args.save).is_dir():
+            raise UsageError(f"--save {args.save} is a directory: give the file to write (FILE.jsonl)")
+        if not Path(args.save).parent.is_dir():
+            raise UsageError(f"--save {args.save}: {Path(args.save).parent} is not a directory")
 
 
 def _read_prompts(path: str) -> List[str]:

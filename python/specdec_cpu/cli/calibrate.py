@@ -59,21 +59,37 @@ def run(args: argparse.Namespace) -> int:
     # Heavy imports (llama.cpp, the C++ extension) only now, so `plan` needs neither.
     from ..decoding.single import SpeculativeDecoder
     from ..planning import calibrate
+    from ..planning.calibration import cached_calibration
 
     settings = from_flags(args, DecoderSettings, calibration=None)
     decoder = SpeculativeDecoder.from_gguf(target, draft, settings=settings,
                                            progress=lambda line: emit(line, sys.stderr))
+    stored = cached_calibration(decoder.target_path, decoder.draft_path, decoder.n_threads)
     model = calibrate(decoder, params=params, gamma_max=args.gamma_max, batch=args.batch,
                       n_tokens=args.n_tokens, cache=not args.no_cache, recalibrate=args.recalibrate)
     cache_file = None if args.no_cache else calibration_path(model.key)
+    reused = _reused(stored, model) if cache_file is not None else None
     if args.json:
-        emit(json.dumps(_json(model, args.gamma_max, cache_file), indent=2))
+        emit(json.dumps(_json(model, args.gamma_max, cache_file, reused), indent=2))
     else:
-        emit("\n".join(_text(model, args.gamma_max, cache_file)))
+        emit("\n".join(_text(model, args.gamma_max, cache_file, reused)))
     return 0
 
 
-def _text(model: CostModel, gamma_max: int, cache_file: Optional[Path]) -> list[str]:
+def _reused(stored: Optional[CostModel], model: CostModel) -> Optional[str]:
+    """What of ``model`` was read from the store, not measured now: "all", "timings" or None."""
+    if stored is None or stored.created != model.created or stored.target_ms != model.target_ms:
+        return None
+    return "all" if stored.alpha == model.alpha and stored.sampling == model.sampling else "timings"
+
+
+_REUSED = {
+    "all": "read from the cache, nothing measured now (--recalibrate measures again)",
+    "timings": "timings read from the cache, α measured now (--recalibrate measures the timings again)",
+}
+
+
+def _text(model: CostModel, gamma_max: int, cache_file: Optional[Path], reused: Optional[str]) -> list[str]:
     lines = [
         f"target: {_model_text(model.target)}",
         f"draft:  {_model_text(model.draft)}",
@@ -81,6 +97,8 @@ def _text(model: CostModel, gamma_max: int, cache_file: Optional[Path]) -> list[
     ]
     if cache_file is not None:
         lines.append(f"cache: {cache_file}")
+    if reused is not None:
+        lines.append(_REUSED[reused])
     lines += [
         "",
         f"draft cost c = T_draft(1) / T_target(1) = {model.draft_ms:.2f} ms / "
@@ -102,12 +120,13 @@ def _text(model: CostModel, gamma_max: int, cache_file: Optional[Path]) -> list[
     return lines
 
 
-def _json(model: CostModel, gamma_max: int, cache_file: Optional[Path]) -> dict:
+def _json(model: CostModel, gamma_max: int, cache_file: Optional[Path], reused: Optional[str]) -> dict:
     data = model.to_dict()
     derived: dict = {
         "cost": model.cost,
         "verify_cost": [model.verify_cost(k) for k in range(1, model.k_max + 1)],
         "cache_path": None if cache_file is None else str(cache_file),
+        "from_cache": reused,  # "all", "timings" (α measured now) or None (all measured now)
     }
     if model.alpha is not None:
         star = model.optimal_gamma(gamma_max)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Optional
 
@@ -69,10 +68,9 @@ def run(args: argparse.Namespace) -> int:
 
     pieces_out = not args.json
     last = ""
-    broken_pipe = False
     with interruptible() as cancel:
         stream = decoder.stream(text, max_tokens=args.max_tokens, params=params, cancel=cancel, grammar=grammar)
-        try:
+        try:  # a broken pipe (`| head`) ends the command quietly: see main()
             for piece in stream:
                 if pieces_out:
                     sys.stdout.write(piece)
@@ -80,13 +78,8 @@ def run(args: argparse.Namespace) -> int:
                     last = piece or last
                 if cancel.is_set():
                     break
-        except BrokenPipeError:  # e.g. `| head`: the reader is gone, stop quietly
-            broken_pipe = True
         finally:
             stream.close()
-    if broken_pipe:
-        _silence_stdout()
-        return 0
 
     gen = run_result(stream)
     stats = gen.stats
@@ -163,13 +156,3 @@ def _json(decoder, args: argparse.Namespace, params, gen, chat: bool,
         "estimated_speedup": speedup,
         "stats": gen.stats.to_dict(),
     }
-
-
-def _silence_stdout() -> None:
-    """After a broken pipe, keep the interpreter's final flush from failing again."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    except (OSError, ValueError):  # pragma: no cover
-        pass
