@@ -208,12 +208,16 @@ def test_cancel_between_prompt_batches() -> None:
     def hook(i, model, tokens):
         if i == 0:
             cancel.set()
+            time.sleep(0.05)
 
     dec = make(target_kw={"hook": hook, "n_batch": 4})
     prompt = [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3]
     with pytest.raises(GenerationCancelled) as info:
         dec.generate(prompt, max_tokens=50, params=T1, cancel=cancel)
-    assert info.value.partial.stats.steps == 0
+    stats = info.value.partial.stats
+    assert stats.steps == 0
+    # Its time went to the prompt: none of it is decoding time (a chat's /stats, the session's tok/s).
+    assert stats.prompt_seconds == stats.total_seconds >= 0.05 and stats.decode_seconds == 0.0
     assert dec.target.calls == 1 and dec.target.n_past == 4 and consistent(dec)
     assert dec.generate(prompt, max_tokens=30, params=T1).tokens == fresh(prompt)
 

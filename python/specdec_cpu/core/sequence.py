@@ -205,6 +205,8 @@ class Sequence:
             self.deliver(self.text.finish())
         if self.admitted is not None:
             stats.total_seconds = time.perf_counter() - self.admitted
+            if not self.prefilled:  # ended while taking in its prompt: all of it was prompt time
+                stats.prompt_seconds = stats.total_seconds
         self.result = Generation(self.text.text, self.out, stats,
                                  self.token_logprobs[:len(self.out)] if self.logprobs is not None else None)
         if isinstance(error, DecoderClosedError) and error.partial is None:
