@@ -68,3 +68,19 @@ def test_a_bad_file_changes_nothing(tmp_path, capsys, content, message):
     assert "cannot read" in capsys.readouterr().err
     s.handle("/save")
     assert "usage: /save FILE" in capsys.readouterr().err
+
+
+def test_errors_name_what_the_user_gave(tmp_path, capsys):
+    """/save into a missing folder names the file asked for (not a temporary one);
+    /json with a schema whose regex does not parse shows where, not its first line only."""
+    s = session()
+    s.decoder.grammar_state = lambda grammar: grammar.check()
+    s.handle(f"/save {tmp_path / 'missing' / 'chat.json'}")
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'missing' / 'chat.json'}" in err and ".tmp" not in err, err
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "string", "pattern": "(abc"}}}))
+    s.handle(f"/json {schema}")
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "unclosed group" in err, err
+    assert s.grammar is None

@@ -96,6 +96,7 @@ def test_plan_from_a_calibration_file(capsys, tmp_path):
     code, out, _ = run(capsys, "plan", "--calibration", path, "--alpha", "0.99", "--gamma-max", "12")
     star = next(line for line in out.splitlines() if "←" in line)
     assert code == 0 and int(star.split()[0]) > 0 and len(table_rows(out)) == 13
+    assert "v(k) measured for k ≤ 9, continued linearly beyond" in out  # and not "measured" alone
 
 
 def test_plan_reads_calibrate_json_output(capsys, tmp_path):
@@ -126,12 +127,15 @@ def test_plan_for_concurrent_users_falls_back_to_continuous_batching(capsys, tmp
     assert int(rows[1][0]) >= 3 and rows[1][1] > 1.5
     assert rows[16] == ("0", 1.0)
     assert int(rows[2][0]) <= int(rows[1][0])  # rows get dearer as the batch grows
+    assert "--cost" not in out
+    code, out, _ = run(capsys, "plan", "--calibration", path, "--users", "1", "--cost", "0.02")
+    assert users_rows(out)[1] == rows[1] and "(--cost 0.02 is not used for K requests" in out
     # Without a calibration, or with one lacking the draft's batch curve, it says what is missing.
     code, _, err = run(capsys, "plan", "--alpha", "0.9", "--cost", "0.1", "--users", "2")
     assert code == 2 and "--users needs --calibration" in err
     flat = str(CostModel(target_ms=[10.0, 12.0], draft_ms=1.0, alpha=0.9).save(tmp_path / "flat.json"))
     code, _, err = run(capsys, "plan", "--calibration", flat, "--users", "2")
-    assert code == 1 and "draft_batch_ms" in err
+    assert code == 1 and "draft_batch_ms" in err and "--batch N > 1" in err
 
 
 @pytest.mark.parametrize("argv,needle", [

@@ -25,7 +25,10 @@ def atomic_path(dst: Union[str, os.PathLike], suffix: str = ".tmp") -> Iterator[
     """A hidden temporary path beside ``dst``, moved onto ``dst`` when the block
     succeeds and removed when it fails, so ``dst`` is never seen half-written."""
     dst = Path(dst)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=suffix, dir=dst.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=suffix, dir=dst.parent)
+    except OSError as exc:  # name the file asked for, not the temporary one
+        raise type(exc)(exc.errno, exc.strerror, str(dst)) from None
     os.close(fd)
     try:
         yield tmp

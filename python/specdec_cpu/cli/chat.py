@@ -61,7 +61,8 @@ Commands:
   /params KEY=VALUE ...       change them, e.g. /params temperature=0.7 top_p=0.9
                               keys: temperature, top_k, top_p, min_p, max_tokens,
                               gamma (auto or N), seed (every reply restarts its random
-                              streams from it; none = one stream for the session)
+                              streams from it, and repeats at a fixed gamma; with auto
+                              the gamma chosen varies; none = one stream for the session)
   /system TEXT                set the system prompt (/system alone shows it, /system - clears it)
   /json on | FILE | off       replies as one JSON object (on), as JSON matching the schema
                               in FILE, or free text again (off); /json alone shows the mode
@@ -233,6 +234,7 @@ class ChatSession:
     def json_mode(self, rest: str) -> None:
         """``/json``: show the mode; ``/json`` on, with a schema FILE, or off."""
         from ..constraints import Grammar
+        from ..constraints.grammar import first_lines
 
         if not rest:
             emit(f"replies follow a {self.grammar.what}" if self.grammar is not None else "replies are free text")
@@ -244,8 +246,8 @@ class ChatSession:
         try:
             grammar = Grammar.json_object() if rest.lower() == "on" else schema_file(rest, "/json")
             self.decoder.grammar_state(grammar)  # checked now, not at the next reply
-        except (UsageError, ValueError) as exc:
-            emit(f"error: {_first_line(exc)}", sys.stderr)
+        except (UsageError, ValueError) as exc:  # all of it: a schema's regex error shows where, below its first line
+            emit(f"error: {first_lines(str(exc))}", sys.stderr)
             return
         self.grammar = grammar
         emit(f"(replies follow a {grammar.what})")

@@ -53,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
     if model is not None:
         verify: theory.VerifyCost = model.verify_curve(args.gamma_max + 1)
         v_text = f"v(k) measured ({args.calibration})"
+        if args.gamma_max + 1 > model.k_max:
+            v_text = (f"v(k) measured for k ≤ {model.k_max}, continued linearly beyond "
+                      f"({args.calibration}; `calibrate --gamma-max {args.gamma_max}` measures them)")
     else:
         verify = flat_v = 1.0 if args.verify_cost is None else args.verify_cost
         v_text = f"v(k) = {flat_v:g} for k ≥ 2" + (" (memory-bound target)" if flat_v == 1.0 else "")
@@ -66,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
         if model is None:
             raise UsageError("--users needs --calibration FILE (the measured pass times of both models)")
         lines += [""] + users_lines(model, alpha, args.users, args.gamma_max)
+        if args.cost is not None:
+            lines.append(f"(--cost {args.cost:g} is not used for K requests: the draft's measured pass times are)")
     emit("\n".join(lines))
     if args.plot:
         from ._plot import plot_plan

@@ -59,7 +59,7 @@ def forecast(model: CostModel, alpha: float, users: Sequence[int], gamma_max: in
     """
     if not model.draft_batch_ms:
         raise ValueError("the calibration has no draft pass times by batch size (draft_batch_ms): "
-                         "run `specdec-cpu calibrate` with a draft model")
+                         "run `specdec-cpu calibrate` with a draft model and --batch N > 1")
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha must be in [0, 1], got {alpha}")
     if not users or any(k < 1 for k in users):
