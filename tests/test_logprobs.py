@@ -14,7 +14,7 @@ import pytest
 from stats_helpers import expected_distribution
 
 from specdec_cpu import BatchedDecoder, SamplingParams, SpeculativeDecoder, engine
-from specdec_cpu.core.logprobs import row_logprobs
+from specdec_cpu.core.logprobs import TokenLogprob, row_logprobs
 
 TOL = 0.05  # batched and one-row passes round differently (F16 KV cache): ~1e-2 in a logit
 
@@ -141,3 +141,20 @@ def test_ignore_eos_leaves_the_models_logprobs_alone(tiny_target, tiny_draft, re
         assert not set(gen.tokens) & set(eog.tolist())
         check(gen, ended, reference, "model", params, 3)
     dec.close()
+
+
+def test_legacy_offsets_count_characters_of_the_text() -> None:
+    """text_offset indexes the completion's text: a character whose bytes span
+    two tokens counts once, and chunks of a stream continue one another."""
+    from types import SimpleNamespace
+
+    from specdec_cpu.server.responses import LogprobFormatter
+
+    pieces = [b"a", "é".encode()[:1], "é".encode()[1:], "😀".encode()[:2], "😀".encode()[2:], b"b"]
+    tokenizer = SimpleNamespace(token_bytes=lambda t: pieces[t])
+    fmt = LogprobFormatter(tokenizer, 1, offset=3)
+    entries = [TokenLogprob(t, -0.5, ((t, -0.5),)) for t in range(len(pieces))]
+    first, rest = fmt.legacy(entries[:2]), fmt.legacy(entries[2:])
+    assert first["text_offset"] + rest["text_offset"] == [3, 4, 4, 5, 5, 6]  # "a", "é", "😀" then "b"
+    text = "xyz" + b"".join(pieces).decode()
+    assert text[6] == "b"

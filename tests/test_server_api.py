@@ -144,6 +144,9 @@ def test_tokenize_detokenize_and_models(server, tiny_target, tiny_draft) -> None
     assert m.id == "tiny" and m.max_model_len == N_CTX
     assert m.meta["n_ctx"] == N_CTX and m.meta["draft"] == tiny_draft.rsplit("/", 1)[-1]
     assert m.meta["target"] == tiny_target.rsplit("/", 1)[-1] and m.meta["n_vocab"] == 384
+    assert client(server).models.retrieve("tiny") == m  # OpenAI's GET /v1/models/{model}
+    r = httpx.get(server.url + "/v1/models/gpt-4")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
 
 
 def test_ids_fingerprint_and_speculation_usage(server) -> None:

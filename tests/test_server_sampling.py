@@ -172,19 +172,26 @@ def test_completion_logprobs_have_the_legacy_shape(server) -> None:
     assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == n
     ids = ids_of(completion(server, logprobs=0, return_tokens_as_token_ids=True))
     assert len(ids) == n and detokenize(server, ids) == choice["text"]
-    offsets = [0]
-    for tok in ids[:-1]:
-        offsets.append(offsets[-1] + len(detokenize(server, [tok])))
-    assert lp["text_offset"] == offsets
+    # Each offset is where the token's text starts in the completion's text (a character
+    # whose bytes span tokens belongs to the token that completes it).
+    text, offsets = choice["text"], lp["text_offset"]
+    assert offsets[0] == 0 and offsets == sorted(offsets) and offsets[-1] <= len(text)
+    for i in range(1, n):
+        before = detokenize(server, ids[:i])
+        if "\ufffd" not in before:  # not cut inside a character
+            assert offsets[i] == len(before) and text.startswith(before)
     for tok, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
-        assert value <= 0 and 1 <= len(top) <= 3 and all(v <= 0 for v in top.values())
+        assert value <= 0 and 1 <= len(top) <= 4 and all(v <= 0 for v in top.values())
         assert max(top.values()) == pytest.approx(value, abs=1e-5)  # greedy: the most likely token
-        if tok in top:
-            assert top[tok] == pytest.approx(value, abs=1e-5)
-    # echo: the offsets count the prompt's text; logprobs 0: no alternatives
-    echoed = completion(server, logprobs=0, echo=True)["choices"][0]
-    assert echoed["logprobs"]["top_logprobs"] is None
-    assert echoed["logprobs"]["text_offset"][0] == len("the quick brown")
+        assert top[tok] == pytest.approx(value, abs=1e-5)  # the sampled token is always there
+    # logprobs 0: the sampled token alone (OpenAI: the sampled token always, up to logprobs + 1)
+    alone = completion(server, logprobs=0)["choices"][0]["logprobs"]
+    assert alone["top_logprobs"] == [{t: v} for t, v in zip(alone["tokens"], alone["token_logprobs"])]
+    # echo with logprobs would score the prompt (OpenAI's meaning): refused, not answered in part
+    r = server.post("/v1/completions", {**GREEDY, "prompt": "the quick brown", "max_tokens": 4, "logprobs": 0,
+                                        "echo": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
+    assert "prompt scoring" in r.json()["error"]["message"]
     # streamed: the chunks' tokens and offsets continue one another
     r = server.post("/v1/completions", {**GREEDY, "prompt": "the quick brown", "max_tokens": 16, "logprobs": 3,
                                         "stream": True})

@@ -59,8 +59,8 @@ def live_server(tiny_dir, tiny_draft):
 #: so that it is fuzzed too (the first test fails until it does).  Invalid
 #: requests are generated for those with a body (the others take no input).
 OPERATIONS = [
-    "GET /health", "GET /metrics", "GET /v1/models", "POST /v1/completions", "POST /v1/chat/completions",
-    "POST /infill", "POST /tokenize", "POST /detokenize",
+    "GET /health", "GET /metrics", "GET /v1/models", "GET /v1/models/{model}", "POST /v1/completions",
+    "POST /v1/chat/completions", "POST /infill", "POST /tokenize", "POST /detokenize",
 ]
 
 
@@ -118,7 +118,8 @@ def valid_beyond_the_schema(body) -> None:
     a valid grammar or JSON schema where one is passed as data, ``min_tokens``
     within the output limit, ``tool_choice`` naming an offered tool, tools of
     distinct names, ``logit_bias`` keys that are token ids of the vocabulary,
-    a text prompt with ``suffix``, chat's ``top_logprobs`` with ``logprobs``.
+    a text prompt with ``suffix``, chat's ``top_logprobs`` with ``logprobs``, no
+    ``echo`` with ``logprobs``.
     Their refusals are tested in test_server_sampling.py and
     test_server_structured.py."""
     if not isinstance(body, dict):
@@ -131,6 +132,8 @@ def valid_beyond_the_schema(body) -> None:
         body["prompt"] = "def f(x):"
     if body.get("top_logprobs") is not None and "messages" in body:
         body["logprobs"] = True
+    if body.get("echo") and (body.get("logprobs") is not None or body.get("n_probs")):
+        del body["echo"]  # prompt scoring: refused
     if body.get("best_of") is not None:
         body["best_of"] = body.get("n") or 1
     if isinstance(body.get("grammar"), str):

@@ -216,6 +216,15 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
     @app.get("/v1/models", dependencies=[Depends(authorized)], response_model=docs.ModelList,
              responses=error_responses(401), summary="The served model, its context size and draft")
     def models() -> dict:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model}", dependencies=[Depends(authorized)], response_model=docs.ModelCard,
+             responses=error_responses(401, 404), summary="The served model, by its name (OpenAI's retrieve)")
+    def model(model: str) -> dict:
+        _check_model(model, options)
+        return model_card()
+
+    def model_card() -> dict:
         card: dict = {"id": options.model_name, "object": "model", "created": int(state.started),
                       "owned_by": "specdec-cpu"}
         dec = state.decoder
@@ -226,7 +235,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
                             "draft": os.path.basename(dec.draft_path) if dec.draft_path else None,
                             "ngram": bool(dec.ngram), "max_sequences": dec.max_sequences,
                             "chat_template": _template_name(dec.chat_template)}
-        return {"object": "list", "data": [card]}
+        return card
 
     @app.get("/metrics", dependencies=[Depends(authorized)], response_class=Response,
              summary="Prometheus metrics (text format)",

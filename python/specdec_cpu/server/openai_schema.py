@@ -460,7 +460,13 @@ class _CompletionBase(_Common):
         if self.logprobs is not None and self.n_probs is not None and self.logprobs != self.n_probs:
             raise RequestError(400, f"conflicting logprobs={self.logprobs} and n_probs={self.n_probs}: give one",
                                param="n_probs")
-        return self.logprobs if self.logprobs is not None else self.n_probs or None
+        top = self.logprobs if self.logprobs is not None else self.n_probs or None
+        if top is not None and self.echo:  # OpenAI's answer would score the prompt too: not a partial one
+            raise RequestError(400, "echo with logprobs asks for the prompt tokens' log-probabilities (prompt "
+                                    "scoring), which this server does not compute; ask for logprobs without echo "
+                                    "(the completion's), or echo without logprobs", param="echo",
+                               code="unsupported_parameter")
+        return top
 
 
 class _ChatBase(_Common):

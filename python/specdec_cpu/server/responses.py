@@ -11,6 +11,7 @@ extension object: what llama-server reports in its ``timings``.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import os
 import secrets
@@ -191,6 +192,9 @@ class LogprobFormatter:
         self._tokenizer = tokenizer
         self._top = top
         self._offset = offset  # the legacy text_offset of the next token
+        # Offsets count the characters of the text: a character split across tokens
+        # counts once, at the token that completes it.
+        self._chars = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._as_ids = as_ids  # vLLM's return_tokens_as_token_ids: "token_id:123" for the token strings
 
     def _text(self, token: int) -> "tuple[str, List[int]]":
@@ -215,17 +219,17 @@ class LogprobFormatter:
         tops: List[Dict[str, float]] = []
         offsets: List[int] = []
         for e in entries:
-            text, _ = self._text(e.token)
+            text, raw = self._text(e.token)
             tokens.append(text)
             logprobs.append(_finite(e.logprob))
             top: Dict[str, float] = {}
             for tok, lp in e.top[:self._top]:
                 top.setdefault(self._text(tok)[0], _finite(lp))
+            top.setdefault(text, _finite(e.logprob))  # OpenAI: the sampled token always, so up to top + 1
             tops.append(top)
             offsets.append(self._offset)
-            self._offset += len(self._tokenizer.token_bytes(e.token).decode("utf-8", errors="replace"))
-        return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops if self._top else None,
-                "text_offset": offsets}
+            self._offset += len(self._chars.decode(bytes(raw)))
+        return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
 
     def llama(self, entries: Sequence[Any]) -> List[Dict[str, Any]]:
         """llama-server's ``completion_probabilities`` (ids included)."""
