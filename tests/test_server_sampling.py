@@ -379,6 +379,36 @@ def test_n_choices_streamed(server) -> None:
     assert sum(1 for e in events if e["choices"][0]["finish_reason"]) == 2
 
 
+def test_several_prompts_are_answered_in_order(server) -> None:
+    """OpenAI's list of prompts: choice i * n + j is prompt i's choice j, each as
+    the prompt alone would get it; usage counts each prompt once.  langchain's
+    OpenAI LLM sends its batches this way."""
+    prompts = ["the quick brown", "once upon a time", "hello"]
+    alone = [completion(server, p, max_tokens=6) for p in prompts]
+    texts = [a["choices"][0]["text"] for a in alone]
+    r = client(server).completions.create(model="tiny", prompt=prompts, max_tokens=6, n=2, temperature=0,
+                                          extra_body={"gamma": GAMMA})
+    assert [c.index for c in r.choices] == list(range(6))
+    assert [c.text for c in r.choices] == [t for t in texts for _ in range(2)]
+    assert r.usage.prompt_tokens == sum(a["usage"]["prompt_tokens"] for a in alone)
+    assert r.usage.completion_tokens == 2 * sum(a["usage"]["completion_tokens"] for a in alone)
+    ids = [token_ids(server, p) for p in prompts[:2]]  # token ids: each list is one prompt
+    by_ids = completion(server, ids, max_tokens=6, echo=True)["choices"]
+    assert [c["text"] for c in by_ids] == [p + completion(server, i, max_tokens=6)["choices"][0]["text"]
+                                           for p, i in zip(prompts, ids)]
+    events = sse(server.post("/v1/completions", {**GREEDY, "prompt": prompts, "max_tokens": 6, "stream": True}))
+    streamed = {0: "", 1: "", 2: ""}
+    for e in events:
+        streamed[e["choices"][0]["index"]] += e["choices"][0]["text"]
+    assert list(streamed.values()) == texts
+    refused(server.post("/v1/completions", {**GREEDY, "prompt": prompts, "n": 3}), "prompt", "limit of 8")
+    refused(server.post("/v1/completions", {**GREEDY, "prompt": ["a", ""]}), "prompt", "prompt 1: must not be empty")
+    lc = pytest.importorskip("langchain_openai")
+    llm = lc.OpenAI(base_url=server.url + "/v1", api_key="unused", model="tiny", max_tokens=6, temperature=0,
+                    max_retries=0)  # the server drafts at GAMMA by default
+    assert llm.batch(prompts) == texts
+
+
 # ---------------------------------------------------------------------------
 # fill in the middle
 # ---------------------------------------------------------------------------

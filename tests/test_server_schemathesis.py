@@ -28,6 +28,7 @@ from server_thread import ThreadServer  # noqa: E402
 N_CTX = 512
 N_VOCAB = 384
 GAMMA = 2
+MAX_CHOICES = 8  # per request, as the live server below allows (BatchedDecoder.max_choices)
 #: Generated cases per operation and mode.  The suite's are the same every
 #: run; SPECDEC_FUZZ_EXAMPLES=500 (say) fuzzes harder, with fresh cases.
 EXAMPLES = int(os.environ.get("SPECDEC_FUZZ_EXAMPLES", "12"))
@@ -118,9 +119,9 @@ def valid_beyond_the_schema(body) -> None:
     a valid grammar or JSON schema where one is passed as data, ``min_tokens``
     within the output limit, ``tool_choice`` naming an offered tool, tools of
     distinct names, ``logit_bias`` keys that are token ids of the vocabulary,
-    a text prompt with ``suffix``, chat's ``top_logprobs`` with ``logprobs``, no
-    ``echo`` with ``logprobs``.
-    Their refusals are tested in test_server_sampling.py and
+    a text prompt with ``suffix``, no more prompts' choices than the server
+    allows, chat's ``top_logprobs`` with ``logprobs``, no ``echo`` with
+    ``logprobs``.  Their refusals are tested in test_server_sampling.py and
     test_server_structured.py."""
     if not isinstance(body, dict):
         return
@@ -136,6 +137,9 @@ def valid_beyond_the_schema(body) -> None:
         del body["echo"]  # prompt scoring: refused
     if body.get("best_of") is not None:
         body["best_of"] = body.get("n") or 1
+    prompts = body.get("prompt")
+    if isinstance(prompts, list) and prompts and isinstance(prompts[0], (str, list)):  # several prompts
+        del prompts[max(1, MAX_CHOICES // (body.get("n") or 1)):]  # their choices within the server's limit
     if isinstance(body.get("grammar"), str):
         body["grammar"] = 'root ::= "yes" | "no"'
     if body.get("json_schema") is not None:

@@ -29,7 +29,7 @@ import threading
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Sequence, Union
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -250,18 +250,18 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         dec = ready_decoder()
         _check_model(body.model, options)
         spec = output_spec(body, chat=False)
-        prompt = body.prompt
-        echo = None
+        prompts = list(body.prompt)
+        echoes: List[Optional[str]] = [None] * len(prompts)
         if body.echo:
-            echo = prompt if isinstance(prompt, str) else detokenize(dec.tokenizer, prompt, dec.n_vocab,
-                                                                     "prompt")
+            echoes = [p if isinstance(p, str) else detokenize(dec.tokenizer, p, dec.n_vocab, "prompt")
+                      for p in prompts]
         if body.suffix:  # fill in the middle: the prompt is the text before it
-            if not isinstance(prompt, str):
+            if not all(isinstance(p, str) for p in prompts):
                 raise RequestError(400, "suffix needs a text prompt (the text before the middle), not token ids",
                                    param="suffix")
-            prompt = _infill_ids(dec, prompt, body.suffix, (), names=("prompt", "suffix"))
-        return await _generate(dec, body, prompt, body.token_limit(16), "prompt", spec, request, options,
-                               state, chat=False, echo=echo)
+            prompts = [_infill_ids(dec, p, body.suffix, (), names=("prompt", "suffix")) for p in prompts]
+        return await _generate(dec, body, prompts, body.token_limit(16), "prompt", spec, request, options,
+                               state, chat=False, echoes=echoes)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)], summary="The next turn of a chat",
               responses={**docs.JSON_OR_STREAM(docs.ChatCompletion, [docs.ChatCompletionChunk]),
@@ -271,7 +271,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         _check_model(body.model, options)
         spec = output_spec(body, chat=True)
         text = _chat_prompt(dec, body, spec)
-        return await _generate(dec, body, text, body.token_limit(None), "messages", spec, request, options,
+        return await _generate(dec, body, [text], body.token_limit(None), "messages", spec, request, options,
                                state, chat=True)
 
     @app.post("/infill", dependencies=[Depends(authorized)],
@@ -363,27 +363,43 @@ def _unicode(text: str, param: str) -> None:
         raise RequestError(400, str(exc), param=param) from None
 
 
-async def _generate(dec: BatchedDecoder, body: Any, prompt: Any, max_tokens: Optional[int], param: str,
+async def _generate(dec: BatchedDecoder, body: Any, prompts: List[Any], max_tokens: Optional[int], param: str,
                     spec: OutputSpec, request: Request, options: ServerOptions, state: ServerState, *,
-                    chat: bool, echo: Optional[str] = None) -> Response:
+                    chat: bool, echoes: Optional[List[Optional[str]]] = None) -> Response:
+    """Answer ``body``: ``n`` choices of each prompt, choice ``i * n + j`` being prompt i's choice j."""
     if spec.grammar is not None:  # compiled once per grammar (cached), off the event loop
         await run_in_threadpool(compile_constraint, dec, spec)
     reply = Reply(new_request_id(chat), int(time.time()), options.model_name, state.fingerprint, chat)
     top = body.top_logprobs_count()
-    streams, _ = _submit(dec, prompt, body, max_tokens, param, options, spec, body.choices, top)
+    n = body.choices
+    if len(prompts) > 1 and len(prompts) * n > dec.max_choices:
+        raise RequestError(400, f"{len(prompts)} prompts × n={n} choices exceed this server's limit of "
+                                f"{dec.max_choices} choices per request", param="prompt")
+    streams: "list[AsyncRequestStream]" = []
+    prompt_tokens = 0
+    try:  # all of the prompts are queued, or none
+        for prompt in prompts:
+            queued, _ = _submit(dec, prompt, body, max_tokens, param, options, spec, n, top)
+            streams += queued
+            prompt_tokens += queued[0].prompt_tokens
+    except BaseException:
+        for stream in streams:
+            await stream.aclose()
+        raise
+    texts = [prompts[i // n] for i in range(len(streams))]  # each choice's prompt, for the log
+    echo_of = [(echoes or [None] * len(prompts))[i // n] for i in range(len(streams))]
     if body.streamed:
         source = LogprobSource(dec.tokenizer, top, bool(body.return_tokens_as_token_ids))
-        events = _events(streams, body, reply, spec, options, prompt, echo, source)
+        events = _events(streams, body, reply, spec, options, texts, echo_of, prompt_tokens, n, source)
         return EventSourceResponse(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     gens = await _finish(streams, request, options)
-    for stream in streams:
-        _log(reply.id, stream, 200, options, prompt)
+    for stream, text in zip(streams, texts):
+        _log(reply.id, stream, 200, options, text)
     choices = []
-    for index, gen in enumerate(gens):
+    for index, (gen, echo) in enumerate(zip(gens, echo_of)):
         logprobs = None
         if top is not None:
-            fmt = LogprobFormatter(dec.tokenizer, top, offset=len(echo or ""),
-                                   as_ids=bool(body.return_tokens_as_token_ids))
+            fmt = LogprobFormatter(dec.tokenizer, top, as_ids=bool(body.return_tokens_as_token_ids))
             logprobs = fmt.chat(gen.logprobs or []) if chat else fmt.legacy(gen.logprobs or [])
         if chat:
             message = message_of(gen.text, spec)
@@ -392,7 +408,7 @@ async def _generate(dec: BatchedDecoder, body: Any, prompt: Any, max_tokens: Opt
         else:
             choices.append({"index": index, "text": (echo or "") + gen.text, "logprobs": logprobs,
                             "finish_reason": finish_reason(gen.finish_reason)})
-    return JSONResponse(reply.whole(choices, usage(streams[0].prompt_tokens, gens)))
+    return JSONResponse(reply.whole(choices, usage(prompt_tokens, gens, n)))
 
 
 async def _finish(streams: "list[AsyncRequestStream]", request: Request, options: ServerOptions) -> "list[Generation]":
@@ -538,29 +554,31 @@ async def _merged(streams: "list[AsyncRequestStream]") -> AsyncIterator["tuple[i
 
 
 async def _events(streams: "list[AsyncRequestStream]", body: Any, reply: Reply, spec: OutputSpec,
-                  options: ServerOptions, prompt_text: Any, echo: Optional[str],
-                  logprobs: LogprobSource) -> AsyncIterator[bytes]:
-    """The server-sent events of a streamed answer, ending in ``data: [DONE]``.
+                  options: ServerOptions, prompts: List[Any], echoes: List[Optional[str]], prompt_tokens: int,
+                  n: int, logprobs: LogprobSource) -> AsyncIterator[bytes]:
+    """The server-sent events of a streamed answer, ending in ``data: [DONE]``;
+    ``prompts`` and ``echoes`` are each choice's prompt and echoed text, ``n``
+    the choices of each prompt.
 
     If the client disconnects, the response task is cancelled here and the
     ``finally`` ends the requests at the decoder's next step."""
     with_usage = body.include_usage
     shapers = [StreamShaper(spec) if reply.chat else None for _ in streams]
-    offset = len(echo or "")
 
     def event(data: Any) -> bytes:
         return format_sse_event(data_str=json.dumps(data, ensure_ascii=False))
 
     def chunk(index: int, delta_or_text: Any, reason: Optional[str] = None, final: bool = False) -> bytes:
-        lp = logprobs.take(index, streams[index], "chat" if reply.chat else "legacy", offset=offset, final=final)
+        lp = logprobs.take(index, streams[index], "chat" if reply.chat else "legacy", offset=len(echoes[index] or ""),
+                           final=final)
         return event(reply.chunk(delta_or_text, reason, with_usage=with_usage, index=index, logprobs=lp))
 
     try:
         for index in range(len(streams)):
             if reply.chat:
                 yield event(reply.chunk({"role": "assistant", "content": ""}, with_usage=with_usage, index=index))
-            elif echo:
-                yield event(reply.chunk(echo, with_usage=with_usage, index=index))
+            elif echoes[index]:
+                yield event(reply.chunk(echoes[index], with_usage=with_usage, index=index))
         async for index, piece in _merged(streams):
             shaper = shapers[index]
             if piece is not None:
@@ -583,17 +601,17 @@ async def _events(streams: "list[AsyncRequestStream]", body: Any, reply: Reply, 
             yield chunk(index, {} if reply.chat else "", finish_reason(gen.finish_reason, calls), final=True)
         gens = [s.result for s in streams if s.result is not None]
         if with_usage:
-            yield event(reply.usage_chunk(usage(streams[0].prompt_tokens, gens)))
+            yield event(reply.usage_chunk(usage(prompt_tokens, gens, n)))
         yield format_sse_event(data_str="[DONE]")
-        for stream in streams:
-            _log(reply.id, stream, 200, options, prompt_text)
+        for stream, prompt in zip(streams, prompts):
+            _log(reply.id, stream, 200, options, prompt)
     except SpecDecError as exc:  # this request failed after its answer started
         yield event(_server_error(exc).body())
     finally:
-        for stream in streams:
+        for stream, prompt in zip(streams, prompts):
             await stream.aclose()
             if stream.result is not None and stream.result.finish_reason == "cancelled":
-                _log(reply.id, stream, 499, options, prompt_text)
+                _log(reply.id, stream, 499, options, prompt)
 
 
 class InfillReply:

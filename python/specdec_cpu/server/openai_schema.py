@@ -29,6 +29,7 @@ __all__ = ["ChatCompletionRequest", "CompletionRequest", "InfillRequest", "Reque
 
 MAX_STOP = 16  # Continue and other code assistants send long stop lists (OpenAI: 4)
 MAX_CHOICES = 16  # n; the decoder may allow fewer (a few per sequence it decodes at once)
+MAX_PROMPTS = 16  # prompts of one completions request; with n, their choices share the decoder's limit
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs (OpenAI's limit)
 MAX_TOKEN_ID = 2**31 - 1  # the live schema narrows it to the model's vocabulary (openapi.py)
 
@@ -90,32 +91,40 @@ Gamma = Annotated[Any, BeforeValidator(_gamma), WithJsonSchema({
     "description": "Draft tokens per step: 'auto' (the planner chooses), or a fixed number (0: plain decoding)"})]
 
 
-def _prompt(value: Any) -> Union[str, List[int]]:
-    if isinstance(value, list) and value and all(isinstance(x, str) for x in value):
-        if len(value) != 1:
-            raise ValueError(f"one prompt per request is supported, got {len(value)}")
-        value = value[0]
+def _prompt(value: Any) -> List[Union[str, List[int]]]:
+    """The prompts of a completions request: a text, a list of texts, token ids, or a list of those."""
+    if isinstance(value, list) and value and all(isinstance(x, (str, list)) for x in value):
+        if len(value) > MAX_PROMPTS:
+            raise ValueError(f"at most {MAX_PROMPTS} prompts per request, got {len(value)}")
+        return [_one_prompt(x, f"prompt {i}: ") for i, x in enumerate(value)]
+    return [_one_prompt(value, "")]
+
+
+def _one_prompt(value: Any, where: str) -> Union[str, List[int]]:
     if isinstance(value, str):
         if not value:
-            raise ValueError("must not be empty")
+            raise ValueError(f"{where}must not be empty")
         return value
     if isinstance(value, list):
         if not value:
-            raise ValueError("must not be empty")
+            raise ValueError(f"{where}must not be empty")
         value = [integral(x) for x in value]
         if not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
-            raise ValueError("must be a string, a list of one string, or a list of token ids (integers)")
+            raise ValueError(f"{where}must be a string or a list of token ids (integers)")
         if any(x < 0 for x in value):
-            raise ValueError("token ids must not be negative")
+            raise ValueError(f"{where}token ids must not be negative")
         return value
-    raise ValueError("must be a string, a list of one string, or a list of token ids")
+    raise ValueError(f"{where}must be a string, token ids, or a list of either")
 
 
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}, "minItems": 1}
 Prompt = Annotated[Any, BeforeValidator(_prompt), WithJsonSchema({
     "anyOf": [{"type": "string", "minLength": 1},
-              {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
-              {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}, "minItems": 1}],
-    "description": "Text, a list of one text, or token ids"})]
+              {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": MAX_PROMPTS},
+              _TOKEN_IDS,
+              {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": MAX_PROMPTS}],
+    "description": "Text, token ids, or a list of either (several prompts: choice i*n + j is prompt i's "
+                   "choice j)"})]
 
 
 def _n_predict(value: Any) -> Optional[int]:
@@ -444,7 +453,7 @@ class _Common(BaseModel):
 
 
 class _CompletionBase(_Common):
-    """``POST /v1/completions``: ``prompt`` is text, a list of one text, or token ids."""
+    """``POST /v1/completions``: ``prompt`` holds one prompt or several (text or token ids)."""
 
     prompt: Prompt
     echo: Optional[bool] = Field(default=None, description="Prepend the prompt's text to the output")

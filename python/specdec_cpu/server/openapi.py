@@ -338,8 +338,9 @@ def _cleaned(doc: Dict[str, Any], api_key: bool) -> Dict[str, Any]:
 
 def _with_bounds(doc: Dict[str, Any], bounds: LiveBounds) -> Dict[str, Any]:
     """Every token id's ``maximum`` (MAX_TOKEN_ID in the models) becomes
-    ``n_vocab - 1``, and ``n``'s (MAX_CHOICES) the server's own limit."""
-    from .openai_schema import MAX_CHOICES, MAX_TOKEN_ID
+    ``n_vocab - 1``, and ``n``'s (MAX_CHOICES) and the prompts' (MAX_PROMPTS)
+    the server's own limit of choices per request."""
+    from .openai_schema import MAX_CHOICES, MAX_PROMPTS, MAX_TOKEN_ID
 
     def walk(node: Any) -> None:
         if isinstance(node, dict):
@@ -356,4 +357,7 @@ def _with_bounds(doc: Dict[str, Any], bounds: LiveBounds) -> Dict[str, Any]:
         for choice in schema.get("properties", {}).get("n", {}).get("anyOf", []):
             if choice.get("maximum") == MAX_CHOICES:
                 choice["maximum"] = min(MAX_CHOICES, bounds.max_choices)
+        for choice in schema.get("properties", {}).get("prompt", {}).get("anyOf", []):
+            if choice.get("maxItems") == MAX_PROMPTS:
+                choice["maxItems"] = min(MAX_PROMPTS, bounds.max_choices)
     return doc

@@ -53,15 +53,16 @@ def system_fingerprint(dec: Any) -> str:
     return "fp_" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
-def usage(prompt_tokens: int, gen: Union[Generation, Sequence[Generation], None]) -> Dict[str, Any]:
+def usage(prompt_tokens: int, gen: Union[Generation, Sequence[Generation], None], per_prompt: int = 1
+          ) -> Dict[str, Any]:
     """OpenAI's usage, the cached prompt tokens, and the speculation statistics
-    (of one generation, or summed over the choices of one prompt: the prompt
-    counts once)."""
+    (of one generation, or summed over the choices: ``per_prompt`` choices of
+    each prompt in turn, each prompt counted once)."""
     gens: List[Generation] = [] if gen is None else [gen] if isinstance(gen, Generation) else list(gen)
     n = sum(len(g.tokens) for g in gens)
+    cached = sum(g.stats.prompt_cached for g in gens[::per_prompt])
     out: Dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": n,
-                           "total_tokens": prompt_tokens + n,
-                           "prompt_tokens_details": {"cached_tokens": gens[0].stats.prompt_cached if gens else 0}}
+                           "total_tokens": prompt_tokens + n, "prompt_tokens_details": {"cached_tokens": cached}}
     if len(gens) == 1:
         s = gens[0].stats
         out["speculation"] = {
