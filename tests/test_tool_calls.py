@@ -194,6 +194,31 @@ def test_a_call_cut_off_after_its_header_keeps_what_was_sent():
         parser.feed("x")
 
 
+@pytest.mark.parametrize("text", STREAMED + [
+    '<tool_call>{"name": "add", "arguments": {"a": 1',  # cut off after the header
+    HERMES_TWO[:-20],  # the second call cut off: a streamed answer has sent two
+    'Sure.\n<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>\n<',  # cut off at the next tag
+])
+def test_the_whole_answer_agrees_with_the_streamed_one(text):
+    """The server's non-streamed message holds what its stream would have sent,
+    cut-off calls included (their markup is not content)."""
+    from specdec_cpu.chat import FunctionSpec, ToolChoice
+    from specdec_cpu.server.responses import message_of
+    from specdec_cpu.server.structured import OutputSpec
+
+    spec = OutputSpec(functions=[FunctionSpec(n, None, {}) for n in NAMES], choice=ToolChoice("auto"))
+    message = message_of(text, spec)
+    content, found = reassemble(stream(text, 3, tool_names=NAMES))
+    if not found:
+        assert message == {"role": "assistant", "content": text}
+        return
+    assert message["content"] == content
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == found
+    assert all(c["id"].startswith("call_") and c["type"] == "function" for c in message["tool_calls"])
+    if text == HERMES_TWO[:-20]:
+        assert content == "I will look both up." and [name for name, _ in found] == ["get_weather", "add"]
+
+
 # ---------------------------------------------------------------------------
 # tools and tool_choice
 # ---------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from ..chat import ToolCallStreamParser, parse_tool_calls
+from ..chat import ToolCallStreamParser
 from ..core.stats import Generation
 from .structured import OutputSpec
 
@@ -99,15 +99,27 @@ def finish_reason(reason: Optional[str], tool_calls: bool = False) -> str:
 
 
 def message_of(text: str, spec: OutputSpec) -> Dict[str, Any]:
-    """The assistant message of a whole chat output (tool calls parsed)."""
+    """The assistant message of a whole chat output (tool calls parsed).
+
+    Parsed as a stream of it is (StreamShaper), so that both answers agree
+    also for an output cut off inside a call: a call whose name was written
+    is a call, with the arguments written so far (as OpenAI answers a call
+    cut by ``max_tokens``)."""
     if not spec.parses_calls:
         return {"role": "assistant", "content": text}
-    parsed = parse_tool_calls(text, tool_names=spec.tool_names)
-    calls = parsed.tool_calls if spec.parallel else parsed.tool_calls[:1]
-    message: Dict[str, Any] = {"role": "assistant", "content": parsed.content if calls else text}
-    if calls:
-        message["tool_calls"] = [c.to_openai() for c in calls]
-    return message
+    shaper = StreamShaper(spec)
+    content = ""
+    calls: Dict[int, Dict[str, Any]] = {}
+    for delta in shaper.feed(text) + shaper.finish():
+        content += delta.get("content", "")
+        for call in delta.get("tool_calls", ()):
+            fn = call["function"]
+            entry = calls.setdefault(call["index"], {"id": call.get("id"), "type": "function",
+                                                     "function": {"name": fn.get("name"), "arguments": ""}})
+            entry["function"]["arguments"] += fn["arguments"]
+    if not calls:
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": content or None, "tool_calls": [calls[i] for i in sorted(calls)]}
 
 
 @dataclass
