@@ -101,6 +101,12 @@ def test_malformed_blocks_stay_content(text, content, expected):
     ('{"name": "add", "arguments": {"a": 1}} and more', []),
     ('[{"name": "add", "arguments": {}}, 3]', []),
     ("[]", []),
+    # fenced as small Qwen2.5 models write their calls
+    ('```json\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n```', [("add", '{"a": 1, "b": 2}')]),
+    ('\n```json\n[{"name": "ping", "arguments": {}}]\n```\n', [("ping", "{}")]),
+    ('```json\n{"name": "Ada", "age": 36}\n```', []),  # fenced JSON data, not a call
+    ('```python\n{"name": "add", "arguments": {}}\n```', []),  # not a JSON fence
+    ('Here:\n```json\n{"name": "add", "arguments": {}}\n```', []),  # not the whole output
 ])
 def test_generic_json_fallback(text, expected):
     parsed = parse_tool_calls(text, tool_names=NAMES)
@@ -157,6 +163,10 @@ STREAMED = [
     '{"name": "add", "arguments": {"a": 1, "b": 2}}',
     '[{"name": "ping", "arguments": {}}]',
     '{"name": "Ada", "age": 36}',
+    '```json\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n```',
+    '```json\n{"name": "Ada"}\n```',
+    '```js\nlet x = 1;\n```',
+    '``',
     'A\n<tool_call>{"name": "tag-items", "arguments": {"tags": ["red"]}}</tool_call>\n  B  \n'
     '<tool_call>{"name": "ping", "arguments": {}}</tool_call>\n',
 ]

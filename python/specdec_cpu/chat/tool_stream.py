@@ -16,8 +16,8 @@ is sent as content, as ``parse_tool_calls`` does.  For well-formed output
 the deltas reassemble to ``parse_tool_calls``'s result.  A call whose
 header was sent cannot be taken back: if it ends malformed or is cut off,
 its arguments stay as sent (as OpenAI streams a call cut by ``max_tokens``).
-An output that starts with ``{`` or ``[`` is held whole when
-``json_fallback`` (it may be a call written as bare JSON).
+An output that starts with ``{``, ``[`` or ```` ```json ```` is held whole
+when ``json_fallback`` (it may be a call written as bare or fenced JSON).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any, Callable, Collection, Dict, List, Optional
 
 from .tools import (
     ARGUMENT_KEYS,
+    JSON_FENCE_OPEN,
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
     call_from_body,
@@ -98,9 +99,10 @@ class ToolCallStreamParser:
         while True:
             if self._state == "start":
                 stripped = self._buf.lstrip()
-                if not stripped:
-                    return
-                self._state = "hold_all" if self._fallback and stripped[0] in "{[" else "content"
+                if not stripped or (self._fallback and JSON_FENCE_OPEN.startswith(stripped)):
+                    return  # too little to tell yet
+                json_like = stripped[0] in "{[" or stripped.startswith(JSON_FENCE_OPEN)
+                self._state = "hold_all" if self._fallback and json_like else "content"
             elif self._state == "content":
                 at = self._buf.find(TOOL_CALL_OPEN)
                 if at < 0:

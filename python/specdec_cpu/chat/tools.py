@@ -11,7 +11,9 @@ whole output into content plus calls; a block that is not such a call
 (malformed JSON, no name, an unknown function, unclosed) stays in the
 content as written.  Without any ``<tool_call>`` tag, an output that is as
 a whole one JSON call object (``{"name": ..., "arguments": {...}}``) or a
-list of them is read as calls too (models prompted without a tool format).
+list of them is read as calls too (models prompted without a tool format),
+also inside one fenced ```` ```json ```` block, as small Qwen2.5 models often
+write their calls (llama.cpp's Hermes parser reads that fence too).
 
 ``arguments`` is the text the model wrote for the arguments object (OpenAI
 sends a JSON string); ``"parameters"`` is accepted for ``"arguments"``, and
@@ -21,6 +23,7 @@ arguments written as a JSON string holding an object are unwrapped.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import string
 from dataclasses import dataclass, field
@@ -33,6 +36,8 @@ TOOL_CALL_CLOSE = "</tool_call>"
 ARGUMENT_KEYS = ("arguments", "parameters")
 
 _ALPHABET = string.ascii_letters + string.digits
+JSON_FENCE_OPEN = "```json"
+_JSON_FENCE = re.compile(r"\s*```json[ \t]*\n(.*?)\n?[ \t]*```\s*", re.DOTALL)
 _decoder = json.JSONDecoder()
 
 
@@ -108,7 +113,11 @@ def call_from_body(body: str, tool_names: Optional[Collection[str]]) -> Optional
 
 
 def json_calls(text: str, tool_names: Optional[Collection[str]]) -> Optional[List[Tuple[str, str]]]:
-    """The calls of an output that is, as a whole, one call object or a list of them."""
+    """The calls of an output that is, as a whole, one call object or a list of
+    them, bare or in one fenced ```` ```json ```` block."""
+    fenced = _JSON_FENCE.fullmatch(text)
+    if fenced is not None:
+        text = fenced.group(1)
     i = _skip_ws(text, 0)
     if i == len(text):
         return None
