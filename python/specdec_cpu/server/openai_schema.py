@@ -344,7 +344,8 @@ class _Common(BaseModel):
         default=None, description="0 or -1: off (default)")
     min_p: Optional[float] = Field(default=None, ge=0.0, lt=1.0, description="Default 0 (off)")
     seed: Optional[Annotated[int, Field(ge=-1, lt=2**63), AS_INT]] = Field(
-        default=None, description="-1 or null: a random seed")
+        default=None, description=("-1 or null: a random seed. A seed repeats an answer at a fixed gamma; with "
+                                   "gamma 'auto' the draft length chosen each step varies, and the draws with it"))
     stop: Stop = None
     stream: Optional[bool] = None
     stream_options: Optional[StreamOptions] = None
