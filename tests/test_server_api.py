@@ -403,3 +403,18 @@ def test_openapi_documents_every_status_and_the_constraints(server) -> None:
     assert schemas["CompletionRequest"].get("additionalProperties") is False
     assert schemas["ChatCompletionRequest"]["properties"]["messages"]["minItems"] == 1
     assert schemas["ErrorResponse"]["required"] == ["error"]
+
+
+def test_a_served_name_with_a_slash_is_retrieved() -> None:
+    """A model found in the Hugging Face cache is served as org/repo:file.gguf."""
+    from fastapi.testclient import TestClient
+
+    from specdec_cpu.server.openai_app import ServerOptions, create_app
+
+    def load():
+        raise RuntimeError("no model is needed to name it")
+
+    with TestClient(create_app(load, ServerOptions(model_name="org/Repo-GGUF:f.gguf"))) as http:
+        r = http.get("/v1/models/org/Repo-GGUF:f.gguf")
+        assert r.status_code == 200 and r.json()["id"] == "org/Repo-GGUF:f.gguf"
+        assert http.get("/v1/models/org/Other-GGUF:f.gguf").json()["error"]["code"] == "model_not_found"

@@ -401,12 +401,15 @@ def test_several_prompts_are_answered_in_order(server) -> None:
     for e in events:
         streamed[e["choices"][0]["index"]] += e["choices"][0]["text"]
     assert list(streamed.values()) == texts
-    refused(server.post("/v1/completions", {**GREEDY, "prompt": prompts, "n": 3}), "prompt", "limit of 8")
+    # all of a request's choices must fit what can run and wait at once: 2 sequences + 64 queued
+    refused(server.post("/v1/completions", {**GREEDY, "prompt": ["a"] * 34, "n": 2}), "prompt",
+            "34 prompts × n=2 choices exceed the 66 requests")
     refused(server.post("/v1/completions", {**GREEDY, "prompt": ["a", ""]}), "prompt", "prompt 1: must not be empty")
     lc = pytest.importorskip("langchain_openai")
     llm = lc.OpenAI(base_url=server.url + "/v1", api_key="unused", model="tiny", max_tokens=6, temperature=0,
                     max_retries=0)  # the server drafts at GAMMA by default
     assert llm.batch(prompts) == texts
+    assert llm.batch(prompts * 7)[-4:] == texts[-1:] + texts  # 21 prompts: one request of its batch size, 20
 
 
 # ---------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from server_thread import ThreadServer  # noqa: E402
 N_CTX = 512
 N_VOCAB = 384
 GAMMA = 2
-MAX_CHOICES = 8  # per request, as the live server below allows (BatchedDecoder.max_choices)
+MAX_REQUESTS = 2 + 64  # prompts × n of one request: what the live server below runs and queues at once
 #: Generated cases per operation and mode.  The suite's are the same every
 #: run; SPECDEC_FUZZ_EXAMPLES=500 (say) fuzzes harder, with fresh cases.
 EXAMPLES = int(os.environ.get("SPECDEC_FUZZ_EXAMPLES", "12"))
@@ -139,7 +139,7 @@ def valid_beyond_the_schema(body) -> None:
         body["best_of"] = body.get("n") or 1
     prompts = body.get("prompt")
     if isinstance(prompts, list) and prompts and isinstance(prompts[0], (str, list)):  # several prompts
-        del prompts[max(1, MAX_CHOICES // (body.get("n") or 1)):]  # their choices within the server's limit
+        del prompts[max(1, MAX_REQUESTS // (body.get("n") or 1)):]  # their choices within the server's limit
     if isinstance(body.get("grammar"), str):
         body["grammar"] = 'root ::= "yes" | "no"'
     if body.get("json_schema") is not None:

@@ -247,11 +247,16 @@ class BatchedDecoder(DecoderFront):
         return self.target.n_seq
 
     @property
+    def max_requests(self) -> int:
+        """The most requests that can run and wait at once (more are refused as
+        a full queue however idle the decoder)."""
+        return self.max_sequences + self._scheduler.max_queue
+
+    @property
     def max_choices(self) -> int:
         """The most choices (OpenAI's ``n``) of one request: four per sequence,
-        and no more than can run and wait at once (more would be refused as
-        a full queue however idle the decoder)."""
-        return min(4 * self.max_sequences, self.max_sequences + self._scheduler.max_queue)
+        and no more than can run and wait at once."""
+        return min(4 * self.max_sequences, self.max_requests)
 
     @property
     def n_ctx(self) -> int:

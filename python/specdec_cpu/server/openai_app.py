@@ -185,7 +185,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         dec = state.decoder
         if dec is None:
             return None
-        return docs.LiveBounds(n_vocab=dec.n_vocab, max_choices=dec.max_choices)
+        return docs.LiveBounds(n_vocab=dec.n_vocab, max_choices=dec.max_choices, max_requests=dec.max_requests)
 
     docs.install_openapi(app, live_bounds, api_key=options.api_key is not None)
 
@@ -218,7 +218,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
     def models() -> dict:
         return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{model}", dependencies=[Depends(authorized)], response_model=docs.ModelCard,
+    @app.get("/v1/models/{model:path}", dependencies=[Depends(authorized)], response_model=docs.ModelCard,
              responses=error_responses(401, 404), summary="The served model, by its name (OpenAI's retrieve)")
     def model(model: str) -> dict:
         _check_model(model, options)
@@ -372,9 +372,9 @@ async def _generate(dec: BatchedDecoder, body: Any, prompts: List[Any], max_toke
     reply = Reply(new_request_id(chat), int(time.time()), options.model_name, state.fingerprint, chat)
     top = body.top_logprobs_count()
     n = body.choices
-    if len(prompts) > 1 and len(prompts) * n > dec.max_choices:
-        raise RequestError(400, f"{len(prompts)} prompts × n={n} choices exceed this server's limit of "
-                                f"{dec.max_choices} choices per request", param="prompt")
+    if len(prompts) > 1 and len(prompts) * n > dec.max_requests:
+        raise RequestError(400, f"{len(prompts)} prompts × n={n} choices exceed the {dec.max_requests} requests "
+                                "this server can run and queue at once", param="prompt")
     streams: "list[AsyncRequestStream]" = []
     prompt_tokens = 0
     try:  # all of the prompts are queued, or none

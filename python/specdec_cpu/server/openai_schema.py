@@ -29,7 +29,7 @@ __all__ = ["ChatCompletionRequest", "CompletionRequest", "InfillRequest", "Reque
 
 MAX_STOP = 16  # Continue and other code assistants send long stop lists (OpenAI: 4)
 MAX_CHOICES = 16  # n; the decoder may allow fewer (a few per sequence it decodes at once)
-MAX_PROMPTS = 16  # prompts of one completions request; with n, their choices share the decoder's limit
+MAX_PROMPTS = 256  # prompts of one completions request (each with its n choices: all must fit the queue)
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs (OpenAI's limit)
 MAX_TOKEN_ID = 2**31 - 1  # the live schema narrows it to the model's vocabulary (openapi.py)
 

@@ -296,6 +296,7 @@ class LiveBounds:
 
     n_vocab: int
     max_choices: int  # the most ``n`` a request may ask for
+    max_requests: int  # the most requests (prompts × n of one request) that can run and wait at once
 
 
 def install_openapi(app: FastAPI, live_bounds: Callable[[], Optional[LiveBounds]], api_key: bool) -> None:
@@ -338,8 +339,8 @@ def _cleaned(doc: Dict[str, Any], api_key: bool) -> Dict[str, Any]:
 
 def _with_bounds(doc: Dict[str, Any], bounds: LiveBounds) -> Dict[str, Any]:
     """Every token id's ``maximum`` (MAX_TOKEN_ID in the models) becomes
-    ``n_vocab - 1``, and ``n``'s (MAX_CHOICES) and the prompts' (MAX_PROMPTS)
-    the server's own limit of choices per request."""
+    ``n_vocab - 1``, ``n``'s (MAX_CHOICES) the server's own limit of choices,
+    and the prompts' count (MAX_PROMPTS) the requests it can run and queue."""
     from .openai_schema import MAX_CHOICES, MAX_PROMPTS, MAX_TOKEN_ID
 
     def walk(node: Any) -> None:
@@ -359,5 +360,5 @@ def _with_bounds(doc: Dict[str, Any], bounds: LiveBounds) -> Dict[str, Any]:
                 choice["maximum"] = min(MAX_CHOICES, bounds.max_choices)
         for choice in schema.get("properties", {}).get("prompt", {}).get("anyOf", []):
             if choice.get("maxItems") == MAX_PROMPTS:
-                choice["maxItems"] = min(MAX_PROMPTS, bounds.max_choices)
+                choice["maxItems"] = min(MAX_PROMPTS, bounds.max_requests)
     return doc

@@ -117,8 +117,8 @@ def message_of(text: str, spec: OutputSpec) -> Dict[str, Any]:
             entry = calls.setdefault(call["index"], {"id": call.get("id"), "type": "function",
                                                      "function": {"name": fn.get("name"), "arguments": ""}})
             entry["function"]["arguments"] += fn["arguments"]
-    if not calls:
-        return {"role": "assistant", "content": text}
+    if not calls:  # the text as streamed (outer whitespace held back, then dropped)
+        return {"role": "assistant", "content": content}
     return {"role": "assistant", "content": content or None, "tool_calls": [calls[i] for i in sorted(calls)]}
 
 
