@@ -458,11 +458,11 @@ def test_a_request_that_cannot_start_fails_alone(tiny_target, tiny_draft, monkey
         slots = dec._scheduler.loop.slots
         claim, calls = slots.claim, []
 
-        def fails_once(prompt):
+        def fails_once(prompt, **kwargs):
             calls.append(prompt)
             if len(calls) == 1:
                 raise RuntimeError("no cells left")
-            return claim(prompt)
+            return claim(prompt, **kwargs)
 
         monkeypatch.setattr(slots, "claim", fails_once)
         with pytest.raises(SpecDecError, match="could not start.*no cells left"):

@@ -187,11 +187,6 @@ def test_completion_logprobs_have_the_legacy_shape(server) -> None:
     # logprobs 0: the sampled token alone (OpenAI: the sampled token always, up to logprobs + 1)
     alone = completion(server, logprobs=0)["choices"][0]["logprobs"]
     assert alone["top_logprobs"] == [{t: v} for t, v in zip(alone["tokens"], alone["token_logprobs"])]
-    # echo with logprobs would score the prompt (OpenAI's meaning): refused, not answered in part
-    r = server.post("/v1/completions", {**GREEDY, "prompt": "the quick brown", "max_tokens": 4, "logprobs": 0,
-                                        "echo": True})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "echo"
-    assert "prompt scoring" in r.json()["error"]["message"]
     # streamed: the chunks' tokens and offsets continue one another
     r = server.post("/v1/completions", {**GREEDY, "prompt": "the quick brown", "max_tokens": 16, "logprobs": 3,
                                         "stream": True})
@@ -201,6 +196,57 @@ def test_completion_logprobs_have_the_legacy_shape(server) -> None:
     assert sum((s["text_offset"] for s in streamed), []) == lp["text_offset"]
     # llama-server's n_probs means the same
     assert completion(server, n_probs=3)["choices"][0]["logprobs"]["tokens"] == lp["tokens"]
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_the_completion_was_scored(server) -> None:
+    """lm-evaluation-harness's loglikelihood request: token-id prompts, echo, max_tokens 1, logprobs 1.  A
+    prompt's entries after its first are the model's log-probabilities of its tokens: scoring a prompt that is
+    an earlier prompt and its greedy completion gives the completion's own logprobs back (one pass over the
+    prompt, against the rows that verified drafts)."""
+    context = token_ids(server, "the quick brown")
+    first = ok(server.post("/v1/completions", {**GREEDY, "prompt": context, "max_tokens": 12, "logprobs": 2,
+                                                "return_tokens_as_token_ids": True}))
+    speculated(first)
+    out, out_lp = ids_of(first), first["choices"][0]["logprobs"]["token_logprobs"]
+    scored = ok(server.post("/v1/completions", {**GREEDY, "prompt": [context + out, context], "max_tokens": 1,
+                                                 "logprobs": 1, "echo": True, "return_tokens_as_token_ids": True}))
+    for choice, prompt in zip(scored["choices"], (context + out, context)):
+        lp = choice["logprobs"]
+        assert [int(t.split(":")[1]) for t in lp["tokens"]][:len(prompt)] == prompt
+        assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(prompt) + 1
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None  # nothing predicts it
+        assert all(v <= 0 and len(top) <= 2 for v, top in zip(lp["token_logprobs"][1:], lp["top_logprobs"][1:]))
+    lp = scored["choices"][0]["logprobs"]["token_logprobs"]
+    assert lp[len(context):-1] == pytest.approx(out_lp, abs=0.05)  # batched rows round apart: ~1e-2
+    tops = scored["choices"][0]["logprobs"]["top_logprobs"][len(context):-1]
+    assert all(t[f"token_id:{tok}"] == pytest.approx(max(t.values()), abs=1e-5) for t, tok in zip(tops, out))  # greedy
+    assert scored["usage"]["prompt_tokens"] == 2 * len(context) + len(out)
+    # text prompts: the echo and the tokens' offsets agree; streamed, the echo's chunk carries the prompt's entries
+    body = {**GREEDY, "prompt": "the quick brown", "max_tokens": 6, "logprobs": 3, "echo": True}
+    whole = ok(server.post("/v1/completions", body))["choices"][0]
+    assert whole["text"].startswith("the quick brown")
+    lp = whole["logprobs"]
+    bos = lp["tokens"][0]  # the tokenizer's, not in the echoed text: its offset is 0 and it takes no room
+    assert bos == "<|begin_of_text|>" and lp["text_offset"][:2] == [0, 0]
+    assert "".join(lp["tokens"][1:]) == whole["text"]
+    n = len(context) + 1  # the prompt's tokens; then the output's, whose characters may span tokens
+    assert lp["text_offset"][1:n + 1] == [sum(len(t) for t in lp["tokens"][1:i]) for i in range(1, n + 1)]
+    assert lp["text_offset"][n] == len("the quick brown") and lp["text_offset"] == sorted(lp["text_offset"])
+    events = sse(server.post("/v1/completions", {**body, "stream": True}))
+    assert events[0]["choices"][0]["text"] == "the quick brown"
+    assert events[0]["choices"][0]["logprobs"]["tokens"] == lp["tokens"][:len(context) + 1]
+    streamed = [e["choices"][0]["logprobs"] for e in events if e["choices"][0]["logprobs"]]
+    for key in ("tokens", "text_offset", "top_logprobs"):
+        assert sum((s[key] for s in streamed), []) == lp[key]
+    assert sum((s["token_logprobs"] for s in streamed), []) == pytest.approx(lp["token_logprobs"], abs=1e-5)
+    # OpenAI's SDK reads it
+    sdk = client(server).completions.create(model="tiny", prompt=context, max_tokens=1, temperature=0, logprobs=1,
+                                            echo=True, extra_body={"gamma": GAMMA}).choices[0].logprobs
+    assert sdk.token_logprobs[0] is None and sdk.top_logprobs[0] is None and len(sdk.tokens) == len(context) + 1
+    assert sdk.token_logprobs[1:-1] == pytest.approx(scored["choices"][1]["logprobs"]["token_logprobs"][1:-1],
+                                                     abs=1e-5)
+    # with suffix the prompt is fill-in-the-middle tokens: scoring it is refused, not answered in part
+    refused(server.post("/v1/completions", {**body, "suffix": "fox"}), "suffix", "echo with logprobs")
 
 
 def test_sampling_logprob_mode_reports_the_truncated_distribution(server) -> None:

@@ -32,7 +32,7 @@ def check_gamma(gamma: object) -> None:
 
 def check_request(*, max_tokens: object, params: object, gamma: object, has_drafter: bool,
                   cancel: object, timeout: object, n_vocab: Optional[int] = None, logprobs: object = None,
-                  logprob_mode: object = "model") -> None:
+                  logprob_mode: object = "model", prompt_logprobs: object = None) -> None:
     """Raise ``TypeError``/``ValueError`` naming the first bad argument
     (token ids in ``params`` are checked against ``n_vocab`` when given)."""
     if not isinstance(params, SamplingParams):
@@ -43,10 +43,11 @@ def check_request(*, max_tokens: object, params: object, gamma: object, has_draf
             bad = [t for t in ids if t >= n_vocab]
             if bad:
                 raise ValueError(f"{name}: token id {bad[0]} is outside the vocabulary [0, {n_vocab})")
-    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
-                                 or not 0 <= logprobs <= MAX_TOP_LOGPROBS):
-        raise ValueError(f"logprobs must be None or an int in [0, {MAX_TOP_LOGPROBS}] (alternatives per token), "
-                         f"got {logprobs!r}")
+    for name, value in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 0 <= value <= MAX_TOP_LOGPROBS):
+            raise ValueError(f"{name} must be None or an int in [0, {MAX_TOP_LOGPROBS}] (alternatives per token), "
+                             f"got {value!r}")
     if logprob_mode not in LOGPROB_MODES:
         raise ValueError(f"logprob_mode must be one of {', '.join(LOGPROB_MODES)}, got {logprob_mode!r}")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:

@@ -80,7 +80,9 @@ class Sequence:
     penalties and biases: ``core.penalties.Penalties``), ``logprobs`` (how
     many alternatives to report per token, None for no log-probabilities,
     of the ``logprob_mode`` distribution) and ``token_logprobs`` (one
-    entry per output token), ``plan`` (the draft policy's estimates for it).
+    entry per output token), ``prompt_logprobs`` (alternatives per prompt
+    token, None for none) and ``prompt_entries`` (one per prompt token
+    after the first, filled as the prompt goes in), ``plan`` (the draft policy's estimates for it).
     """
 
     def __init__(self, prompt: list[int], *, max_tokens: int, params: SamplingParams, text: TextAssembler,
@@ -112,6 +114,8 @@ class Sequence:
         self.logprobs: Optional[int] = None
         self.logprob_mode = "model"
         self.token_logprobs: list = []  # TokenLogprob per output token, when logprobs is set
+        self.prompt_logprobs: Optional[int] = None
+        self.prompt_entries: list = []  # TokenLogprob per prompt token after the first, when prompt_logprobs is set
         self.plan: Any = None  # the draft policy's per-sequence state (planning/policy.py)
         #: a sequence whose prompt this one waits for, to share its cached cells (n choices)
         self.after: Optional["Sequence"] = None
@@ -208,7 +212,8 @@ class Sequence:
             if not self.prefilled:  # ended while taking in its prompt: all of it was prompt time
                 stats.prompt_seconds = stats.total_seconds
         self.result = Generation(self.text.text, self.out, stats,
-                                 self.token_logprobs[:len(self.out)] if self.logprobs is not None else None)
+                                 self.token_logprobs[:len(self.out)] if self.logprobs is not None else None,
+                                 list(self.prompt_entries) if self.prompt_logprobs is not None else None)
         if isinstance(error, DecoderClosedError) and error.partial is None:
             error.partial = self.result  # before the caller wakes to raise it
         self.error = error

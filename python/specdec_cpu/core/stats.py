@@ -116,12 +116,15 @@ class GenerationStats:
 @dataclass
 class Generation:
     """The result of one generation: its text, token ids and statistics;
-    ``logprobs`` (one ``core.logprobs.TokenLogprob`` per token) when asked for."""
+    ``logprobs`` (one ``core.logprobs.TokenLogprob`` per token) when asked for;
+    ``prompt_logprobs`` (one per prompt token after the first, which nothing
+    predicts: the model's own distribution) when asked for."""
 
     text: str
     tokens: list[int]
     stats: GenerationStats = field(repr=False)
     logprobs: Optional[list] = field(default=None, repr=False)
+    prompt_logprobs: Optional[list] = field(default=None, repr=False)
 
     @property
     def finish_reason(self) -> Optional[str]:

@@ -52,6 +52,7 @@ from ..constraints import bitmask
 from ..drafters.vocab_map import DraftVocab
 from ..errors import ConstraintError, InvalidLogitsError, SpecDecError
 from .logprobs import row_logprobs
+from .one_sequence import ArrayRows
 from .protocols import LogitRowsView, Rows, SequenceLM, Tokenizer, eog_id_array
 from .sequence import Sequence
 
@@ -369,11 +370,41 @@ class StepCore:
         emitted = 0
         for part, r in zip(prefill, rows):
             if r is not None:
+                r = self._prompt_logprobs(part, r)
+            if r is not None:
                 emitted += self._first_token(part, r, dt)
         for w, r in zip(works, rows[len(prefill):]):
             assert r is not None  # a work's part asks for its rows
             emitted += self._verify_one(w, r, dt)
         return emitted
+
+    def _prompt_logprobs(self, part: Rows, rows: LogitRowsView) -> Optional[LogitRowsView]:
+        """The rows of a prompt chunk the first token is sampled from (None:
+        it is not the last chunk).  A sequence asking for its prompt's
+        log-probabilities has every row of each chunk: those that predict
+        prompt tokens are recorded (the model's own distribution)."""
+        seq = self.observer.sequence_in(part.seq)
+        if seq is None or seq.finished:
+            return None
+        if seq.prompt_logprobs is None:
+            return rows
+        first = self.target.n_past(part.seq) - part.n_logits + 1  # the position row 0 predicts
+        known = max(0, min(part.n_logits, len(seq.prompt) - first))
+        logits = rows.view()
+        try:
+            if known:
+                seq.prompt_entries += row_logprobs(logits[:known], seq.prompt[first:first + known],
+                                                   seq.prompt_logprobs, "model", seq.params)
+        except InvalidLogitsError as exc:
+            self._fail(seq, InvalidLogitsError(
+                f"the target model produced invalid logits{self._names[0]} for request {seq.id} in its prompt "
+                f"(positions {first - 1} to {first + known - 2}): {exc}"))
+            return None
+        except Exception as exc:  # a fault of this sequence's: it alone fails
+            log.exception("the prompt log-probabilities of request %d failed", seq.id)
+            self._fail(seq, _fault(seq.id, "in its prompt's log-probabilities", exc))
+            return None
+        return ArrayRows(logits[known:]) if known < part.n_logits else None
 
     def _first_token(self, part: Rows, rows: LogitRowsView, target_seconds: float) -> int:
         """A sequence's prompt is in: sample its first token from the prompt's

@@ -158,7 +158,8 @@ class BatchedDecoder(DecoderFront):
     def generate(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
                  stop: Optional[Seq[str]] = (), gamma: Optional[GammaSetting] = None,
                  cancel: Optional[threading.Event] = None, timeout: Optional[float] = None,
-                 grammar: Any = None, logprobs: Optional[int] = None, logprob_mode: str = "model") -> Generation:
+                 grammar: Any = None, logprobs: Optional[int] = None, logprob_mode: str = "model",
+                 prompt_logprobs: Optional[int] = None) -> Generation:
         """Generate a continuation of ``prompt``; see ``SpeculativeDecoder.generate``.
 
         A fixed ``gamma`` above the decoder's ``gamma_max`` drafts
@@ -171,7 +172,8 @@ class BatchedDecoder(DecoderFront):
         ``DecoderClosedError`` when the decoder is closed meanwhile.
         """
         req = self._submit(prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar=grammar,
-                           logprobs=logprobs, logprob_mode=logprob_mode)
+                           logprobs=logprobs, logprob_mode=logprob_mode,
+                           prompt_logprobs=prompt_logprobs)
         return self._wait(req, timeout)
 
     def _wait(self, req: Request, timeout: Optional[float]) -> Generation:
@@ -188,7 +190,8 @@ class BatchedDecoder(DecoderFront):
     def stream(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
                stop: Optional[Seq[str]] = (), gamma: Optional[GammaSetting] = None,
                cancel: Optional[threading.Event] = None, timeout: Optional[float] = None,
-               grammar: Any = None, logprobs: Optional[int] = None, logprob_mode: str = "model") -> RequestStream:
+               grammar: Any = None, logprobs: Optional[int] = None, logprob_mode: str = "model",
+               prompt_logprobs: Optional[int] = None) -> RequestStream:
         """Yield text pieces as they are accepted; see ``SpeculativeDecoder.stream``.
 
         The stream ends quietly on ``cancel``/``timeout`` (``result`` says
@@ -196,13 +199,14 @@ class BatchedDecoder(DecoderFront):
         step.  Argument errors and ``QueueFullError`` are raised here.
         """
         return RequestStream(self._submit(prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar=grammar,
-                                          logprobs=logprobs, logprob_mode=logprob_mode))
+                                          logprobs=logprobs, logprob_mode=logprob_mode,
+                                          prompt_logprobs=prompt_logprobs))
 
     def astream(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
                 stop: Optional[Seq[str]] = (), gamma: Optional[GammaSetting] = None,
                 cancel: Optional[threading.Event] = None, timeout: Optional[float] = None,
-                grammar: Any = None, logprobs: Optional[int] = None,
-                logprob_mode: str = "model") -> AsyncRequestStream:
+                grammar: Any = None, logprobs: Optional[int] = None, logprob_mode: str = "model",
+                prompt_logprobs: Optional[int] = None) -> AsyncRequestStream:
         """``stream`` for asyncio code: an async iterator of text pieces
         (call it in a running event loop; no thread blocks on the request).
 
@@ -211,7 +215,8 @@ class BatchedDecoder(DecoderFront):
         """
         loop = asyncio.get_running_loop()
         return AsyncRequestStream(self._submit(prompt, max_tokens, params, stop, gamma, cancel, timeout,
-                                               grammar=grammar, logprobs=logprobs, logprob_mode=logprob_mode), loop)
+                                               grammar=grammar, logprobs=logprobs, logprob_mode=logprob_mode,
+                                               prompt_logprobs=prompt_logprobs), loop)
 
     # ------------------------------------------------------------------ n choices
     def generate_choices(self, prompt: Prompt, n: int, **kwargs: Any) -> list[Generation]:
@@ -219,7 +224,8 @@ class BatchedDecoder(DecoderFront):
         decoded together; keyword arguments as for :meth:`generate`.
 
         The prompt is decoded once: the other choices start when it is in,
-        sharing its cached cells (no second prefill).  Choice i > 0 of a
+        sharing its cached cells (no second prefill; with ``prompt_logprobs``
+        they are the first choice's).  Choice i > 0 of a
         request with a seed samples from a seed derived from it and i, so
         the choices differ and a rerun repeats them."""
         timeout = kwargs.get("timeout")
@@ -333,12 +339,12 @@ class BatchedDecoder(DecoderFront):
             raise ValueError(f"n must be an int in [1, {self.max_choices}] (choices: {self.max_sequences} "
                              f"sequences decoded at once, {self._scheduler.max_queue} waiting), got {n!r}")
         unknown = set(kwargs) - {"max_tokens", "params", "stop", "gamma", "cancel", "timeout", "grammar",
-                                 "logprobs", "logprob_mode"}
+                                 "logprobs", "logprob_mode", "prompt_logprobs"}
         if unknown:
             raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
         params = kwargs.get("params", SamplingParams())
         stop = stop_strings(kwargs.get("stop", ()))  # an iterator is read once, for every choice
-        options = {k: kwargs[k] for k in ("grammar", "logprobs", "logprob_mode") if k in kwargs}
+        options = {k: kwargs[k] for k in ("grammar", "logprobs", "logprob_mode", "prompt_logprobs") if k in kwargs}
         reqs: list[Request] = []
         for i in range(n):
             p = params if i == 0 or params.seed is None else dataclasses.replace(

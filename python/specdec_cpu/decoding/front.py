@@ -236,7 +236,7 @@ class DecoderFront:
     def _sequence(self, cls: Type[S], prompt: Prompt, max_tokens: int, params: SamplingParams, stop: Optional[Seq[str]],
                   gamma: Optional[GammaSetting], cancel: Optional[threading.Event], timeout: Optional[float],
                   gamma_limit: int, *, grammar: Any = None, logprobs: Optional[int] = None,
-                  logprob_mode: str = "model") -> S:
+                  logprob_mode: str = "model", prompt_logprobs: Optional[int] = None) -> S:
         """A checked sequence for one call (its seed is drawn later, by the
         caller, once the request is accepted); a fixed γ above
         ``gamma_limit`` drafts ``gamma_limit`` tokens."""
@@ -245,7 +245,8 @@ class DecoderFront:
             gamma = self.gamma
         n_vocab = self._target_lm.n_vocab
         check_request(max_tokens=max_tokens, params=params, gamma=gamma, has_drafter=self._has_drafter,
-                      cancel=cancel, timeout=timeout, n_vocab=n_vocab, logprobs=logprobs, logprob_mode=logprob_mode)
+                      cancel=cancel, timeout=timeout, n_vocab=n_vocab, logprobs=logprobs, logprob_mode=logprob_mode,
+                      prompt_logprobs=prompt_logprobs)
         if isinstance(gamma, int):
             gamma = min(gamma, gamma_limit)
         tokens = self.tokenize(prompt)
@@ -253,7 +254,7 @@ class DecoderFront:
         seq = cls(tokens, max_tokens=max_tokens, params=params, text=TextAssembler(stop), gamma=gamma,
                   n_vocab=n_vocab, cancel=cancel, timeout=timeout, gamma_rows=min(self.gamma_max, 16))
         seq.constraint = state
-        seq.logprobs, seq.logprob_mode = logprobs, logprob_mode
+        seq.logprobs, seq.logprob_mode, seq.prompt_logprobs = logprobs, logprob_mode, prompt_logprobs
         if params.adjusts_logits:
             seq.penalties = Penalties(params, tokens, eog_id_array(self.tokenizer, n_vocab).tolist())
         return seq

@@ -39,6 +39,10 @@ __all__ = ["StepLoop"]
 
 log = logging.getLogger("specdec_cpu.decoding")
 
+#: The most prompt rows a step takes in for a request that asks for its prompt's
+#: log-probabilities: each row's logits are kept (n_vocab floats per row).
+PROMPT_LOGPROB_ROWS = 64
+
 
 class StepLoop:
     """Sequences in the slots of a target (and draft) ``SequenceLM``, stepped together.
@@ -81,7 +85,16 @@ class StepLoop:
         """Give ``seq`` a slot (its cached prompt prefix reused) and its
         planning state, and make it active.  On an error ``seq`` is not
         active and holds no slot."""
-        claim = self.slots.claim(seq.prompt)
+        lead = seq.after
+        shared = (seq.prompt_logprobs is not None and lead is not None and lead.prompt == seq.prompt
+                  and lead.prompt_logprobs == seq.prompt_logprobs
+                  and len(lead.prompt_entries) == len(seq.prompt) - 1)
+        # A prompt's log-probabilities need its rows' logits: its cached prefix
+        # is reused only when an earlier choice of the request computed them.
+        claim = self.slots.claim(seq.prompt, reuse=seq.prompt_logprobs is None or shared)
+        if shared:
+            assert lead is not None
+            seq.prompt_entries = list(lead.prompt_entries)
         try:
             seq.slot = claim.slot
             seq.admitted = time.perf_counter()
@@ -183,11 +196,14 @@ class StepLoop:
             n = min(left, budget)
             if timing and seq.gamma == "auto" and left - n < timing < left:
                 n = left - timing  # the last rows go in as a verify-sized pass of their own: it times v(k) warm
+            if seq.prompt_logprobs is not None:
+                n = min(n, PROMPT_LOGPROB_ROWS)
             if n > 0:
                 # The chunk that ends the prompt also asks for the last row's
                 # logits: the first token is sampled from the prompt's own pass.
                 last = have + n == len(seq.seq) and self.first_token_from_prompt
-                parts.append(Rows(seq.held_slot, seq.seq[have:have + n], 1 if last else 0))
+                rows = n if seq.prompt_logprobs is not None else 1 if last else 0
+                parts.append(Rows(seq.held_slot, seq.seq[have:have + n], rows))
                 budget -= n
         return parts
 

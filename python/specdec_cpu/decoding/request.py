@@ -207,6 +207,17 @@ class AsyncRequestStream:
         return len(self._request.prompt)
 
     @property
+    def prompt_ids(self) -> list[int]:
+        """The prompt's token ids (do not modify)."""
+        return self._request.prompt
+
+    def prompt_logprobs(self) -> list:
+        """The prompt's log-probabilities computed so far (``TokenLogprob`` per
+        token after the first) of a request asking for them: all of them
+        once its first piece has come."""
+        return list(self._request.prompt_entries)
+
+    @property
     def tokens_emitted(self) -> int:
         """Output tokens so far (their text may still be held back)."""
         return len(self._request.out)

@@ -204,7 +204,8 @@ class SpeculativeDecoder(DecoderFront):
     def generate(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
                  stop: Optional[Seq[str]] = (), gamma: Optional[GammaSetting] = None,
                  cancel: Optional[threading.Event] = None, timeout: Optional[float] = None,
-                 grammar: Any = None, logprobs: Optional[int] = None, logprob_mode: str = "model") -> Generation:
+                 grammar: Any = None, logprobs: Optional[int] = None, logprob_mode: str = "model",
+                 prompt_logprobs: Optional[int] = None) -> Generation:
         """Generate a continuation of ``prompt`` (text, UTF-8 bytes, or token ids).
 
         ``grammar`` constrains the output: a ``constraints.Grammar`` (JSON
@@ -217,6 +218,10 @@ class SpeculativeDecoder(DecoderFront):
         that many alternatives (``Generation.logprobs``), of the target
         model's own distribution (``logprob_mode="model"``) or of the one
         the token was sampled from (``"sampling"``); core/logprobs.py.
+        ``prompt_logprobs`` (0-20) asks the same of the prompt's tokens,
+        each under the model's distribution after the tokens before it
+        (``Generation.prompt_logprobs``: one entry per prompt token after
+        the first; no cached prefix is reused for such a call).
 
         ``cancel`` (a ``threading.Event``) and ``timeout`` (seconds for the
         whole call, waiting for the decoder included) stop generation at the
@@ -226,7 +231,8 @@ class SpeculativeDecoder(DecoderFront):
         decoder is ready for the next call either way.
         """
         run = self._run(prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar=grammar,
-                        logprobs=logprobs, logprob_mode=logprob_mode)
+                        logprobs=logprobs, logprob_mode=logprob_mode,
+                        prompt_logprobs=prompt_logprobs)
         pieces = run.iterate()
         try:
             for _ in pieces:
@@ -239,7 +245,8 @@ class SpeculativeDecoder(DecoderFront):
     def stream(self, prompt: Prompt, *, max_tokens: int = 256, params: SamplingParams = SamplingParams(),
                stop: Optional[Seq[str]] = (), gamma: Optional[GammaSetting] = None,
                cancel: Optional[threading.Event] = None, timeout: Optional[float] = None,
-               grammar: Any = None, logprobs: Optional[int] = None, logprob_mode: str = "model") -> "_Stream":
+               grammar: Any = None, logprobs: Optional[int] = None, logprob_mode: str = "model",
+               prompt_logprobs: Optional[int] = None) -> "_Stream":
         """Yield text pieces as they are accepted.
 
         Unlike ``generate``, a stream simply ends when ``cancel`` is set or
@@ -253,7 +260,8 @@ class SpeculativeDecoder(DecoderFront):
         ``grammar``, ``logprobs`` and ``logprob_mode`` are as for ``generate``.
         """
         return _Stream(self._run(prompt, max_tokens, params, stop, gamma, cancel, timeout, grammar=grammar,
-                                 logprobs=logprobs, logprob_mode=logprob_mode))
+                                 logprobs=logprobs, logprob_mode=logprob_mode,
+                                 prompt_logprobs=prompt_logprobs))
 
     def generate_choices(self, prompt: Prompt, n: int, **kwargs: Any) -> list[Generation]:
         """``n`` independent continuations of ``prompt`` (OpenAI's ``n``), one

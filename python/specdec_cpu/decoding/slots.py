@@ -55,16 +55,17 @@ class SlotTable:
     def n_slots(self) -> int:
         return self.target.n_seq
 
-    def claim(self, prompt: Sequence[int]) -> Claim:
+    def claim(self, prompt: Sequence[int], reuse: bool = True) -> Claim:
         """Take a free slot for ``prompt`` and prepare its caches.
 
         At most ``len(prompt) − 1`` tokens are reused: the last prompt token
         is always decoded with the request's first step (its logits are the
-        first token's distribution).
+        first token's distribution).  Without ``reuse`` none is (a request
+        that needs every prompt row's logits).
         """
         if not self._free:
             raise RuntimeError("no free slot")  # the scheduler checks n_free first
-        limit = len(prompt) - 1
+        limit = len(prompt) - 1 if reuse else 0
         p = np.asarray(prompt[:limit], dtype=np.int64)
         t_prefix = [_common(self.target.tokens(s), p) for s in range(self.n_slots)]
         slot = max(self._free, key=lambda s: (t_prefix[s], -self._used_at[s]))

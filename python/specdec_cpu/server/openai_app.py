@@ -259,6 +259,10 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
             if not all(isinstance(p, str) for p in prompts):
                 raise RequestError(400, "suffix needs a text prompt (the text before the middle), not token ids",
                                    param="suffix")
+            if body.prompt_logprobs_count() is not None:
+                raise RequestError(400, "echo with logprobs scores the prompt's tokens, and with suffix the prompt "
+                                        "becomes fill-in-the-middle tokens around the suffix: ask for one of them",
+                                   param="suffix")
             prompts = [_infill_ids(dec, p, body.suffix, (), names=("prompt", "suffix")) for p in prompts]
         return await _generate(dec, body, prompts, body.token_limit(16), "prompt", spec, request, options,
                                state, chat=False, echoes=echoes)
@@ -371,6 +375,7 @@ async def _generate(dec: BatchedDecoder, body: Any, prompts: List[Any], max_toke
         await run_in_threadpool(compile_constraint, dec, spec)
     reply = Reply(new_request_id(chat), int(time.time()), options.model_name, state.fingerprint, chat)
     top = body.top_logprobs_count()
+    prompt_top = None if chat else body.prompt_logprobs_count()
     n = body.choices
     if len(prompts) > 1 and len(prompts) * n > dec.max_requests:
         raise RequestError(400, f"{len(prompts)} prompts × n={n} choices exceed the {dec.max_requests} requests "
@@ -379,7 +384,7 @@ async def _generate(dec: BatchedDecoder, body: Any, prompts: List[Any], max_toke
     prompt_tokens = 0
     try:  # all of the prompts are queued, or none
         for prompt in prompts:
-            queued, _ = _submit(dec, prompt, body, max_tokens, param, options, spec, n, top)
+            queued, _ = _submit(dec, prompt, body, max_tokens, param, options, spec, n, top, prompt_top)
             streams += queued
             prompt_tokens += queued[0].prompt_tokens
     except BaseException:
@@ -400,7 +405,13 @@ async def _generate(dec: BatchedDecoder, body: Any, prompts: List[Any], max_toke
         logprobs = None
         if top is not None:
             fmt = LogprobFormatter(dec.tokenizer, top, as_ids=bool(body.return_tokens_as_token_ids))
-            logprobs = fmt.chat(gen.logprobs or []) if chat else fmt.legacy(gen.logprobs or [])
+            if chat:
+                logprobs = fmt.chat(gen.logprobs or [])
+            elif prompt_top is not None:  # the echoed prompt's tokens first
+                logprobs = fmt.legacy([*(gen.prompt_logprobs or []), *(gen.logprobs or [])],
+                                      first=streams[index].prompt_ids[0], echo=echo or "")
+            else:
+                logprobs = fmt.legacy(gen.logprobs or [])
         if chat:
             message = message_of(gen.text, spec)
             choices.append({"index": index, "message": message, "logprobs": logprobs,
@@ -431,9 +442,10 @@ async def _finish(streams: "list[AsyncRequestStream]", request: Request, options
 
 
 def _submit(dec: BatchedDecoder, prompt: Any, body: Any, max_tokens: Optional[int], param: str,
-            options: ServerOptions, spec: OutputSpec, n: int = 1,
-            top: Optional[int] = None) -> "tuple[list[AsyncRequestStream], int]":
-    """Tokenize, cap ``max_tokens`` at the context, queue the request's ``n`` choices."""
+            options: ServerOptions, spec: OutputSpec, n: int = 1, top: Optional[int] = None,
+            prompt_top: Optional[int] = None) -> "tuple[list[AsyncRequestStream], int]":
+    """Tokenize, cap ``max_tokens`` at the context, queue the request's ``n`` choices
+    (``top``, ``prompt_top``: alternatives per output and per prompt token)."""
     params = body.params()
     try:
         ids = dec.tokenize(prompt)
@@ -454,7 +466,8 @@ def _submit(dec: BatchedDecoder, prompt: Any, body: Any, max_tokens: Optional[in
                                 "no more than can run and wait at once)", param="n")
     limit = room if max_tokens is None else min(max_tokens, room)  # capped at the context
     kwargs = dict(max_tokens=limit, params=params, stop=body.stop or (), gamma=body.gamma,
-                  timeout=options.request_timeout, grammar=spec.grammar, logprobs=top, logprob_mode=body.mode)
+                  timeout=options.request_timeout, grammar=spec.grammar, logprobs=top, logprob_mode=body.mode,
+                  prompt_logprobs=prompt_top)
     try:
         streams = [dec.astream(ids, **kwargs)] if n == 1 else dec.astream_choices(ids, n, **kwargs)
     except QueueFullError as exc:
@@ -497,6 +510,14 @@ class LogprobSource:
         self.tokenizer, self.top, self.as_ids = tokenizer, top, as_ids
         self._sent: Dict[int, int] = {}
         self._formatters: Dict[int, LogprobFormatter] = {}
+
+    def prompt(self, index: int, stream: AsyncRequestStream, echo: str) -> Any:
+        """The legacy log-probabilities of choice ``index``'s echoed prompt
+        (``echo``), before any of its output's (the first token's are null)."""
+        fmt = self._formatters.setdefault(index, LogprobFormatter(self.tokenizer, self.top or 0, 0, self.as_ids))
+        result = stream.result
+        entries = result.prompt_logprobs if result is not None else stream.prompt_logprobs()
+        return fmt.legacy(entries or [], first=stream.prompt_ids[0], echo=echo)
 
     def take(self, index: int, stream: AsyncRequestStream, shape: str, *, offset: int = 0,
              final: bool = False) -> Any:
@@ -573,13 +594,22 @@ async def _events(streams: "list[AsyncRequestStream]", body: Any, reply: Reply, 
                            final=final)
         return event(reply.chunk(delta_or_text, reason, with_usage=with_usage, index=index, logprobs=lp))
 
+    def echo(index: int) -> bytes:
+        lp = logprobs.prompt(index, streams[index], echoes[index] or "") if index in scored else None
+        return event(reply.chunk(echoes[index], with_usage=with_usage, index=index, logprobs=lp))
+
+    # An echo with logprobs waits for the prompt to be in: its chunk carries the prompt's log-probabilities.
+    scored = {i for i in range(len(streams)) if echoes[i] and logprobs.top is not None}
     try:
         for index in range(len(streams)):
             if reply.chat:
                 yield event(reply.chunk({"role": "assistant", "content": ""}, with_usage=with_usage, index=index))
-            elif echoes[index]:
-                yield event(reply.chunk(echoes[index], with_usage=with_usage, index=index))
+            elif echoes[index] and index not in scored:
+                yield echo(index)
         async for index, piece in _merged(streams):
+            if index in scored:
+                yield echo(index)
+                scored.discard(index)
             shaper = shapers[index]
             if piece is not None:
                 if shaper is None:

@@ -457,7 +457,10 @@ class _CompletionBase(_Common):
     """``POST /v1/completions``: ``prompt`` holds one prompt or several (text or token ids)."""
 
     prompt: Prompt
-    echo: Optional[bool] = Field(default=None, description="Prepend the prompt's text to the output")
+    echo: Optional[bool] = Field(default=None, description=(
+        "Prepend the prompt's text to the output; with logprobs, the prompt's tokens are scored too (the model's "
+        "own log-probabilities, the first token's null), and the prompt is computed again, not taken from the "
+        "cache"))
     suffix: Optional[str] = Field(default=None, description=(
         "Fill in the middle: the text after the completion (the prompt is the text before it); needs a model "
         "with fill-in-the-middle tokens"))
@@ -470,13 +473,12 @@ class _CompletionBase(_Common):
         if self.logprobs is not None and self.n_probs is not None and self.logprobs != self.n_probs:
             raise RequestError(400, f"conflicting logprobs={self.logprobs} and n_probs={self.n_probs}: give one",
                                param="n_probs")
-        top = self.logprobs if self.logprobs is not None else self.n_probs or None
-        if top is not None and self.echo:  # OpenAI's answer would score the prompt too: not a partial one
-            raise RequestError(400, "echo with logprobs asks for the prompt tokens' log-probabilities (prompt "
-                                    "scoring), which this server does not compute; ask for logprobs without echo "
-                                    "(the completion's), or echo without logprobs", param="echo",
-                               code="unsupported_parameter")
-        return top
+        return self.logprobs if self.logprobs is not None else self.n_probs or None
+
+    def prompt_logprobs_count(self) -> Optional[int]:
+        """Alternatives per prompt token: ``echo`` with ``logprobs`` scores the prompt as well (OpenAI's legacy
+        answer covers every echoed token, the first with nulls)."""
+        return self.top_logprobs_count() if self.echo else None
 
 
 class _ChatBase(_Common):

@@ -226,11 +226,23 @@ class LogprobFormatter:
                             "top_logprobs": alternatives})
         return {"content": content}
 
-    def legacy(self, entries: Sequence[Any]) -> Dict[str, Any]:
+    def legacy(self, entries: Sequence[Any], first: Optional[int] = None, echo: str = "") -> Dict[str, Any]:
+        """``first``: a token before the entries that nothing predicts (an
+        echoed prompt's first), reported with null log-probabilities; its
+        text counts in the offsets only if ``echo`` (the echoed text) starts
+        with it, as a BOS the tokenizer added does not."""
         tokens: List[str] = []
-        logprobs: List[float] = []
-        tops: List[Dict[str, float]] = []
+        logprobs: List[Optional[float]] = []
+        tops: List[Optional[Dict[str, float]]] = []
         offsets: List[int] = []
+        if first is not None:
+            text, raw = self._text(first)
+            tokens.append(text)
+            logprobs.append(None)
+            tops.append(None)
+            offsets.append(self._offset)
+            if echo.startswith(bytes(raw).decode("utf-8", errors="replace")):
+                self._offset += len(self._chars.decode(bytes(raw)))
         for e in entries:
             text, raw = self._text(e.token)
             tokens.append(text)
