@@ -106,3 +106,22 @@ def test_invalid_logits_in_a_prompt_fail_that_request_alone(tiny_nan_target, tin
         assert dec.healthy
         again = dec.generate(clean, max_tokens=4, prompt_logprobs=1)
         assert len(again.prompt_logprobs) == len(clean) - 1
+
+
+@pytest.mark.parametrize("cls", [SpeculativeDecoder, BatchedDecoder])
+def test_max_tokens_0_scores_the_prompt_and_samples_nothing(tiny_target, tiny_draft, reference, cls):
+    with cls.from_gguf(tiny_target, tiny_draft, gamma=3, n_ctx=512, n_threads=1, seed=5, calibration=None) as dec:
+        prompt = dec.tokenize(TEXT)
+        gen = dec.generate(prompt, max_tokens=0, prompt_logprobs=2)
+        check(gen.prompt_logprobs, prompt, reference, 2)
+        assert gen.tokens == [] and gen.text == "" and gen.finish_reason == "length" and gen.stats.steps == 0
+        stream = dec.stream(prompt[:PROMPT_LOGPROB_ROWS + 1], max_tokens=0, prompt_logprobs=0)  # one chunk and a row
+        assert list(stream) == [] and len(stream.result.prompt_logprobs) == PROMPT_LOGPROB_ROWS
+        one = dec.generate(prompt[:1], max_tokens=0, prompt_logprobs=0)
+        assert one.prompt_logprobs == [] and one.tokens == []
+        choices = dec.generate_choices(prompt, 3, max_tokens=0, prompt_logprobs=1)
+        assert all(c.prompt_logprobs == choices[0].prompt_logprobs and c.tokens == [] for c in choices)
+        check(choices[0].prompt_logprobs, prompt, reference, 1)
+        with pytest.raises(ValueError, match=r"max_tokens must be an int >= 1 \(0 only with prompt_logprobs"):
+            dec.generate(prompt, max_tokens=0)
+        assert dec.generate(prompt, max_tokens=3).tokens  # the decoder goes on

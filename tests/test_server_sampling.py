@@ -245,6 +245,17 @@ def test_echo_with_logprobs_scores_the_prompt_as_the_completion_was_scored(serve
     assert sdk.token_logprobs[0] is None and sdk.top_logprobs[0] is None and len(sdk.tokens) == len(context) + 1
     assert sdk.token_logprobs[1:-1] == pytest.approx(scored["choices"][1]["logprobs"]["token_logprobs"][1:-1],
                                                      abs=1e-5)
+    # max_tokens 0: the prompt scored, nothing generated (whole and streamed); without echo and logprobs, a 400
+    only = ok(server.post("/v1/completions", {**body, "max_tokens": 0}))
+    assert only["choices"][0]["text"] == "the quick brown" and only["choices"][0]["finish_reason"] == "length"
+    assert only["choices"][0]["logprobs"]["tokens"] == lp["tokens"][:len(context) + 1]
+    assert only["usage"]["completion_tokens"] == 0 and only["usage"]["prompt_tokens"] == len(context) + 1
+    events = sse(server.post("/v1/completions", {**body, "max_tokens": 0, "stream": True}))
+    assert "".join(e["choices"][0]["text"] for e in events) == "the quick brown"
+    assert events[0]["choices"][0]["logprobs"]["tokens"] == lp["tokens"][:len(context) + 1]
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    refused(server.post("/v1/completions", {**GREEDY, "prompt": "the quick brown", "max_tokens": 0, "echo": True}),
+            "max_tokens", "only with echo and logprobs")
     # with suffix the prompt is fill-in-the-middle tokens: scoring it is refused, not answered in part
     refused(server.post("/v1/completions", {**body, "suffix": "fox"}), "suffix", "echo with logprobs")
 

@@ -121,7 +121,8 @@ def valid_beyond_the_schema(body) -> None:
     distinct names, ``logit_bias`` keys that are token ids of the vocabulary,
     a text prompt with ``suffix``, no more prompts' choices than the server
     allows, chat's ``top_logprobs`` with ``logprobs``, no ``suffix`` with
-    ``echo`` and ``logprobs``.  Their refusals are tested in test_server_sampling.py and
+    ``echo`` and ``logprobs``, ``max_tokens`` 0 only with them.  Their
+    refusals are tested in test_server_sampling.py and
     test_server_structured.py."""
     if not isinstance(body, dict):
         return
@@ -133,8 +134,12 @@ def valid_beyond_the_schema(body) -> None:
         body["prompt"] = "def f(x):"
     if body.get("top_logprobs") is not None and "messages" in body:
         body["logprobs"] = True
-    if body.get("suffix") and body.get("echo") and (body.get("logprobs") is not None or body.get("n_probs")):
+    scored = body.get("echo") and (body.get("logprobs") is not None or body.get("n_probs"))
+    if body.get("suffix") and scored:
         del body["echo"]  # prompt scoring of fill-in-the-middle tokens: refused
+        scored = False
+    if body.get("max_tokens") == 0 and not scored:
+        body["max_tokens"] = 1  # nothing to generate is only asked when scoring the prompt
     if body.get("best_of") is not None:
         body["best_of"] = body.get("n") or 1
     prompts = body.get("prompt")

@@ -50,8 +50,9 @@ def check_request(*, max_tokens: object, params: object, gamma: object, has_draf
                              f"got {value!r}")
     if logprob_mode not in LOGPROB_MODES:
         raise ValueError(f"logprob_mode must be one of {', '.join(LOGPROB_MODES)}, got {logprob_mode!r}")
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < (prompt_logprobs is None):
+        raise ValueError(f"max_tokens must be an int >= 1 (0 only with prompt_logprobs: scoring the prompt), "
+                         f"got {max_tokens!r}")
     check_gamma(gamma)
     if not has_drafter and gamma not in (0, "auto"):
         raise ValueError(f"gamma={gamma} needs a drafter: this decoder has none")

@@ -163,6 +163,12 @@ class Sequence:
             return sampling.NO_CHANGES
         return sampling.Changes(mask, sparse)
 
+    @property
+    def scored(self) -> bool:
+        """Asked for nothing but its prompt's log-probabilities (``max_tokens``
+        0), and they are all in: it ends without sampling."""
+        return self.max_tokens == 0 and len(self.prompt_entries) == len(self.prompt) - 1
+
     def room(self, n_ctx: int) -> int:
         """Draft tokens a step may still propose: one token is always emitted
         after them, within ``max_tokens`` and the context."""

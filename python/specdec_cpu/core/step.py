@@ -404,6 +404,9 @@ class StepCore:
             log.exception("the prompt log-probabilities of request %d failed", seq.id)
             self._fail(seq, _fault(seq.id, "in its prompt's log-probabilities", exc))
             return None
+        if seq.scored:
+            self.observer.end(seq, "length")
+            return None
         return ArrayRows(logits[known:]) if known < part.n_logits else None
 
     def _first_token(self, part: Rows, rows: LogitRowsView, target_seconds: float) -> int:

@@ -114,6 +114,8 @@ class StepLoop:
         self.active.append(seq)
         if self.target.n_past(seq.slot) >= len(seq.seq) - 1:  # all but the last token cached
             self._start_decoding(seq)
+            if seq.scored:  # a one-token prompt, or a choice sharing the first's: nothing to compute
+                self.end(seq, "length")
 
     def end(self, seq: Sequence, reason: Optional[str], error: Optional[BaseException] = None) -> None:
         """End a sequence: free its slot at once, count it, tell ``on_end``."""

@@ -221,7 +221,8 @@ class SpeculativeDecoder(DecoderFront):
         ``prompt_logprobs`` (0-20) asks the same of the prompt's tokens,
         each under the model's distribution after the tokens before it
         (``Generation.prompt_logprobs``: one entry per prompt token after
-        the first; no cached prefix is reused for such a call).
+        the first; no cached prefix is reused for such a call); with it,
+        ``max_tokens=0`` scores the prompt and samples nothing.
 
         ``cancel`` (a ``threading.Event``) and ``timeout`` (seconds for the
         whole call, waiting for the decoder included) stop generation at the

@@ -264,8 +264,12 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
                                         "becomes fill-in-the-middle tokens around the suffix: ask for one of them",
                                    param="suffix")
             prompts = [_infill_ids(dec, p, body.suffix, (), names=("prompt", "suffix")) for p in prompts]
-        return await _generate(dec, body, prompts, body.token_limit(16), "prompt", spec, request, options,
-                               state, chat=False, echoes=echoes)
+        limit = body.token_limit(16)
+        if limit == 0 and body.prompt_logprobs_count() is None:
+            raise RequestError(400, "max_tokens=0 asks for no completion: only with echo and logprobs (scoring the "
+                                    "prompt)", param="max_tokens")
+        return await _generate(dec, body, prompts, limit, "prompt", spec, request, options, state, chat=False,
+                               echoes=echoes)
 
     @app.post("/v1/chat/completions", dependencies=[Depends(authorized)], summary="The next turn of a chat",
               responses={**docs.JSON_OR_STREAM(docs.ChatCompletion, [docs.ChatCompletionChunk]),
@@ -454,7 +458,7 @@ def _submit(dec: BatchedDecoder, prompt: Any, body: Any, max_tokens: Optional[in
     except ContextOverflowError as exc:
         raise RequestError(400, f"{exc}", param=param, code="context_length_exceeded") from None
     room = dec.n_ctx - len(ids)
-    if room < 1:
+    if room < 1 and max_tokens != 0:  # max_tokens 0: the prompt is scored, nothing generated
         raise RequestError(400, f"the prompt is {len(ids)} tokens and fills the context of {dec.n_ctx}: "
                                 "no room for a completion", param=param, code="context_length_exceeded")
     if max_tokens is not None and params.min_tokens > max_tokens:

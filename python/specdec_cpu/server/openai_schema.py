@@ -457,6 +457,9 @@ class _CompletionBase(_Common):
     """``POST /v1/completions``: ``prompt`` holds one prompt or several (text or token ids)."""
 
     prompt: Prompt
+    max_tokens: Optional[Annotated[int, Field(ge=0), AS_INT]] = Field(
+        default=None, description="Default 16, capped at what the context leaves; 0 (with echo and logprobs): "
+                                  "score the prompt, generate nothing")
     echo: Optional[bool] = Field(default=None, description=(
         "Prepend the prompt's text to the output; with logprobs, the prompt's tokens are scored too (the model's "
         "own log-probabilities, the first token's null), and the prompt is computed again, not taken from the "
