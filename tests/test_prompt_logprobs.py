@@ -125,3 +125,24 @@ def test_max_tokens_0_scores_the_prompt_and_samples_nothing(tiny_target, tiny_dr
         with pytest.raises(ValueError, match=r"max_tokens must be an int >= 1 \(0 only with prompt_logprobs"):
             dec.generate(prompt, max_tokens=0)
         assert dec.generate(prompt, max_tokens=3).tokens  # the decoder goes on
+
+
+def test_a_choice_whose_shared_prompt_was_evicted_computes_it_again(tiny_target, tiny_draft, reference, monkeypatch):
+    """The first choice's cells may be gone when a later choice starts (another request took its slot): that
+    choice computes its prompt again, rather than adding new entries to the copied ones."""
+    with BatchedDecoder.from_gguf(tiny_target, tiny_draft, gamma=2, max_sequences=1, n_ctx=512, n_threads=1,
+                                  calibration=None) as dec:
+        slots = dec._scheduler.loop.slots
+        claim = slots.claim
+
+        def claim_after_an_eviction(prompt, **kwargs):
+            for slot in range(slots.n_slots):
+                dec.target.clear(slot)
+            return claim(prompt, **kwargs)
+
+        monkeypatch.setattr(slots, "claim", claim_after_an_eviction)
+        prompt = dec.tokenize(TEXT)
+        gens = dec.generate_choices(prompt, 2, max_tokens=2, prompt_logprobs=1)
+        for gen in gens:
+            check(gen.prompt_logprobs, prompt, reference, 1)
+        assert gens[1].stats.prompt_cached == 0

@@ -239,6 +239,29 @@ def test_echo_with_logprobs_scores_the_prompt_as_the_completion_was_scored(serve
     for key in ("tokens", "text_offset", "top_logprobs"):
         assert sum((s[key] for s in streamed), []) == lp[key]
     assert sum((s["token_logprobs"] for s in streamed), []) == pytest.approx(lp["token_logprobs"], abs=1e-5)
+    # an end token drawn as the generated one has its entry too: lm-eval's [ctxlen:-1] drops it, not the prompt's last
+    eos = token_ids(server, "<|im_end|>")
+    assert len(eos) == 1
+    ended = ok(server.post("/v1/completions", {**GREEDY, "prompt": context, "max_tokens": 1, "logprobs": 1,
+                                                "echo": True, "logit_bias": {str(eos[0]): 100},
+                                                "return_tokens_as_token_ids": True}))["choices"][0]
+    assert ended["finish_reason"] == "stop" and ended["text"] == detokenize(server, context)
+    assert ended["logprobs"]["tokens"] == [f"token_id:{t}" for t in context + eos]
+    assert ended["logprobs"]["token_logprobs"][:-1] == pytest.approx(scored["choices"][1]["logprobs"][
+        "token_logprobs"][:-1], abs=1e-5)
+    streamed_end = sse(server.post("/v1/completions", {**GREEDY, "prompt": context, "max_tokens": 1, "logprobs": 1,
+                                                        "echo": True, "logit_bias": {str(eos[0]): 100},
+                                                        "return_tokens_as_token_ids": True, "stream": True}))
+    assert sum((e["choices"][0]["logprobs"]["tokens"] for e in streamed_end if e["choices"][0]["logprobs"]),
+               []) == ended["logprobs"]["tokens"]
+    # a prompt whose first token is part of a character: offsets count the character once, where it ends
+    euro = token_ids(server, "€ hello")
+    assert detokenize(server, euro[:1]) == "\ufffd"  # "€" is split across tokens
+    cut = ok(server.post("/v1/completions", {**GREEDY, "prompt": euro, "max_tokens": 0, "logprobs": 0,
+                                              "echo": True}))["choices"][0]
+    assert cut["text"] == "€ hello"
+    after = next(i for i in range(1, len(euro) + 1) if detokenize(server, euro[:i]) == "€")
+    assert cut["logprobs"]["text_offset"][after] == 1 and cut["logprobs"]["text_offset"][-1] <= len("€ hello")
     # OpenAI's SDK reads it
     sdk = client(server).completions.create(model="tiny", prompt=context, max_tokens=1, temperature=0, logprobs=1,
                                             echo=True, extra_body={"gamma": GAMMA}).choices[0].logprobs
@@ -553,3 +576,21 @@ def test_fill_in_the_middle_needs_fim_tokens(server) -> None:
     assert err["code"] == "infill_unsupported"
     # an empty suffix is no suffix
     assert ok(server.post("/v1/completions", {"model": "tiny", "prompt": "a", "suffix": "", "max_tokens": 2}))
+
+
+def test_an_echo_cut_short_carries_no_partial_prompt_logprobs() -> None:
+    """A streamed echo whose request ended (a timeout) before its prompt was in: its chunk carries no
+    log-probabilities rather than some of them; once all are in, all of them."""
+    from types import SimpleNamespace
+
+    from specdec_cpu.core.logprobs import TokenLogprob
+    from specdec_cpu.server.openai_app import LogprobSource
+
+    tokenizer = SimpleNamespace(token_bytes=lambda t: b"ab"[t:t + 1])
+    entries = [TokenLogprob(1, -0.5, ((1, -0.5),))]
+    cut = SimpleNamespace(result=None, prompt_ids=[0, 1, 1], prompt_logprobs=lambda: entries)
+    assert LogprobSource(tokenizer, 1).prompt(0, cut, "abb") is None
+    whole = SimpleNamespace(result=None, prompt_ids=[0, 1, 1], prompt_logprobs=lambda: entries * 2)
+    lp = LogprobSource(tokenizer, 1).prompt(0, whole, "abb")
+    assert lp["tokens"] == ["a", "b", "b"] and lp["token_logprobs"] == [None, -0.5, -0.5]
+    assert lp["text_offset"] == [0, 1, 2]

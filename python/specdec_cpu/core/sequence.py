@@ -114,6 +114,7 @@ class Sequence:
         self.logprobs: Optional[int] = None
         self.logprob_mode = "model"
         self.token_logprobs: list = []  # TokenLogprob per output token, when logprobs is set
+        self.end_logprob: Any = None  # the TokenLogprob of the end token that stopped it, when logprobs is set
         self.prompt_logprobs: Optional[int] = None
         self.prompt_entries: list = []  # TokenLogprob per prompt token after the first, when prompt_logprobs is set
         self.plan: Any = None  # the draft policy's per-sequence state (planning/policy.py)
@@ -219,7 +220,8 @@ class Sequence:
                 stats.prompt_seconds = stats.total_seconds
         self.result = Generation(self.text.text, self.out, stats,
                                  self.token_logprobs[:len(self.out)] if self.logprobs is not None else None,
-                                 list(self.prompt_entries) if self.prompt_logprobs is not None else None)
+                                 list(self.prompt_entries) if self.prompt_logprobs is not None else None,
+                                 self.end_logprob)
         if isinstance(error, DecoderClosedError) and error.partial is None:
             error.partial = self.result  # before the caller wakes to raise it
         self.error = error

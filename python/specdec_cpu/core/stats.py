@@ -118,13 +118,16 @@ class Generation:
     """The result of one generation: its text, token ids and statistics;
     ``logprobs`` (one ``core.logprobs.TokenLogprob`` per token) when asked for;
     ``prompt_logprobs`` (one per prompt token after the first, which nothing
-    predicts: the model's own distribution) when asked for."""
+    predicts: the model's own distribution) when asked for; ``end_logprob``:
+    with ``logprobs``, the entry of the end-of-generation or stop token that
+    ended the output (not one of ``tokens``), if one did."""
 
     text: str
     tokens: list[int]
     stats: GenerationStats = field(repr=False)
     logprobs: Optional[list] = field(default=None, repr=False)
     prompt_logprobs: Optional[list] = field(default=None, repr=False)
+    end_logprob: Any = field(default=None, repr=False)
 
     @property
     def finish_reason(self) -> Optional[str]:

@@ -561,6 +561,8 @@ class StepCore:
         for i, tok in enumerate(new):
             if self.tokenizer.is_eog(tok) or (stop_ids and tok in stop_ids):
                 stats.finish_reason = "stop"
+                if logprobs is not None:
+                    seq.end_logprob = logprobs[i]
                 break
             seq.seq.append(tok)
             seq.out.append(tok)

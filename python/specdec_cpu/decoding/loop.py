@@ -90,16 +90,22 @@ class StepLoop:
                   and lead.prompt_logprobs == seq.prompt_logprobs
                   and len(lead.prompt_entries) == len(seq.prompt) - 1)
         # A prompt's log-probabilities need its rows' logits: its cached prefix
-        # is reused only when an earlier choice of the request computed them.
+        # is reused only when an earlier choice of the request computed them,
+        # and its cells are all still there.
         claim = self.slots.claim(seq.prompt, reuse=seq.prompt_logprobs is None or shared)
-        if shared:
-            assert lead is not None
-            seq.prompt_entries = list(lead.prompt_entries)
+        cached = claim.target_cached
+        if seq.prompt_logprobs is not None:
+            if shared and cached == len(seq.prompt) - 1:
+                assert lead is not None
+                seq.prompt_entries = list(lead.prompt_entries)
+            elif cached:
+                self.target.truncate(claim.slot, 0)
+                cached = 0
         try:
             seq.slot = claim.slot
             seq.admitted = time.perf_counter()
             seq.stats.queue_seconds = seq.admitted - seq.submitted
-            seq.stats.prompt_cached = claim.target_cached
+            seq.stats.prompt_cached = cached
             seq.plan = self.policy.admit()
             if self.ngram_kwargs is not None and seq.gamma != 0:
                 seq.ngram = NgramDrafter(**self.ngram_kwargs)
@@ -109,8 +115,8 @@ class StepLoop:
             raise
         with self.metrics.lock():
             self.metrics.prompt_tokens += len(seq.prompt)
-            self.metrics.prompt_tokens_cached += claim.target_cached
-            self.metrics.prefix_cache_hits += claim.target_cached > 0
+            self.metrics.prompt_tokens_cached += cached
+            self.metrics.prefix_cache_hits += cached > 0
         self.active.append(seq)
         if self.target.n_past(seq.slot) >= len(seq.seq) - 1:  # all but the last token cached
             self._start_decoding(seq)

@@ -411,8 +411,8 @@ async def _generate(dec: BatchedDecoder, body: Any, prompts: List[Any], max_toke
             fmt = LogprobFormatter(dec.tokenizer, top, as_ids=bool(body.return_tokens_as_token_ids))
             if chat:
                 logprobs = fmt.chat(gen.logprobs or [])
-            elif prompt_top is not None:  # the echoed prompt's tokens first
-                logprobs = fmt.legacy([*(gen.prompt_logprobs or []), *(gen.logprobs or [])],
+            elif prompt_top is not None:  # scoring: the echoed prompt's tokens first, the end token last
+                logprobs = fmt.legacy([*(gen.prompt_logprobs or []), *(gen.logprobs or []), *_end_entry(gen)],
                                       first=streams[index].prompt_ids[0], echo=echo or "")
             else:
                 logprobs = fmt.legacy(gen.logprobs or [])
@@ -424,6 +424,12 @@ async def _generate(dec: BatchedDecoder, body: Any, prompts: List[Any], max_toke
             choices.append({"index": index, "text": (echo or "") + gen.text, "logprobs": logprobs,
                             "finish_reason": finish_reason(gen.finish_reason)})
     return JSONResponse(reply.whole(choices, usage(prompt_tokens, gens, n)))
+
+
+def _end_entry(gen: Generation) -> list:
+    """The entry of the end token that stopped ``gen``, if one did: a scoring client (lm-evaluation-harness)
+    counts one entry per generated token, the end token included, as OpenAI and vLLM give them."""
+    return [gen.end_logprob] if gen.end_logprob is not None else []
 
 
 async def _finish(streams: "list[AsyncRequestStream]", request: Request, options: ServerOptions) -> "list[Generation]":
@@ -517,17 +523,21 @@ class LogprobSource:
 
     def prompt(self, index: int, stream: AsyncRequestStream, echo: str) -> Any:
         """The legacy log-probabilities of choice ``index``'s echoed prompt
-        (``echo``), before any of its output's (the first token's are null)."""
-        fmt = self._formatters.setdefault(index, LogprobFormatter(self.tokenizer, self.top or 0, 0, self.as_ids))
+        (``echo``), before any of its output's (the first token's are null);
+        None if the request ended before all were in (a timeout, an error)."""
         result = stream.result
-        entries = result.prompt_logprobs if result is not None else stream.prompt_logprobs()
-        return fmt.legacy(entries or [], first=stream.prompt_ids[0], echo=echo)
+        entries = (result.prompt_logprobs if result is not None else stream.prompt_logprobs()) or []
+        if len(entries) < len(stream.prompt_ids) - 1:
+            return None
+        fmt = self._formatters.setdefault(index, LogprobFormatter(self.tokenizer, self.top or 0, 0, self.as_ids))
+        return fmt.legacy(entries, first=stream.prompt_ids[0], echo=echo)
 
     def take(self, index: int, stream: AsyncRequestStream, shape: str, *, offset: int = 0,
-             final: bool = False) -> Any:
+             final: bool = False, end: bool = False) -> Any:
         """The log-probabilities of choice ``index`` not sent yet, in ``shape``
         (``LogprobFormatter``'s method: chat, legacy or llama); None: none
-        asked for, or none new (and not ``final``)."""
+        asked for, or none new (and not ``final``).  ``end``: the last chunk
+        also carries the end token's entry (scoring)."""
         if self.top is None:
             return None
         fmt = self._formatters.setdefault(index, LogprobFormatter(self.tokenizer, self.top, offset,
@@ -535,6 +545,8 @@ class LogprobSource:
         start = self._sent.get(index, 0)
         result = stream.result
         entries = (result.logprobs or [])[start:] if final and result is not None else stream.logprobs_since(start)
+        if final and end and result is not None:  # scoring: the end token's entry too
+            entries = [*entries, *_end_entry(result)]
         if not entries and not final:
             return None
         self._sent[index] = start + len(entries)
@@ -595,7 +607,7 @@ async def _events(streams: "list[AsyncRequestStream]", body: Any, reply: Reply, 
 
     def chunk(index: int, delta_or_text: Any, reason: Optional[str] = None, final: bool = False) -> bytes:
         lp = logprobs.take(index, streams[index], "chat" if reply.chat else "legacy", offset=len(echoes[index] or ""),
-                           final=final)
+                           final=final, end=index in scoring)
         return event(reply.chunk(delta_or_text, reason, with_usage=with_usage, index=index, logprobs=lp))
 
     def echo(index: int) -> bytes:
@@ -603,7 +615,8 @@ async def _events(streams: "list[AsyncRequestStream]", body: Any, reply: Reply, 
         return event(reply.chunk(echoes[index], with_usage=with_usage, index=index, logprobs=lp))
 
     # An echo with logprobs waits for the prompt to be in: its chunk carries the prompt's log-probabilities.
-    scored = {i for i in range(len(streams)) if echoes[i] and logprobs.top is not None}
+    scoring = {i for i in range(len(streams)) if echoes[i] and logprobs.top is not None}
+    scored = set(scoring)  # whose echo is yet to be sent
     try:
         for index in range(len(streams)):
             if reply.chat:

@@ -241,8 +241,9 @@ class LogprobFormatter:
             logprobs.append(None)
             tops.append(None)
             offsets.append(self._offset)
-            if echo.startswith(bytes(raw).decode("utf-8", errors="replace")):
-                self._offset += len(self._chars.decode(bytes(raw)))
+            chars = self._chars.decode(bytes(raw))  # "" for the first bytes of a character: counted where it ends
+            if echo.startswith(chars):
+                self._offset += len(chars)
         for e in entries:
             text, raw = self._text(e.token)
             tokens.append(text)
