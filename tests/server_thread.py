@@ -81,12 +81,14 @@ def render_independently(template: str, messages: list, tools: Optional[list] = 
                                             bos_token="", eos_token="", **extra)
 
 
-def write_tools_model(path) -> str:
-    """The tiny target's weights and vocabulary with :data:`TOOLS_TEMPLATE`."""
+def write_tools_model(path, tags: bool = False) -> str:
+    """The tiny target's weights and vocabulary with :data:`TOOLS_TEMPLATE`;
+    with ``tags``, ``<tool_call>`` and ``</tool_call>`` are tokens of their own, as in Qwen2.5."""
     from tiny_gguf import write_tiny_model
 
     if not path.exists():
-        write_tiny_model(path, n_vocab=384, seed=0, n_layer=2, chat_template=TOOLS_TEMPLATE)
+        write_tiny_model(path, n_vocab=384, seed=0, n_layer=2, chat_template=TOOLS_TEMPLATE,
+                         user_tokens=("<tool_call>", "</tool_call>") if tags else ())
     return str(path)
 
 

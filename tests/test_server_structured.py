@@ -190,6 +190,56 @@ def test_streamed_tool_calls_assemble_to_valid_calls(server) -> None:
     valid_call("get_weather", call.function.arguments)
 
 
+@pytest.fixture(scope="module")
+def tagged_server(tmp_path_factory):
+    """The tools model with ``<tool_call>`` and ``</tool_call>`` as tokens of their own (as Qwen2.5's), and a
+    draft sharing that vocabulary."""
+    from tiny_gguf import write_tiny_model
+
+    from specdec_cpu import BatchedDecoder
+    from specdec_cpu.server.openai_app import ServerOptions
+
+    folder = tmp_path_factory.mktemp("tagged")
+    target = write_tools_model(folder / "target.gguf", tags=True)
+    draft = write_tiny_model(folder / "draft.gguf", n_vocab=384, seed=0, n_layer=2, noise=0.04, noise_seed=7,
+                             user_tokens=("<tool_call>", "</tool_call>"))
+
+    def load():
+        return BatchedDecoder.from_gguf(target, str(draft), max_sequences=2, n_ctx=4096, n_threads=1, gamma=3)
+
+    with ThreadServer(load, ServerOptions(model_name="tiny")) as s:
+        yield s
+
+
+def test_an_auto_call_is_held_to_the_tools_from_its_opening_tag(tagged_server) -> None:
+    """tool_choice "auto": the text is free until the model writes the ``<tool_call>`` token; from there the
+    call follows its tool's schema (a grammar triggered by that token).  A bias makes the tiny model open a call
+    at once; without tools the same bias gives the tag and then free text, never a call."""
+    c = client(tagged_server)
+    tag = tagged_server.post("/tokenize", {"content": "<tool_call>", "add_special": False,
+                                           "parse_special": True}).json()["tokens"]
+    assert len(tag) == 1
+    bias = {str(tag[0]): 100}
+    drafted = 0
+    for seed in range(4):
+        r = c.chat.completions.create(model="tiny", messages=USER, tools=TOOLS, temperature=1.0, seed=seed,
+                                      max_tokens=300, parallel_tool_calls=False, logit_bias=bias)
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1, choice
+        call = choice.message.tool_calls[0]
+        valid_call(call.function.name, call.function.arguments)
+        drafted += r.usage.model_extra["speculation"]["drafted"]
+    assert drafted > 0
+    with c.chat.completions.stream(model="tiny", messages=USER, tools=TOOLS, temperature=1.0, seed=7, max_tokens=300,
+                                   logit_bias=bias, parallel_tool_calls=False) as s:
+        final = s.get_final_completion()
+    call = final.choices[0].message.tool_calls[0]
+    valid_call(call.function.name, call.function.arguments)
+    free = c.chat.completions.create(model="tiny", messages=USER, temperature=1.0, seed=0, max_tokens=30,
+                                     logit_bias=bias)
+    assert free.choices[0].message.tool_calls is None and free.choices[0].finish_reason == "length"
+
+
 def test_tools_and_tool_history_render_through_the_template(server, tools_target) -> None:
     """The prompt the server decodes is the template rendered with the tools
     and with the assistant's calls and the tool results (counted in tokens:

@@ -196,6 +196,7 @@ def write_tiny_model(
     architecture: str = "llama",
     nan_token: Optional[int] = None,
     fim: Sequence[str] = (),
+    user_tokens: Sequence[str] = (),
 ) -> Path:
     """Write a tiny llama-architecture GGUF model and return its path.
 
@@ -206,7 +207,9 @@ def write_tiny_model(
     every position after it gets NaN logits (for bad-logits tests).
     ``fim`` names fill-in-the-middle tokens to declare (of ``pre``, ``suf``,
     ``mid``, ``pad``, ``rep``, ``sep``): the last ids of the vocabulary, in
-    that order of the names given.
+    that order of the names given.  ``user_tokens`` are texts given ids of
+    their own (user-defined tokens, as Qwen2.5's ``<tool_call>``), just
+    below the fill-in-the-middle ones.
     """
     path = Path(path)
     if n_embd % n_head:
@@ -215,6 +218,9 @@ def write_tiny_model(
     n_ff = 2 * n_embd if n_ff is None else n_ff
     head_dim = n_embd // n_head
     texts, types, extra = _vocab(n_vocab, tokenizer, vocab_variant)
+    for i, text in enumerate(user_tokens):
+        at = n_vocab - len(fim) - len(user_tokens) + i
+        texts[at], types[at] = text, int(gguf.TokenType.USER_DEFINED)
 
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_name(f"tiny-{tokenizer}-{n_vocab}-s{seed}-l{n_layer}")

@@ -12,14 +12,15 @@
 * :func:`validate_tools`, :func:`resolve_tool_choice` (tool_specs.py) --
   a request's ``tools`` and ``tool_choice`` checked.
 * :func:`tool_call_grammar` (tool_grammar.py) -- the constraint for
-  ``tool_choice`` "required" or a named function.
+  ``tool_choice`` "required" or a named function; :func:`calls_after_open`
+  the one for "auto", from a call's opening tag on.
 """
 
 from __future__ import annotations
 
 from .messages import template_messages
 from .template import ChatTemplate, load_template_source
-from .tool_grammar import call_schema, tool_call_grammar
+from .tool_grammar import call_schema, calls_after_open, tool_call_grammar
 from .tool_specs import FunctionSpec, ToolChoice, resolve_tool_choice, validate_tools
 from .tool_stream import ToolCallStreamParser
 from .tools import ParsedOutput, ToolCall, new_call_id, parse_tool_calls
@@ -38,5 +39,6 @@ __all__ = [
     "validate_tools",
     "resolve_tool_choice",
     "tool_call_grammar",
+    "calls_after_open",
     "call_schema",
 ]

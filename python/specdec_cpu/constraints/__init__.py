@@ -10,6 +10,8 @@ End of generation is allowed only where the grammar accepts.
 * :class:`Grammar` -- what to match: a JSON schema (dict, JSON text or a
   pydantic model class), any JSON object, Lark, regex or GBNF;
   :func:`from_response_format` reads OpenAI's ``response_format``.
+* :class:`Triggered` -- a grammar that applies after a trigger token only
+  (a tool call after ``<tool_call>``: free text before it).
 * :func:`compile_grammar` -- a grammar checked and compiled for one
   tokenizer (``engine.llg_tokenizer``), cached;
   :class:`CompiledGrammar` makes :class:`ConstraintState` objects.
@@ -25,12 +27,13 @@ from __future__ import annotations
 
 from . import bitmask
 from .compiled import CompiledGrammar, clear_cache, compile_grammar
-from .grammar import Grammar, JsonLayout, from_response_format
+from .grammar import Grammar, JsonLayout, Triggered, from_response_format
 from .state import ConstraintState
 
 __all__ = [
     "Grammar",
     "JsonLayout",
+    "Triggered",
     "from_response_format",
     "CompiledGrammar",
     "compile_grammar",

@@ -15,7 +15,7 @@ from typing import Any, Dict, Literal, Mapping, Optional, Union, get_args
 
 from ..errors import InvalidGrammarError
 
-__all__ = ["Grammar", "GrammarKind", "JsonLayout", "json_options", "from_response_format"]
+__all__ = ["Grammar", "GrammarKind", "JsonLayout", "Triggered", "json_options", "from_response_format"]
 
 GrammarKind = Literal["json_schema", "json_object", "lark", "regex", "gbnf"]
 
@@ -133,6 +133,26 @@ class Grammar:
             return LLMatcher.grammar_from_lark(any_to_lark(self.source))
         except Exception as exc:  # the converter raises plain Exception
             raise InvalidGrammarError(f"invalid GBNF grammar: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Triggered:
+    """A grammar that applies only once the output has emitted ``token``
+    (llama.cpp's lazy grammar): the text before it is free, and the grammar
+    matches what follows it, as a tool call after ``<tool_call>``.
+
+    Exact under speculation: a step keeps its tokens up to the trigger only
+    (the ones after it were verified without the grammar), and every later
+    position is sampled from the target masked by it (docs/math.md §11)."""
+
+    grammar: Grammar
+    token: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.grammar, Grammar):
+            raise TypeError(f"Triggered.grammar must be a Grammar, got {type(self.grammar).__name__}")
+        if isinstance(self.token, bool) or not isinstance(self.token, int) or self.token < 0:
+            raise ValueError(f"Triggered.token must be a token id (an int >= 0), got {self.token!r}")
 
 
 def first_lines(message: str, limit: int = 600) -> str:

@@ -110,6 +110,8 @@ class Sequence:
         self.ngram: Optional["NgramDrafter"] = None
         #: the grammar the output must follow (a ConstraintState: constraints/state.py), if any
         self.constraint: Any = None
+        #: (token, ConstraintState): a grammar that becomes ``constraint`` once the output emits ``token``
+        self.trigger: Optional[tuple[int, Any]] = None
         self.penalties: Optional["Penalties"] = None
         self.logprobs: Optional[int] = None
         self.logprob_mode = "model"

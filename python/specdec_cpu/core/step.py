@@ -443,7 +443,9 @@ class StepCore:
         stats.gammas.append(0)
         stats.target_seconds += target_seconds
         stats.sampling_seconds += time.perf_counter() - t0
-        return self.emit(seq, [token], logprobs)
+        emitted = self.emit(seq, [token], logprobs)
+        _arm(seq)
+        return emitted
 
     def _verify_one(self, w: Work, rows: LogitRowsView, target_seconds: float) -> int:
         seq = w.seq
@@ -465,6 +467,8 @@ class StepCore:
                                       seq.params, seq.rng_verify, changes)
                 n_acc, alphas = res.n_accepted, tuple(float(a) for a in res.alphas)
                 new = w.tokens[:n_acc].tolist() + [res.token]
+            if c is None and seq.trigger is not None:
+                new, n_acc = _cut_after(new, n_acc, seq.trigger[0])
             if c is not None:  # the grammar follows the accepted tokens and the one after them
                 c.rollback(w.consumed - n_acc)  # a draft token outside the grammar was never consumed (nor accepted)
                 c.consume((new[-1],))
@@ -507,7 +511,9 @@ class StepCore:
             stats.alpha_rows += len(w.drafted_alphas)
             stats.record_drafter(w.route, w.gamma - len(free), n_acc - n_free_accepted)
         self.observer.verified(w, t_sample)
-        return self.emit(seq, new, logprobs)
+        emitted = self.emit(seq, new, logprobs)
+        _arm(seq)
+        return emitted
 
     def _logprobs(self, seq: Sequence, logits: np.ndarray, tokens: List[int], changes: sampling.Changes,
                   unbanned: Optional[np.ndarray] = None) -> Optional[list]:
@@ -599,6 +605,24 @@ def _fault(seq_id: int, where: str, exc: Exception) -> SpecDecError:
     request's doing, not the server's) keeps its type."""
     kind = ConstraintError if isinstance(exc, ConstraintError) else SpecDecError
     return kind(f"request {seq_id} failed {where}: {exc or repr(exc)}")
+
+
+def _cut_after(new: List[int], n_acc: int, trigger: int) -> "tuple[List[int], int]":
+    """A step's tokens up to the first ``trigger`` (a triggered grammar's
+    token), and its accepted drafts with them.  The tokens after it were
+    verified without the grammar that applies from there, so they go: the
+    next step samples those positions masked (docs/math.md §11)."""
+    if trigger in new[:-1]:
+        j = new.index(trigger)
+        return new[:j + 1], j
+    return new, n_acc
+
+
+def _arm(seq: Sequence) -> None:
+    """A triggered grammar becomes the sequence's constraint once its token
+    is the last one emitted: it masks every position after it."""
+    if seq.trigger is not None and not seq.finished and seq.out and seq.out[-1] == seq.trigger[0]:
+        seq.constraint, seq.trigger = seq.trigger[1], None
 
 
 def _first_rows(sparse: tuple, k: int) -> tuple:

@@ -250,10 +250,20 @@ class DecoderFront:
         if isinstance(gamma, int):
             gamma = min(gamma, gamma_limit)
         tokens = self.tokenize(prompt)
+        from ..constraints.grammar import Triggered
+
+        trigger = None
+        if isinstance(grammar, Triggered):  # the grammar starts after its token: no state until then
+            if grammar.token >= n_vocab:
+                raise ValueError(f"grammar: trigger token id {grammar.token} is outside the vocabulary [0, {n_vocab})")
+            trigger, grammar = grammar.token, grammar.grammar
         state = None if grammar is None else self.grammar_state(grammar)
         seq = cls(tokens, max_tokens=max_tokens, params=params, text=TextAssembler(stop), gamma=gamma,
                   n_vocab=n_vocab, cancel=cancel, timeout=timeout, gamma_rows=min(self.gamma_max, 16))
-        seq.constraint = state
+        if trigger is None:
+            seq.constraint = state
+        else:
+            seq.trigger = (trigger, state)
         seq.logprobs, seq.logprob_mode, seq.prompt_logprobs = logprobs, logprob_mode, prompt_logprobs
         if params.adjusts_logits:
             seq.penalties = Penalties(params, tokens, eog_id_array(self.tokenizer, n_vocab).tolist())

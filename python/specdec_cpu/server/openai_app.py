@@ -375,7 +375,7 @@ async def _generate(dec: BatchedDecoder, body: Any, prompts: List[Any], max_toke
                     spec: OutputSpec, request: Request, options: ServerOptions, state: ServerState, *,
                     chat: bool, echoes: Optional[List[Optional[str]]] = None) -> Response:
     """Answer ``body``: ``n`` choices of each prompt, choice ``i * n + j`` being prompt i's choice j."""
-    if spec.grammar is not None:  # compiled once per grammar (cached), off the event loop
+    if spec.grammar is not None or spec.calls is not None:  # compiled once per grammar (cached), off the event loop
         await run_in_threadpool(compile_constraint, dec, spec)
     reply = Reply(new_request_id(chat), int(time.time()), options.model_name, state.fingerprint, chat)
     top = body.top_logprobs_count()

@@ -11,10 +11,11 @@ reaching the decoder.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple, Union
 
-from ..chat import FunctionSpec, ToolChoice, resolve_tool_choice, tool_call_grammar, validate_tools
-from ..constraints import Grammar, from_response_format
+from ..chat import FunctionSpec, ToolChoice, calls_after_open, resolve_tool_choice, tool_call_grammar, validate_tools
+from ..chat.tools import TOOL_CALL_OPEN
+from ..constraints import Grammar, Triggered, from_response_format
 from ..errors import InvalidGrammarError, InvalidToolsError
 from .errors import RequestError
 
@@ -26,8 +27,10 @@ class OutputSpec:
     """The grammar a request's output must match (None: free text), the
     field it came from, and the tools whose calls are parsed out of it."""
 
-    grammar: Optional[Grammar] = None
+    grammar: Optional[Union[Grammar, Triggered]] = None
     param: Optional[str] = None
+    #: "auto" with tools: what follows a call's opening tag (Triggered by it once the tag's token is known)
+    calls: Optional[Grammar] = None
     functions: List[FunctionSpec] = field(default_factory=list)
     choice: ToolChoice = field(default_factory=lambda: ToolChoice("none"))
     parallel: bool = True
@@ -77,6 +80,8 @@ def output_spec(body: Any, *, chat: bool) -> OutputSpec:
     if forced is not None:
         # The call is this turn's answer; a response_format shapes a later, textual one.
         spec.grammar, spec.param = forced, "tools"
+    elif spec.choice.mode == "auto" and spec.functions and spec.grammar is None:
+        spec.calls = calls_after_open(spec.functions, parallel_tool_calls=spec.parallel)
     return spec
 
 
@@ -85,12 +90,19 @@ def compile_constraint(dec: Any, spec: OutputSpec) -> None:
     request compiles nothing again); 400 naming the field if it is invalid.
     Blocking (up to tens of milliseconds for a large schema): run it off the
     event loop."""
+    if spec.calls is not None:
+        # "auto": a call the model opens is held to its tools' schemas, when the opening tag is one token
+        # (llama.cpp's lazy grammar); a tag the tokenizer splits leaves calls free, parsed afterwards.
+        tag = dec.tokenizer.tokenize(TOOL_CALL_OPEN, add_special=False, parse_special=True)
+        if len(tag) == 1:
+            spec.grammar, spec.param = Triggered(spec.calls, tag[0]), "tools"
     if spec.grammar is None:
         return
+    grammar = spec.grammar.grammar if isinstance(spec.grammar, Triggered) else spec.grammar
     try:
-        dec.grammar_state(spec.grammar)
+        dec.grammar_state(grammar)
     except InvalidGrammarError as exc:
         param = spec.param
-        if param == "response_format" and spec.grammar.kind == "json_schema":
+        if param == "response_format" and grammar.kind == "json_schema":
             param = "response_format.json_schema.schema"
         raise RequestError(400, str(exc), param=param, code="invalid_grammar") from None
