@@ -114,6 +114,7 @@ def test_before_the_trigger_nothing_is_masked_and_after_it_the_grammar_holds() -
     assert seen_free  # the text before the trigger is not held to the grammar
     with pytest.raises(ValueError, match=r"Triggered.token must be a token id"):
         Triggered(AFTER, -1)
+    assert Triggered(AFTER, np.int64(TRIGGER)).token == TRIGGER
     with pytest.raises(ValueError, match=r"grammar: trigger token id 6 is outside the vocabulary \[0, 6\)"):
         dec.generate(PROMPT, max_tokens=4, grammar=Triggered(AFTER, 6))
 
@@ -141,3 +142,19 @@ def test_triggered_grammar_in_a_batch_of_gguf_requests(tiny_target, tiny_draft) 
                 assert re.fullmatch(" (yes|no)\\.", text), gen.text
                 assert gen.finish_reason == "stop"
         assert triggered > 0
+
+
+def test_drafts_dropped_after_a_trigger_count_neither_as_drafted_nor_as_rejected() -> None:
+    """A draft that is the target accepts everything: with the cuts, still every counted draft is accepted
+    (the rows after a trigger were abandoned, not rejected), and α stays 1."""
+    tok = GrammarByteTokenizer(V, EOS)
+    model = MarkovLM(V, order=1, seed=3, scale=1.5)
+    dec = SpeculativeDecoder(model, tok, model, gamma=4, seed=9)
+    drafted = accepted = triggered = 0
+    for _ in range(200):
+        gen = dec.generate(PROMPT, max_tokens=10, params=SamplingParams(temperature=1.0),
+                           grammar=Triggered(AFTER, TRIGGER))
+        drafted, accepted = drafted + gen.stats.drafted, accepted + gen.stats.accepted
+        triggered += TRIGGER in gen.tokens
+        assert gen.stats.mean_alpha == pytest.approx(1.0) or gen.stats.drafted == 0
+    assert triggered > 50 and drafted > 0 and accepted == drafted

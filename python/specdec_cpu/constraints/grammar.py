@@ -10,6 +10,7 @@ class whose schema fails); llguidance checks the rest when it is compiled
 from __future__ import annotations
 
 import json
+import operator
 from dataclasses import dataclass
 from typing import Any, Dict, Literal, Mapping, Optional, Union, get_args
 
@@ -151,8 +152,13 @@ class Triggered:
     def __post_init__(self) -> None:
         if not isinstance(self.grammar, Grammar):
             raise TypeError(f"Triggered.grammar must be a Grammar, got {type(self.grammar).__name__}")
-        if isinstance(self.token, bool) or not isinstance(self.token, int) or self.token < 0:
+        try:
+            token = operator.index(self.token)  # an int, or a numpy integer
+        except TypeError:
+            token = -1
+        if isinstance(self.token, bool) or token < 0:
             raise ValueError(f"Triggered.token must be a token id (an int >= 0), got {self.token!r}")
+        object.__setattr__(self, "token", token)
 
 
 def first_lines(message: str, limit: int = 600) -> str:

@@ -467,8 +467,9 @@ class StepCore:
                                       seq.params, seq.rng_verify, changes)
                 n_acc, alphas = res.n_accepted, tuple(float(a) for a in res.alphas)
                 new = w.tokens[:n_acc].tolist() + [res.token]
+            cut = None
             if c is None and seq.trigger is not None:
-                new, n_acc = _cut_after(new, n_acc, seq.trigger[0])
+                new, n_acc, cut = _cut_after(new, n_acc, seq.trigger[0])
             if c is not None:  # the grammar follows the accepted tokens and the one after them
                 c.rollback(w.consumed - n_acc)  # a draft token outside the grammar was never consumed (nor accepted)
                 c.consume((new[-1],))
@@ -493,12 +494,15 @@ class StepCore:
             seq.ngram.rollback(n_old + n_acc)
         f = len(w.forced)
         free = set(w.free)  # forced rows (α = 1) are neither drafts nor acceptance evidence
-        w.alphas, w.accepted, w.verified = alphas, n_acc, True
+        stats.gammas.append(w.gamma)
+        counted = n_acc
+        if cut is not None:  # the drafts after a trigger were abandoned, not rejected: the step counts up to it
+            w.gamma, alphas, counted = cut, alphas[:cut], cut
+        w.alphas, w.accepted, w.verified = alphas, counted, True
         w.drafted_alphas = tuple(a for i, a in enumerate(alphas) if i not in free)
         w.first_token = int(new[f]) if f < len(new) else None
-        n_free_accepted = sum(1 for i in free if i < n_acc)
+        n_free_accepted = sum(1 for i in free if i < counted)
         stats.steps += 1
-        stats.gammas.append(w.gamma)
         stats.target_seconds += target_seconds
         stats.draft_seconds += w.draft_seconds
         stats.sampling_seconds += t_sample
@@ -506,10 +510,10 @@ class StepCore:
         if w.gamma > len(free):
             assert w.route is not None  # a work that drafted has a route
             stats.drafted += w.gamma - len(free)
-            stats.accepted += n_acc - n_free_accepted
+            stats.accepted += counted - n_free_accepted
             stats.alpha_sum += float(sum(w.drafted_alphas))
             stats.alpha_rows += len(w.drafted_alphas)
-            stats.record_drafter(w.route, w.gamma - len(free), n_acc - n_free_accepted)
+            stats.record_drafter(w.route, w.gamma - len(free), counted - n_free_accepted)
         self.observer.verified(w, t_sample)
         emitted = self.emit(seq, new, logprobs)
         _arm(seq)
@@ -607,15 +611,16 @@ def _fault(seq_id: int, where: str, exc: Exception) -> SpecDecError:
     return kind(f"request {seq_id} failed {where}: {exc or repr(exc)}")
 
 
-def _cut_after(new: List[int], n_acc: int, trigger: int) -> "tuple[List[int], int]":
+def _cut_after(new: List[int], n_acc: int, trigger: int) -> "tuple[List[int], int, Optional[int]]":
     """A step's tokens up to the first ``trigger`` (a triggered grammar's
-    token), and its accepted drafts with them.  The tokens after it were
+    token), its accepted drafts with them, and (if it cut) the drafts up to
+    and including the trigger, all accepted.  The tokens after it were
     verified without the grammar that applies from there, so they go: the
     next step samples those positions masked (docs/math.md §11)."""
     if trigger in new[:-1]:
         j = new.index(trigger)
-        return new[:j + 1], j
-    return new, n_acc
+        return new[:j + 1], j, j + 1
+    return new, n_acc, None
 
 
 def _arm(seq: Sequence) -> None:
