@@ -565,7 +565,8 @@ def test_a_lone_surrogate_is_a_400_naming_its_field(fim_server) -> None:
     raw = json.dumps({**completion, "@": 1}).replace('"@"', '"\\udc00"')  # an unknown field's name, echoed
     r = fim_server.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
-    assert ok(fim_server.post("/infill", infill))["tokens_predicted"] > 0
+    # the server goes on (greedy: a sampled first token is an end token about once in a hundred)
+    assert ok(fim_server.post("/infill", {**infill, "temperature": 0}))["tokens_predicted"] > 0
 
 
 def test_fill_in_the_middle_needs_fim_tokens(server) -> None:

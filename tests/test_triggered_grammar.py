@@ -139,8 +139,10 @@ def test_triggered_grammar_in_a_batch_of_gguf_requests(tiny_target, tiny_draft) 
                 triggered += 1
                 after = gen.tokens[gen.tokens.index(trigger[0]) + 1:]
                 text = b"".join(dec.tokenizer.token_bytes(t) for t in after).decode()
-                assert re.fullmatch(" (yes|no)\\.", text), gen.text
-                assert gen.finish_reason == "stop"
+                if gen.finish_reason == "stop":
+                    assert text in (" yes.", " no."), gen.text
+                else:  # max_tokens came first: a beginning of one
+                    assert gen.finish_reason == "length" and any(w.startswith(text) for w in (" yes.", " no.")), text
         assert triggered > 0
 
 
