@@ -178,16 +178,21 @@ def render(results: Dict[str, Any], data: str = "ab_results.json") -> str:
          "- `*-auto`: SpeculativeDecoder γ=auto with the draft; `*-g0`: γ=0 without a draft (plain decoding "
          "through the package); each in a fresh process of its checkout's Python (bench/ab_worker.py), after "
          "an 8-token warm-up generation on another prompt. `llama-plain`: llama.cpp's `llama-completion`, "
-         "its own decode tok/s with sampling. Both checkouts plan from the same pass times, measured once "
-         "before the first block by the previous main at first use"
-         + (f" ({cal[-1][1]})" if cal else "") + " and stored in a calibration directory every engine reads.",
+         "its own decode tok/s with sampling. "
+         + ("Both checkouts plan from the same pass times, measured once before the first block by the previous "
+            "main at first use" + (f" ({cal[-1][1]})" if cal else "")
+            + " and stored in a calibration directory every engine reads."
+            if (results.get("calibration_run") or {}).get("calibrated", True) else
+            "The previous main's first run stored no calibration (γ=auto measures nothing up front): every γ=auto "
+            "run, of either checkout, learns the pass times from its own first passes."),
          "- tok/s: decode tok/s (tokens / (generation − prompt processing), as `GenerationStats` and llama.cpp "
          "report it); wall: the generate call (prompt and decode; llama-plain: its `total time`). Ratios: "
          "median of per-block ratios of decode tok/s [bootstrap 95% interval over blocks].", ""]
     uncal = [r for r in runs if r["engine"].endswith("auto") and r.get("calibrated") is False]
     if uncal:
         L += [f"- **{len(uncal)} γ=auto run(s) found no stored calibration** (engines "
-              f"{', '.join(sorted({r['engine'] for r in uncal}))}): they planned from priors.", ""]
+              f"{', '.join(sorted({r['engine'] for r in uncal}))}): they started from priors and learned the "
+              "pass times from their first passes.", ""]
     errors = [r for r in runs if r.get("error")]
     if errors:
         L += [f"- {len(errors)} run(s) failed, e.g. {errors[0]['engine']}: {errors[0]['error'][:200]}", ""]
