@@ -150,11 +150,17 @@ def test_bad_configuration_fails_clearly(tmp_path, tiny_target) -> None:
 def test_sixteen_streams_through_the_proxy_reach_both_replicas(cluster, reference) -> None:
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(16)]
     want = {p: reference.generate(p, max_tokens=24, params=GREEDY).tokens for p in set(prompts)}
-    with ThreadPoolExecutor(16) as pool:
-        results = list(pool.map(lambda p: stream_once(cluster, p), prompts))
-    for p, (text, _) in zip(prompts, results):
-        assert_same_greedy_text(text, reference, p, want[p])  # same as a single process
-    replicas = {r for _, r in results}
+    replicas: set = set()
+    # Ray's router picks a replica by the queue lengths it can read in time: on a busy machine one round of 16
+    # may all go to one replica (seen once under two busy loops), so up to three rounds must reach both.
+    for _ in range(3):
+        with ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(lambda p: stream_once(cluster, p), prompts))
+        for p, (text, _) in zip(prompts, results):
+            assert_same_greedy_text(text, reference, p, want[p])  # same as a single process
+        replicas |= {r for _, r in results}
+        if len(replicas) == 2:
+            break
     assert None not in replicas and len(replicas) == 2, replicas
     # /metrics is per replica, labelled with it.
     import httpx
