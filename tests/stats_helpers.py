@@ -15,7 +15,8 @@ towards the lower token id) used to compute what the samplers must produce.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 from scipy import stats
@@ -198,3 +199,36 @@ def expected_distribution(
     m = np.where(keep, w, 0.0)
     out[order] = m / m.sum()
     return out
+
+
+@dataclass
+class OutcomeTally:
+    """How often each outcome of a law came out of ``n`` generations, and
+    what the speculation did meanwhile (summed ``GenerationStats``)."""
+
+    counts: np.ndarray
+    probs: np.ndarray
+    forced: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    longest: int = 0  # the largest γ of a step
+
+
+def tally_outcomes(generate: Callable[[], Any], law: Dict[Tuple, float], n: int,
+                   outcome: Callable[[Any], Tuple]) -> OutcomeTally:
+    """Call ``generate`` ``n`` times and count ``outcome(generation)`` over
+    the cells of ``law`` (outcome -> exact probability); an outcome outside
+    them fails at once."""
+    cells = sorted(law)
+    index = {c: i for i, c in enumerate(cells)}
+    tally = OutcomeTally(np.zeros(len(cells)), np.array([law[c] for c in cells]))
+    for _ in range(n):
+        gen = generate()
+        key = outcome(gen)
+        assert key in index, f"{key} is outside the law's support"
+        tally.counts[index[key]] += 1
+        s = gen.stats
+        tally.forced, tally.drafted, tally.accepted = (tally.forced + s.forced, tally.drafted + s.drafted,
+                                                       tally.accepted + s.accepted)
+        tally.longest = max(tally.longest, max(s.gammas))
+    return tally

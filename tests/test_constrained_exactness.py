@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from stats_helpers import assert_matches_distribution, expected_distribution
+from stats_helpers import assert_matches_distribution, expected_distribution, tally_outcomes
 from synthetic import GrammarByteTokenizer, MarkovLM
 
 from specdec_cpu import SamplingParams, SpeculativeDecoder
@@ -63,26 +63,14 @@ def test_constrained_output_follows_the_masked_target(gamma: int, params: Sampli
     draft = MarkovLM(V, order=1, seed=4, scale=1.5)  # another model: rejections at the choice points
     dec = SpeculativeDecoder(target, tok, draft, gamma=gamma, seed=100 + gamma)
     dec._loop.core.mask_draft = mask_draft
-    law = masked_law(target, tok, params)
-    cells = sorted(law)
-    index = {c: i for i, c in enumerate(cells)}
-    counts = np.zeros(len(cells))
-    forced = drafted = accepted = longest = 0
     n = 6000
-    for _ in range(n):
-        gen = dec.generate(PROMPT, max_tokens=8, params=params, grammar=GRAMMAR)
-        first = tuple(gen.tokens[:N])
-        assert first in index, f"{first} is outside the grammar"
-        counts[index[first]] += 1
-        s = gen.stats
-        forced, drafted, accepted = forced + s.forced, drafted + s.drafted, accepted + s.accepted
-        longest = max(longest, max(s.gammas))
-    print(f"γ={gamma}: {forced} forced tokens, {drafted} drafted, {accepted} accepted")
-    assert longest >= 2  # steps verified forced and drafted rows together
-    assert forced > n  # the forced "d" and "e" were drafted for free
-    assert drafted - accepted > 500  # rejections: the grammar's state was rolled back
-    assert_matches_distribution(counts, np.array([law[c] for c in cells]),
-                                what=f"constrained, γ={gamma}, {params}")
+    t = tally_outcomes(lambda: dec.generate(PROMPT, max_tokens=8, params=params, grammar=GRAMMAR),
+                       masked_law(target, tok, params), n, lambda gen: tuple(gen.tokens[:N]))
+    print(f"γ={gamma}: {t.forced} forced tokens, {t.drafted} drafted, {t.accepted} accepted")
+    assert t.longest >= 2  # steps verified forced and drafted rows together
+    assert t.forced > n  # the forced "d" and "e" were drafted for free
+    assert t.drafted - t.accepted > 500  # rejections: the grammar's state was rolled back
+    assert_matches_distribution(t.counts, t.probs, what=f"constrained, γ={gamma}, {params}")
 
 
 def test_every_output_is_in_the_language_and_greedy_equals_plain() -> None:

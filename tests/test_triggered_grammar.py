@@ -16,7 +16,7 @@ import re
 
 import numpy as np
 import pytest
-from stats_helpers import assert_matches_distribution, expected_distribution
+from stats_helpers import assert_matches_distribution, expected_distribution, tally_outcomes
 from synthetic import GrammarByteTokenizer, MarkovLM
 
 from specdec_cpu import BatchedDecoder, SamplingParams, SpeculativeDecoder
@@ -69,31 +69,24 @@ def test_triggered_grammar_follows_the_target_then_the_masked_target(gamma, para
     step_cut = step._cut_after
     monkeypatch.setattr(step, "_cut_after", counting)
     dec = SpeculativeDecoder(target, tok, draft, gamma=gamma, seed=200 + gamma)
-    law = triggered_law(target, tok, params)
-    cells = sorted(law)
-    index = {c: i for i, c in enumerate(cells)}
-    counts = np.zeros(len(cells))
-    forced = drafted = accepted = longest = 0
-    n = 6000
-    for _ in range(n):
-        gen = dec.generate(PROMPT, max_tokens=8, params=params, grammar=Triggered(AFTER, TRIGGER))
+
+    def first_tokens(gen) -> tuple:
         first = tuple(gen.tokens[:N])
-        if len(first) < N:
+        if len(first) < N:  # an end before N tokens counts as one
             assert gen.finish_reason == "stop"
             first += (EOS,)
-        assert first in index, f"{first} is outside the law's support"
-        counts[index[first]] += 1
-        s = gen.stats
-        forced, drafted, accepted = forced + s.forced, drafted + s.drafted, accepted + s.accepted
-        longest = max(longest, max(s.gammas))
+        return first
+
+    t = tally_outcomes(lambda: dec.generate(PROMPT, max_tokens=8, params=params, grammar=Triggered(AFTER, TRIGGER)),
+                       triggered_law(target, tok, params), 6000, first_tokens)
     cut = sum(1 for c in cuts if c > 0)
-    print(f"γ={gamma}: {cut} steps cut after the trigger, {forced} forced, {drafted} drafted, {accepted} accepted")
-    assert longest == gamma  # steps drafted γ tokens
+    print(f"γ={gamma}: {cut} steps cut after the trigger, {t.forced} forced, {t.drafted} drafted, "
+          f"{t.accepted} accepted")
+    assert t.longest == gamma  # steps drafted γ tokens
     assert cut > 200  # accepted drafts after a trigger were dropped and sampled again under the grammar
-    assert forced > 500  # the forced "d" after the trigger was drafted for free
-    assert drafted - accepted > 500  # rejections
-    assert_matches_distribution(counts, np.array([law[c] for c in cells]),
-                                what=f"triggered grammar, γ={gamma}, {params}")
+    assert t.forced > 500  # the forced "d" after the trigger was drafted for free
+    assert t.drafted - t.accepted > 500  # rejections
+    assert_matches_distribution(t.counts, t.probs, what=f"triggered grammar, γ={gamma}, {params}")
 
 
 def test_before_the_trigger_nothing_is_masked_and_after_it_the_grammar_holds() -> None:
