@@ -17,6 +17,8 @@ pytest.importorskip("fastapi")
 
 from server_thread import ThreadServer  # noqa: E402
 
+from specdec_cpu.server.openapi import Completion  # noqa: E402
+
 N_CTX = 512
 GAMMA = 2
 FIM = ("pre", "suf", "mid", "pad", "rep", "sep")
@@ -210,6 +212,7 @@ def test_echo_with_logprobs_scores_the_prompt_as_the_completion_was_scored(serve
     out, out_lp = ids_of(first), first["choices"][0]["logprobs"]["token_logprobs"]
     scored = ok(server.post("/v1/completions", {**GREEDY, "prompt": [context + out, context], "max_tokens": 1,
                                                  "logprobs": 1, "echo": True, "return_tokens_as_token_ids": True}))
+    Completion.model_validate(scored)  # the answer /openapi.json documents (its first entries null)
     for choice, prompt in zip(scored["choices"], (context + out, context)):
         lp = choice["logprobs"]
         assert [int(t.split(":")[1]) for t in lp["tokens"]][:len(prompt)] == prompt
@@ -541,9 +544,11 @@ def test_infill_answers_in_llama_servers_shape(fim_server) -> None:
     refused(fim_server.post("/infill", {**body, "input_extra": [{"filename": "x"}]}), "input_extra[0].text")
     refused(fim_server.post("/infill", {**body, "n": 2}), "n")
     refused(fim_server.post("/infill", {**body, "best_of": 3}), "best_of")
-    refused(fim_server.post("/infill", {**body, "return_tokens_as_token_ids": True}), "return_tokens_as_token_ids")
-    refused(fim_server.post("/infill", {**body, "stream": True, "stream_options": {"include_usage": True}}),
-            "stream_options.include_usage")
+    for value in (True, 0, 0.0):  # only false: JSON's 0 is no boolean
+        refused(fim_server.post("/infill", {**body, "return_tokens_as_token_ids": value}),
+                "return_tokens_as_token_ids")
+        refused(fim_server.post("/infill", {**body, "stream": True, "stream_options": {"include_usage": value}}),
+                "stream_options.include_usage")
 
 
 def with_lone_surrogate(server, path: str, body: dict, field: str) -> httpx.Response:

@@ -126,14 +126,14 @@ def valid_beyond_the_schema(body) -> None:
     test_server_structured.py."""
     if not isinstance(body, dict):
         return
+    if body.get("top_logprobs") is not None and "messages" in body:
+        body["logprobs"] = True
     for group in GIVE_ONE:
         given = [name for name in group if body.get(name) is not None]
         for name in given[1:]:
             del body[name]
     if body.get("suffix") and not isinstance(body.get("prompt"), str):  # the text before the middle
         body["prompt"] = "def f(x):"
-    if body.get("top_logprobs") is not None and "messages" in body:
-        body["logprobs"] = True
     scored = body.get("echo") and (body.get("logprobs") is not None or body.get("n_probs"))
     if body.get("suffix") and scored:
         del body["echo"]  # prompt scoring of fill-in-the-middle tokens: refused
@@ -144,7 +144,7 @@ def valid_beyond_the_schema(body) -> None:
         body["best_of"] = body.get("n") or 1
     prompts = body.get("prompt")
     if isinstance(prompts, list) and prompts and isinstance(prompts[0], (str, list)):  # several prompts
-        del prompts[max(1, MAX_REQUESTS // (body.get("n") or 1)):]  # their choices within the server's limit
+        del prompts[max(1, MAX_REQUESTS // int(body.get("n") or 1)):]  # their choices within the server's limit
     if isinstance(body.get("grammar"), str):
         body["grammar"] = 'root ::= "yes" | "no"'
     if body.get("json_schema") is not None:

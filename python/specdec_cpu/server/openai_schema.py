@@ -117,6 +117,17 @@ def _one_prompt(value: Any, where: str) -> Union[str, List[int]]:
     raise ValueError(f"{where}must be a string, token ids, or a list of either")
 
 
+def _json_bool(value: Any) -> Any:
+    """A bool, as JSON Schema's boolean (not 0 or 0.0)."""
+    if not isinstance(value, bool):
+        raise ValueError("Input should be a valid boolean")
+    return value
+
+
+#: Only ``false``: JSON's false is not 0, which a ``Literal[False]`` alone takes (Python's ``==``).
+JsonFalse = Annotated[Literal[False], BeforeValidator(_json_bool)]
+
+
 _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}, "minItems": 1}
 Prompt = Annotated[Any, BeforeValidator(_prompt), WithJsonSchema({
     "anyOf": [{"type": "string", "minLength": 1},
@@ -519,7 +530,7 @@ class _ChatBase(_Common):
 
 
 class _InfillStreamOptions(StreamOptions):
-    include_usage: Optional[Literal[False]] = None
+    include_usage: Optional[JsonFalse] = None
 
 
 class _InfillBase(_Common):
@@ -534,8 +545,8 @@ class _InfillBase(_Common):
     n: Optional[Annotated[int, Field(ge=1, le=1), AS_INT]] = Field(default=None, description=(
         "One completion per request (1)"))
     # OpenAI's fields this llama-server answer has no place for: refused when asked, not ignored.
-    return_tokens_as_token_ids: Optional[Literal[False]] = Field(default=None, description=(
-        "Not for /infill: its completion_probabilities carry each token's id"))
+    return_tokens_as_token_ids: Optional[JsonFalse] = Field(
+        default=None, description="Not for /infill: its completion_probabilities carry each token's id")
     stream_options: Optional[_InfillStreamOptions] = Field(default=None, description=(
         "Not for /infill: its last event carries the counts (tokens_predicted, tokens_evaluated, timings)"))
 

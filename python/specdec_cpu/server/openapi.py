@@ -127,8 +127,9 @@ class CompletionLogprobs(BaseModel):
     """The legacy completions' shape."""
 
     tokens: List[str]
-    token_logprobs: List[float]
-    top_logprobs: Optional[List[Dict[str, float]]] = Field(description="Alternatives per token (logprobs > 0)")
+    token_logprobs: List[Optional[float]] = Field(description="null for the first token of an echoed prompt")
+    top_logprobs: Optional[List[Optional[Dict[str, float]]]] = Field(
+        description="Alternatives per token (logprobs > 0); null for the first token of an echoed prompt")
     text_offset: List[int] = Field(description="Where each token's text starts in the choice's text")
 
 
