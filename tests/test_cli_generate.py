@@ -314,7 +314,7 @@ def test_a_draft_cut_to_part_of_its_vocabulary(env, pair):
 
 
 def test_structured_output_options(env, pair, tmp_path):
-    """--json-schema FILE, --grammar FILE (GBNF or Lark) and --regex constrain
+    """--json-schema FILE, --grammar FILE (GBNF or Lark), --regex and --choice constrain
     the output (γ = 3, sampled: drafts and forced tokens both run); a file
     that is not a schema, a grammar that does not compile or an empty one is
     a usage error naming the option, before any model loads."""
@@ -332,7 +332,9 @@ def test_structured_output_options(env, pair, tmp_path):
     checks = [(("--json-schema", str(tmp_path / "s.json")), lambda t: jsonschema.validate(json.loads(t), schema)),
               (("--grammar", str(tmp_path / "g.gbnf")), lambda t: re.fullmatch(r"the (cat|dog)!", t) or 1 / 0),
               (("--grammar", str(tmp_path / "g.lark")), lambda t: re.fullmatch(r"a (cat|dog)\?", t) or 1 / 0),
-              (("--regex", "[0-9]{3}-x"), lambda t: re.fullmatch(r"[0-9]{3}-x", t) or 1 / 0)]
+              (("--regex", "[0-9]{3}-x"), lambda t: re.fullmatch(r"[0-9]{3}-x", t) or 1 / 0),
+              (("--choice", "the cat sat", "--choice", 'a "dog" ran'), lambda t: t in ("the cat sat", 'a "dog" ran')
+               or 1 / 0)]
     for option, check in checks:
         code, out, err = cli(*base, *option, "hello world", env=env)
         assert code == 0, err

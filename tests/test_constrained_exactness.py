@@ -87,3 +87,45 @@ def test_every_output_is_in_the_language_and_greedy_equals_plain() -> None:
     for _ in range(200):
         gen = sampled.generate(PROMPT, max_tokens=8, params=SamplingParams(temperature=1.0), grammar=GRAMMAR)
         assert re.fullmatch("[abc]d[abd]e[ab]?", gen.text) and gen.finish_reason == "stop", gen.text
+
+
+#: Grammar.choice: options sharing prefixes ("b", "ba", "bad"), so that both a
+#: token and the end are allowed at some positions, and forced runs ("cde").
+OPTIONS = ["abd", "abe", "b", "ba", "bad", "cdea", "dd"]
+
+
+def test_a_choice_of_texts_follows_the_masked_target() -> None:
+    """``Grammar.choice`` (the server's ``structured_outputs.choice``): the
+    law of the whole output, end included, over the options, at γ = 3."""
+    choice = Grammar.choice(OPTIONS)
+    tok = GrammarByteTokenizer(V, EOS)
+    target = MarkovLM(V, order=1, seed=5, scale=1.5)
+    compiled = compile_grammar(choice, tok.grammar_tokenizer())
+    params = SamplingParams(temperature=1.0)
+    law: dict = {}
+
+    def walk(prefix: tuple, prob: float) -> None:  # to the end token: the option is complete
+        if prefix and prefix[-1] == EOS:
+            law[prefix[:-1]] = law.get(prefix[:-1], 0.0) + prob
+            return
+        state = compiled.new_state()
+        assert state.consume(list(prefix)) == len(prefix)
+        allowed = bitmask.to_bool(state.mask(), V)
+        p = expected_distribution(np.where(allowed, target.row(PROMPT + list(prefix)), -np.inf), params=params)
+        for t in np.flatnonzero(p > 0):
+            walk(prefix + (int(t),), prob * float(p[t]))
+
+    walk((), 1.0)
+    assert sorted("".join(chr(ord("a") + t) for t in o) for o in law) == sorted(OPTIONS)
+    dec = SpeculativeDecoder(target, tok, MarkovLM(V, order=1, seed=6, scale=1.5), gamma=3, seed=7)
+    n = 6000
+
+    def generate():
+        gen = dec.generate(PROMPT, max_tokens=8, params=params, grammar=choice)
+        assert gen.finish_reason == "stop" and gen.text in OPTIONS, gen.text
+        return gen
+
+    t = tally_outcomes(generate, law, n, lambda gen: tuple(gen.tokens))
+    print(f"choice: {t.forced} forced tokens, {t.drafted} drafted, {t.accepted} accepted")
+    assert t.longest == 3 and t.forced > 500 and t.drafted - t.accepted > 500
+    assert_matches_distribution(t.counts, t.probs, what="Grammar.choice, γ=3")

@@ -109,8 +109,13 @@ def test_every_operation_keeps_the_documented_contract(api_schema, label: str, m
 
 #: Fields that name the same thing: a request gives one of each group.
 GIVE_ONE = [("max_completion_tokens", "max_tokens", "n_predict"), ("repeat_penalty", "repetition_penalty"),
-            ("logprobs", "n_probs"), ("response_format", "json_schema", "grammar")]
+            ("logprobs", "n_probs"), ("response_format", "json_schema", "grammar", "structured_outputs",
+                                      "guided_json", "guided_regex", "guided_choice", "guided_grammar")]
 ANY_OBJECT = {"type": "object"}
+#: A valid grammar of each field that takes one as text or data (the choices of a choice are any texts).
+VALID_GRAMMAR = {"grammar": 'root ::= "yes" | "no"', "json_schema": ANY_OBJECT, "guided_json": ANY_OBJECT,
+                 "guided_regex": "(yes|no)!", "guided_grammar": 'start: "yes" | "no"', "json": ANY_OBJECT,
+                 "regex": "[a-z]{2}"}
 
 
 def valid_beyond_the_schema(body) -> None:
@@ -145,10 +150,10 @@ def valid_beyond_the_schema(body) -> None:
     prompts = body.get("prompt")
     if isinstance(prompts, list) and prompts and isinstance(prompts[0], (str, list)):  # several prompts
         del prompts[max(1, MAX_REQUESTS // int(body.get("n") or 1)):]  # their choices within the server's limit
-    if isinstance(body.get("grammar"), str):
-        body["grammar"] = 'root ::= "yes" | "no"'
-    if body.get("json_schema") is not None:
-        body["json_schema"] = ANY_OBJECT
+    for fields in (body, body.get("structured_outputs")):
+        for name, grammar in VALID_GRAMMAR.items():
+            if isinstance(fields, dict) and fields.get(name) is not None:
+                fields[name] = grammar
     limit = next((body[k] for k in ("max_completion_tokens", "max_tokens", "n_predict") if body.get(k)), 16)
     if body.get("min_tokens") is not None:
         body["min_tokens"] = min(body["min_tokens"], limit if limit > 0 else 16)

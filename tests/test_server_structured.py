@@ -114,6 +114,46 @@ def test_json_object_json_schema_and_grammar_on_both_endpoints_streamed_too(serv
         jsonschema.validate(json.loads(completion_text(server, body, chat=True)), schema)
 
 
+CHOICES = ['say "hi"', "back\\slash", "two\nlines", "caf\u00e9 \u00fc", "del\x7f\x01", "ab"]
+
+
+def test_vllm_structured_outputs_and_guided_fields(server) -> None:
+    """vLLM's ``structured_outputs`` (choice, regex, json, grammar, json_object) and its older
+    ``guided_*`` spellings, through the SDK's ``extra_body`` as vLLM's clients send them, and raw on
+    /v1/completions, streamed too.  Choices whose literals need escapes come back as written."""
+    c = client(server)
+    seen = set()
+    for seed in range(8):
+        for extra in ({"guided_choice": CHOICES}, {"structured_outputs": {"choice": CHOICES}}):
+            r = c.chat.completions.create(model="tiny", messages=USER, temperature=2.0, seed=seed, max_tokens=40,
+                                          extra_body=extra)
+            assert r.choices[0].message.content in CHOICES and r.choices[0].finish_reason == "stop", r
+            seen.add(r.choices[0].message.content)
+    assert len(seen) >= 2, seen  # the choice is sampled, not a default
+    for option in CHOICES:  # each literal, escapes and all, comes back as written
+        r = c.chat.completions.create(model="tiny", messages=USER, max_tokens=40,
+                                      extra_body={"guided_choice": [option]})
+        assert r.choices[0].message.content == option, r
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"enum": [1, 2, 3]}},
+              "required": ["ok", "n"], "additionalProperties": False}
+    checks = [({"structured_outputs": {"regex": "[0-9]{2}-[a-z]{3}"}}, lambda t: re.fullmatch("[0-9]{2}-[a-z]{3}", t)),
+              ({"guided_regex": "(yes|no)!"}, lambda t: re.fullmatch(r"(yes|no)!", t)),
+              ({"structured_outputs": {"json": schema}}, lambda t: jsonschema.validate(json.loads(t), schema) or 1),
+              ({"structured_outputs": {"json": schema, "disable_any_whitespace": False}},
+               lambda t: jsonschema.validate(json.loads(t), schema) or 1),
+              ({"guided_json": json.dumps(schema)}, lambda t: jsonschema.validate(json.loads(t), schema) or 1),
+              ({"structured_outputs": {"json_object": True}}, lambda t: t.startswith('{"')),  # any keys: may be cut
+              ({"structured_outputs": {"grammar": 'start: "a " ("cat" | "dog")'}},
+               lambda t: re.fullmatch("a (cat|dog)", t)),
+              ({"guided_grammar": 'root ::= "the " [0-9]', "guided_decoding_backend": "xgrammar"},
+               lambda t: re.fullmatch("the [0-9]", t))]
+    for extra, check in checks:
+        for stream in (False, True):
+            body = {"model": "tiny", "prompt": "the", "max_tokens": 120, "seed": 2, "stream": stream, **extra}
+            text = completion_text(server, body)
+            assert check(text), (extra, text)
+
+
 def completion_text(server, body: dict, chat: bool = False) -> str:
     """The output text of a request, streamed or not (raw HTTP)."""
     path = "/v1/chat/completions" if chat else "/v1/completions"
@@ -354,6 +394,24 @@ BAD = [
     ({"top_logprobs": 3}, "top_logprobs", None, "needs logprobs"),
     ({"n": 17}, "n", None, "16"),
     ({"logit_bias": {"x5": 10}}, "logit_bias", None, "'x5'"),
+    ({"structured_outputs": {"choice": ["a"], "regex": "a"}}, "structured_outputs", None,
+     "exactly one of json, regex, choice, grammar, json_object; got regex, choice"),
+    ({"structured_outputs": {"json_object": False}}, "structured_outputs", None, "got none"),
+    ({"structured_outputs": {"regex": "(unclosed"}}, "structured_outputs.regex", "invalid_grammar", "regex"),
+    ({"structured_outputs": {"json": {"type": "foo"}}}, "structured_outputs.json", "invalid_grammar", "foo"),
+    ({"structured_outputs": {"json": "{not json"}}, "structured_outputs.json", "invalid_grammar", "not valid JSON"),
+    ({"structured_outputs": {"choice": ["a"], "whitespace_pattern": " *"}}, "structured_outputs.whitespace_pattern",
+     "unsupported_parameter", "not supported"),
+    ({"structured_outputs": {"json": {}, "disable_additional_properties": True}},
+     "structured_outputs.disable_additional_properties", "unsupported_parameter", "additionalProperties"),
+    ({"structured_outputs": {"choice": ["a"], "options": 1}}, "structured_outputs.options", "unknown_parameter",
+     "unknown field"),
+    ({"guided_choice": []}, "guided_choice", None, "at least 1"),
+    ({"guided_choice": ["a", 3]}, "guided_choice[1]", None, "string"),
+    ({"guided_regex": "(unclosed"}, "guided_regex", "invalid_grammar", "regex"),
+    ({"guided_grammar": "root ::= oops"}, "guided_grammar", "invalid_grammar", "oops"),
+    ({"guided_whitespace_pattern": " *"}, "guided_whitespace_pattern", "unsupported_parameter", "not supported"),
+    ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, "guided_choice", None, "give one"),
     ({"typical_p": 0.5}, "typical_p", "unsupported_parameter", "typical_p=0.5"),
     ({"functions": [{"name": "x"}]}, "functions", "unsupported_parameter", "use tools"),
     ({"temprature": 0.5}, "temprature", "unknown_parameter", "unknown field"),

@@ -1,6 +1,7 @@
 """The structured-output options of ``generate`` and ``chat``: a JSON schema,
-any JSON object, a grammar file (Lark or GBNF) or a regular expression,
-read into a ``constraints.Grammar`` (docs/structured_output.md)."""
+any JSON object, a grammar file (Lark or GBNF), a regular expression or a
+list of choices, read into a ``constraints.Grammar``
+(docs/structured_output.md)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ def add_constraint_args(p: argparse.ArgumentParser) -> None:
                    help="the output matches the grammar in FILE: GBNF (llama.cpp's format, "
                         "a .gbnf file or one with '::=' rules) or Lark")
     m.add_argument("--regex", metavar="PATTERN", help="the output matches the regular expression PATTERN")
+    m.add_argument("--choice", metavar="TEXT", action="append",
+                   help="the output is exactly one of the texts given (repeat: --choice yes --choice no)")
 
 
 def constraint_from_args(args: argparse.Namespace) -> Optional[Grammar]:
@@ -37,7 +40,7 @@ def constraint_from_args(args: argparse.Namespace) -> Optional[Grammar]:
     if getattr(args, "json_object", False):
         return Grammar.json_object()
     for flag, dest, make in (("--json-schema", "json_schema", schema_file), ("--grammar", "grammar", grammar_file),
-                             ("--regex", "regex", Grammar.regex)):
+                             ("--regex", "regex", Grammar.regex), ("--choice", "choice", Grammar.choice)):
         value = getattr(args, dest, None)
         if value is not None:
             try:
@@ -64,9 +67,9 @@ def schema_file(path: str, what: str = "--json-schema") -> Grammar:
 def grammar_file(path: str) -> Grammar:
     """The grammar in ``path``: GBNF by its extension or its ``::=`` rules, else Lark."""
     text = _read(path, "--grammar")
-    if path.endswith(".gbnf") or (not path.endswith(".lark") and "::=" in text):
+    if path.endswith(".gbnf"):
         return Grammar.gbnf(text)
-    return Grammar.lark(text)
+    return Grammar.lark(text) if path.endswith(".lark") else Grammar.gbnf_or_lark(text)
 
 
 def _read(path: str, flag: str) -> str:

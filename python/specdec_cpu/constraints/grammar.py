@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import operator
 from dataclasses import dataclass
-from typing import Any, Dict, Literal, Mapping, Optional, Union, get_args
+from typing import Any, Dict, Literal, Mapping, Optional, Sequence, Union, get_args
 
 from ..errors import InvalidGrammarError
 
@@ -95,6 +95,28 @@ class Grammar:
     def gbnf(cls, text: str) -> "Grammar":
         """A llama.cpp GBNF grammar (``root ::= ...``), converted to Lark."""
         return cls("gbnf", _text(text, "GBNF grammar"))
+
+    @classmethod
+    def choice(cls, options: Sequence[str]) -> "Grammar":
+        """Output is exactly one of ``options`` (vLLM's ``choice``): a Lark
+        grammar whose alternatives are the options as string literals."""
+        if isinstance(options, (str, bytes)) or not isinstance(options, Sequence):
+            raise InvalidGrammarError(f"choices must be a list of strings, got {type(options).__name__}")
+        if not options:
+            raise InvalidGrammarError("the list of choices is empty")
+        for i, option in enumerate(options):
+            if not isinstance(option, str):
+                raise InvalidGrammarError(f"choice {i} must be a str, got {type(option).__name__}")
+        # A JSON string literal is a Lark string literal with the same escapes; Lark's lexer refuses a raw DEL.
+        literals = (json.dumps(option, ensure_ascii=False).replace("\x7f", "\\u007f")
+                    for option in dict.fromkeys(options))
+        return cls("lark", "start: " + " | ".join(literals))
+
+    @classmethod
+    def gbnf_or_lark(cls, text: str) -> "Grammar":
+        """A grammar in either format: GBNF when it has ``::=`` rules, else Lark
+        (vLLM's ``grammar`` takes both)."""
+        return cls.gbnf(text) if isinstance(text, str) and "::=" in text else cls.lark(text)
 
     # -- for the compiler ------------------------------------------------
 

@@ -253,6 +253,63 @@ class ResponseFormat(BaseModel):
         return out
 
 
+MAX_CHOICE_OPTIONS = 256  # structured_outputs.choice / guided_choice
+
+#: A JSON schema, as an object or as its JSON text (vLLM takes both).
+SchemaValue = Union[Dict[str, Any], str]
+ChoiceList = Annotated[List[str], Field(min_length=1, max_length=MAX_CHOICE_OPTIONS)]
+
+
+def _given(name: str) -> Dict[str, Any]:
+    value = {"const": True} if name == "json_object" else {"not": {"type": "null"}}
+    return {"required": [name], "properties": {name: value}}
+
+
+class _StructuredOutputsBase(BaseModel):
+    """vLLM's ``structured_outputs``: one of ``json``, ``regex``, ``choice``,
+    ``grammar`` or ``json_object`` shapes the output."""
+
+    # exactly one kind given (not null; json_object true): stated in the document too
+    model_config = ConfigDict(**_STRICT, json_schema_extra={"oneOf": [
+        _given(name) for name in ("json", "regex", "choice", "grammar", "json_object")]})
+
+    json_: Optional[SchemaValue] = Field(default=None, alias="json", description="A JSON schema the output matches")
+    regex: Optional[str] = Field(default=None, min_length=1, description="A regular expression (Rust syntax) the "
+                                                                          "output matches as a whole")
+    choice: Optional[ChoiceList] = Field(default=None, description="The output is exactly one of these texts")
+    grammar: Optional[str] = Field(default=None, min_length=1, description="A grammar: GBNF (with '::=' rules) or "
+                                                                            "Lark")
+    json_object: Optional[bool] = Field(default=None, description="true: the output is one JSON object")
+    disable_any_whitespace: Optional[bool] = Field(default=None, description=(
+        "JSON layout: null or true, the separators ', ' and ': ' and no other whitespace (the server's default, "
+        "whose punctuation is forced, so drafted free); false, any JSON whitespace between tokens (vLLM's default)"))
+    disable_fallback: Optional[bool] = Field(default=None, description="Ignored: there is no other backend")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "_StructuredOutputsBase":
+        given = self.kinds()
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of json, regex, choice, grammar, json_object; got "
+                             f"{', '.join(given) or 'none'}")
+        return self
+
+    def kinds(self) -> List[str]:
+        """The constraint fields set (json_object only when true)."""
+        values = {"json": self.json_, "regex": self.regex, "choice": self.choice, "grammar": self.grammar,
+                  "json_object": self.json_object or None}
+        return [name for name, value in values.items() if value is not None]
+
+
+if TYPE_CHECKING:  # the model adds only the refused fields (never read by name)
+    StructuredOutputs = _StructuredOutputsBase
+else:
+    StructuredOutputs = create_model(
+        "StructuredOutputs", __base__=_StructuredOutputsBase, __doc__=_StructuredOutputsBase.__doc__,
+        __validators__=unsupported.refusing_validators(unsupported.REFUSED_IN_STRUCTURED_OUTPUTS),
+        **unsupported.refused_fields(unsupported.REFUSED_IN_STRUCTURED_OUTPUTS))
+    StructuredOutputs.__module__ = __name__
+
+
 ToolParameters = Dict[str, Any]
 
 
@@ -365,6 +422,15 @@ class _Common(BaseModel):
     response_format: Optional[ResponseFormat] = None
     grammar: Optional[str] = Field(default=None, min_length=1, description="A llama.cpp GBNF grammar")
     json_schema: Optional[Dict[str, Any]] = Field(default=None, description="llama-server: a JSON schema")
+    structured_outputs: Optional[StructuredOutputs] = None
+    guided_json: Optional[SchemaValue] = Field(default=None, description="vLLM's older name of "
+                                                                         "structured_outputs.json")
+    guided_regex: Optional[str] = Field(default=None, min_length=1, description="vLLM's older name of "
+                                                                                "structured_outputs.regex")
+    guided_choice: Optional[ChoiceList] = Field(default=None, description="vLLM's older name of "
+                                                                          "structured_outputs.choice")
+    guided_grammar: Optional[str] = Field(default=None, min_length=1, description="vLLM's older name of "
+                                                                                  "structured_outputs.grammar")
     n: Optional[Annotated[int, Field(ge=1, le=MAX_CHOICES), AS_INT]] = Field(default=None, description=(
         f"Choices to generate (default 1, at most {MAX_CHOICES}, or fewer if the server decodes few sequences "
         "at once); they share the prompt's cache"))

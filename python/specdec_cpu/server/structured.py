@@ -1,7 +1,8 @@
 """What a request asks of its output's shape: a grammar, tools, a tool choice.
 
 :func:`output_spec` reads ``response_format``, llama.cpp's ``grammar`` and
-``json_schema`` and, on chat, ``tools``, ``tool_choice`` and
+``json_schema``, vLLM's ``structured_outputs`` (and its older ``guided_*``
+fields) and, on chat, ``tools``, ``tool_choice`` and
 ``parallel_tool_calls``; every error is a 400 naming the field.
 :func:`compile_constraint` compiles the grammar (cached per grammar) before
 the request is queued, so an invalid schema or grammar is refused without
@@ -11,11 +12,11 @@ reaching the decoder.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 from ..chat import FunctionSpec, ToolChoice, calls_after_open, resolve_tool_choice, tool_call_grammar, validate_tools
 from ..chat.tools import TOOL_CALL_OPEN
-from ..constraints import Grammar, Triggered, from_response_format
+from ..constraints import Grammar, JsonLayout, Triggered, from_response_format
 from ..errors import InvalidGrammarError, InvalidToolsError
 from .errors import RequestError
 
@@ -46,20 +47,30 @@ class OutputSpec:
         return [f.name for f in self.functions]
 
 
+#: The fields that take a grammar, each as a grammar: llama-server's, then vLLM's older spellings.
+_GRAMMAR_FIELDS: Tuple[Tuple[str, Callable[[Any], Grammar]], ...] = (
+    ("json_schema", Grammar.json_schema), ("grammar", Grammar.gbnf), ("guided_json", Grammar.json_schema),
+    ("guided_regex", Grammar.regex), ("guided_choice", Grammar.choice), ("guided_grammar", Grammar.gbnf_or_lark))
+
+
 def output_spec(body: Any, *, chat: bool) -> OutputSpec:
     """The output specification of a request body (400 for a bad one)."""
     grammars: List[Tuple[str, Grammar]] = []
+    param = "response_format"
     try:
         if body.response_format is not None:
             g = from_response_format(body.response_format.as_dict())
             if g is not None:
-                grammars.append(("response_format", g))
-        if body.json_schema is not None:
-            grammars.append(("json_schema", Grammar.json_schema(body.json_schema)))
-        if body.grammar is not None:
-            grammars.append(("grammar", Grammar.gbnf(body.grammar)))
+                grammars.append((param, g))
+        if body.structured_outputs is not None:
+            param, g = _structured_outputs(body.structured_outputs)
+            grammars.append((param, g))
+        for param, make in _GRAMMAR_FIELDS:
+            value = getattr(body, param)
+            if value is not None:
+                grammars.append((param, make(value)))
     except InvalidGrammarError as exc:
-        raise RequestError(400, str(exc), param=exc.param or "response_format", code="invalid_grammar") from None
+        raise RequestError(400, str(exc), param=exc.param or param, code="invalid_grammar") from None
     if len(grammars) > 1:
         raise RequestError(400, f"{grammars[0][0]} and {grammars[1][0]} both constrain the output: give one",
                            param=grammars[1][0])
@@ -83,6 +94,21 @@ def output_spec(body: Any, *, chat: bool) -> OutputSpec:
     elif spec.choice.mode == "auto" and spec.functions and spec.grammar is None:
         spec.calls = calls_after_open(spec.functions, parallel_tool_calls=spec.parallel)
     return spec
+
+
+def _structured_outputs(so: Any) -> Tuple[str, Grammar]:
+    """vLLM's ``structured_outputs`` as (the field it came from, its grammar)."""
+    kind = so.kinds()[0]
+    layout: JsonLayout = "flexible" if so.disable_any_whitespace is False else "spaced"
+    grammar = {"json": lambda: Grammar.json_schema(so.json_, layout=layout),
+               "json_object": lambda: Grammar.json_object(layout=layout),
+               "regex": lambda: Grammar.regex(so.regex), "choice": lambda: Grammar.choice(so.choice),
+               "grammar": lambda: Grammar.gbnf_or_lark(so.grammar)}[kind]
+    param = f"structured_outputs.{kind}"
+    try:
+        return param, grammar()
+    except InvalidGrammarError as exc:
+        raise InvalidGrammarError(str(exc), param=param) from None
 
 
 def compile_constraint(dec: Any, spec: OutputSpec) -> None:

@@ -23,12 +23,13 @@ neutral values).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
 
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-__all__ = ["Refused", "REFUSED", "IGNORED", "model_fields", "model_validators"]
+__all__ = ["Refused", "REFUSED", "IGNORED", "REFUSED_IN_STRUCTURED_OUTPUTS", "model_fields", "model_validators",
+           "refused_fields", "refusing_validators"]
 
 COMPLETIONS, CHAT = "completions", "chat"
 BOTH = (COMPLETIONS, CHAT)
@@ -58,10 +59,7 @@ class Refused:
 REFUSED: Tuple[Refused, ...] = (
     Refused("typical_p", (1,)),
     Refused("mirostat", (0,)),
-    Refused("guided_json", instead="use response_format (json_schema) or json_schema"),
-    Refused("guided_regex", instead="use grammar (GBNF) or response_format"),
-    Refused("guided_choice", instead="use grammar (GBNF) or response_format"),
-    Refused("guided_grammar", instead="use grammar (GBNF)"),
+    Refused("guided_whitespace_pattern", instead="JSON is laid out with ', ' and ': ' and no other whitespace"),
     Refused("functions", instead="use tools", endpoints=(CHAT,)),
     Refused("function_call", instead="use tool_choice", endpoints=(CHAT,)),
     Refused("reasoning_effort", endpoints=(CHAT,)),
@@ -82,18 +80,23 @@ IGNORED: Tuple[Tuple[str, Any, str], ...] = (
     ("cache_prompt", Optional[bool], "llama-server's prompt cache switch; ignored (prefixes are always reused, "
                                      "which does not change the output's distribution)"),
     ("prediction", Optional[Dict[str, Any]], "OpenAI's predicted output (a latency hint); ignored"),
+    ("guided_decoding_backend", Optional[str], "vLLM's choice of grammar engine; ignored (there is one)"),
+)
+
+#: Fields of vLLM's ``structured_outputs`` object it does not honour.
+REFUSED_IN_STRUCTURED_OUTPUTS: Tuple[Refused, ...] = (
+    Refused("structured_outputs.whitespace_pattern",
+            instead="JSON is laid out with ', ' and ': ' (disable_any_whitespace: false allows any whitespace)"),
+    Refused("structured_outputs.structural_tag"),
+    Refused("structured_outputs.disable_additional_properties", (False,),
+            instead="set additionalProperties: false in the schema"),
 )
 
 
 def model_fields(endpoint: str) -> Dict[str, Tuple[Any, Any]]:
     """The refused and ignored fields of ``endpoint`` as ``pydantic.create_model``
     field definitions."""
-    fields: Dict[str, Tuple[Any, Any]] = {}
-    for row in REFUSED:
-        if endpoint in row.endpoints:
-            values = [None, *row.neutral]
-            fields[row.name] = (Any, Field(default=None, json_schema_extra={
-                "enum": values, "description": f"Not supported: only {', '.join(_json(v) for v in values)}"}))
+    fields = refused_fields([row for row in REFUSED if endpoint in row.endpoints])
     for name, annotation, what in IGNORED:
         fields[name] = (annotation, Field(default=None, description=what))
     return fields
@@ -101,15 +104,35 @@ def model_fields(endpoint: str) -> Dict[str, Tuple[Any, Any]]:
 
 def model_validators(endpoint: str) -> Dict[str, Callable]:
     """The validator refusing non-neutral values (``create_model``'s ``__validators__``)."""
-    rows = {row.name: row for row in REFUSED if endpoint in row.endpoints}
+    return refusing_validators([row for row in REFUSED if endpoint in row.endpoints])
+
+
+def refused_fields(rows: Sequence[Refused]) -> Dict[str, Tuple[Any, Any]]:
+    """``rows`` as ``create_model`` field definitions (named by the last part
+    of a dotted name: the field of a nested object)."""
+    fields: Dict[str, Tuple[Any, Any]] = {}
+    for row in rows:
+        values = [None, *row.neutral]
+        fields[_field(row)] = (Any, Field(default=None, json_schema_extra={
+            "enum": values, "description": f"Not supported: only {', '.join(_json(v) for v in values)}"}))
+    return fields
+
+
+def refusing_validators(rows: Sequence[Refused]) -> Dict[str, Callable]:
+    """The validator of ``refused_fields(rows)`` (``create_model``'s ``__validators__``)."""
+    by_field = {_field(row): row for row in rows}
 
     def refuse(cls: type, value: Any, info: ValidationInfo) -> Any:
-        row = rows[info.field_name]
+        row = by_field[info.field_name]
         if not row.accepts(value):
             raise PydanticCustomError("unsupported_parameter", row.message(value))
         return value
 
-    return {"_refused": field_validator(*rows)(refuse)}
+    return {"_refused": field_validator(*by_field)(refuse)}
+
+
+def _field(row: Refused) -> str:
+    return row.name.rsplit(".", 1)[-1]
 
 
 def _same(value: Any, neutral: Any) -> bool:
