@@ -167,6 +167,14 @@ STREAMED = [
     '```json\n{"name": "Ada"}\n```',
     '```js\nlet x = 1;\n```',
     '``',
+    '```json\n{"port": 8080}\n```\nThat is the config.',  # JSON data, then text
+    '```json\n{"name": "add", "arguments": {}}\n```\nand then text',  # a call, then text: no call
+    '```json\n{"name": "add", "arguments": {"a": 1}}\n```  \n',
+    '```json\n{"name": "add", "arguments": {}}\n```x',
+    '```jsonc\n{"a": 1}\n```',
+    '{"name": "Ada"} then <tool_call>{"name": "ping", "arguments": {}}</tool_call>',
+    '[1, 2, 3] are numbers',
+    '[{"name": "ping", "arguments": {}}]  ',
     'A\n<tool_call>{"name": "tag-items", "arguments": {"tags": ["red"]}}</tool_call>\n  B  \n'
     '<tool_call>{"name": "ping", "arguments": {}}</tool_call>\n',
 ]
@@ -192,6 +200,24 @@ def test_arguments_stream_before_the_call_closes():
     assert rest == [{"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Oslo"}'}}]}]
     assert parser.feed("_call>") == [] and parser.finish() == []
     assert parser.n_calls == 1
+
+
+def test_json_that_is_not_calls_streams_once_its_first_value_is_whole():
+    """An output that starts as JSON is held (it may be a call written as bare or fenced JSON) only until
+    its first value shows it is not one: the rest streams as content, not all at the end."""
+    parser = ToolCallStreamParser(tool_names=NAMES, id_factory=ids())
+    assert parser.feed('```json\n{"port": 80') == []
+    assert parser.feed('80}\n') == [{"content": '```json\n{"port": 8080}'}]  # whole, and not a call
+    assert parser.feed("```\nThe server") == [{"content": "\n```\nThe server"}]
+    parser = ToolCallStreamParser(tool_names=NAMES, id_factory=ids())
+    assert parser.feed('{"name": "Ada", "age": 36}') == [{"content": '{"name": "Ada", "age": 36}'}]  # no tool
+    parser = ToolCallStreamParser(tool_names=NAMES, id_factory=ids())
+    fenced_call = '```json\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n``'
+    assert parser.feed(fenced_call) == [] and parser.feed("`\n") == []  # held: a fenced call so far
+    assert parser.feed("Done.") == [{"content": fenced_call + "`\nDone."}]  # text after it: not a call
+    parser = ToolCallStreamParser(tool_names=NAMES, id_factory=ids())
+    assert parser.feed(fenced_call + "`\n") == []
+    assert parser.finish()[0]["tool_calls"][0]["function"]["name"] == "add"
 
 
 def test_a_call_cut_off_after_its_header_keeps_what_was_sent():

@@ -16,8 +16,10 @@ is sent as content, as ``parse_tool_calls`` does.  For well-formed output
 the deltas reassemble to ``parse_tool_calls``'s result.  A call whose
 header was sent cannot be taken back: if it ends malformed or is cut off,
 its arguments stay as sent (as OpenAI streams a call cut by ``max_tokens``).
-An output that starts with ``{``, ``[`` or ```` ```json ```` is held whole
-when ``json_fallback`` (it may be a call written as bare or fenced JSON).
+An output that starts with ``{``, ``[`` or ```` ```json ```` is held
+when ``json_fallback`` (it may be a call written as bare or fenced JSON)
+until its first JSON value is whole: then it is sent as content if that
+value is not calls or other text follows it, else held to the end.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .tools import (
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
     call_from_body,
+    json_calls,
     new_call_id,
     parse_tool_calls,
 )
@@ -39,6 +42,7 @@ __all__ = ["ToolCallStreamParser"]
 
 _decoder = json.JSONDecoder()
 Delta = Dict[str, Any]
+FENCE = "```"
 
 
 class ToolCallStreamParser:
@@ -117,7 +121,9 @@ class ToolCallStreamParser:
                 if not self._in_call():
                     return
             else:  # hold_all
-                return
+                if not _not_calls(self._buf, self._names):
+                    return
+                self._state = "content"  # a JSON value that is not calls, or text after one: send it
 
     def _start_call(self) -> None:
         self._state = "call"
@@ -244,6 +250,35 @@ class _ObjectEnd:
                     self.done = True
                     return i + 1
         return len(text)
+
+
+def _not_calls(text: str, tool_names: Optional[Collection[str]]) -> bool:
+    """Whether an output held because it starts as JSON is already known not
+    to be calls written as JSON (``parse_tool_calls``'s fallback, which takes
+    only an output that is one call object or a list of them, bare or in one
+    ```` ```json ```` fence): its first JSON value is whole and is not calls,
+    or other text follows it.  False while that cannot be told yet."""
+    i = _ws(text, 0)
+    fenced = text.startswith(JSON_FENCE_OPEN, i)
+    if fenced:
+        line_end = text.find("\n", i)
+        if line_end < 0:
+            return False
+        if text[i + len(JSON_FENCE_OPEN):line_end].strip(" \t"):
+            return True  # "```jsonc" and the like: no fence the fallback reads
+        i = line_end + 1
+    try:
+        _, end = _decoder.raw_decode(text, _ws(text, i))
+    except json.JSONDecodeError:
+        return False  # not whole yet (or not JSON: told at the end)
+    if json_calls(text[i:end], tool_names) is None:
+        return True
+    rest = text[_ws(text, end):]
+    if not fenced:
+        return bool(rest)
+    if rest.startswith(FENCE):
+        return bool(rest[len(FENCE):].strip())
+    return not FENCE.startswith(rest)
 
 
 def _partial_tag(text: str, tag: str) -> int:
