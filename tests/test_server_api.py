@@ -307,7 +307,11 @@ def test_a_grammar_the_matcher_cannot_follow_is_a_400_and_the_server_goes_on(ser
         r = server.post("/v1/completions", {**body, "prompt": prompt, "max_tokens": 16, "gamma": 2,
                                             "grammar": 'root ::= "a" root'})
         assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_grammar", r.text
-        assert "Too many items" in r.json()["error"]["message"]
+        assert "Too many items" in r.json()["error"]["message"] and r.json()["error"]["param"] == "grammar"
+    r = server.post("/v1/completions", {**body, "max_tokens": 16, "stream": True,
+                                        "structured_outputs": {"grammar": 'root ::= "a" root'}})
+    error = json.loads(next(x for x in r.text.splitlines() if '"error"' in x)[len("data: "):])["error"]
+    assert error["code"] == "invalid_grammar" and error["param"] == "structured_outputs.grammar", r.text
     assert httpx.get(server.url + "/health").status_code == 200
     ok(server.post("/v1/completions", {**body, "max_tokens": 2}))
 

@@ -567,6 +567,12 @@ def test_a_lone_surrogate_is_a_400_naming_its_field(fim_server) -> None:
         refused(with_lone_surrogate(fim_server, "/v1/completions", completion, field), field, "not valid Unicode")
     r = with_lone_surrogate(fim_server, "/v1/completions", completion, "model")  # echoed in the message
     assert r.status_code == 404 and "The model '\\ud800' does not exist" in r.json()["error"]["message"]
+    for field in ("guided_choice", "structured_outputs"):  # a choice's text, inside a list
+        choice = ["a", "@"] if field == "guided_choice" else {"choice": ["a", "@"]}
+        raw = json.dumps({"model": "fim", "prompt": PREFIX, field: choice}).replace('"@"', '"\\ud800"')
+        r = fim_server.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+        param = "guided_choice" if field == "guided_choice" else "structured_outputs.choice"
+        assert refused(r, param, "choice 1 is not valid Unicode")["code"] == "invalid_grammar"
     raw = json.dumps({**completion, "@": 1}).replace('"@"', '"\\udc00"')  # an unknown field's name, echoed
     r = fim_server.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"

@@ -220,6 +220,12 @@ def test_json_that_is_not_calls_streams_once_its_first_value_is_whole():
     assert parser.finish()[0]["tool_calls"][0]["function"]["name"] == "add"
 
 
+def test_json_nested_past_the_parsers_depth_is_content_not_an_error():
+    for text in ("[" * 3000, '{"a": ' * 3000, "```json\n" + "[" * 3000):
+        assert parse_tool_calls(text, tool_names=NAMES).content == text.strip()
+        assert reassemble(stream(text, 0, tool_names=NAMES)) == (text.strip(), [])
+
+
 def test_a_call_cut_off_after_its_header_keeps_what_was_sent():
     text = '<tool_call>{"name": "add", "arguments": {"a": 1'
     assert reassemble(stream(text, 0, tool_names=NAMES)) == (None, [("add", '{"a": 1')])

@@ -65,6 +65,11 @@ class ToolCallStreamParser:
         self._args_pos = -1  # where its arguments object starts in _buf, once streaming
         self._args_sent = 0  # characters of it sent
         self._args_scan = _ObjectEnd()
+        # an output held because it starts as JSON: where its first value starts and ends in _buf
+        self._value_start = -1
+        self._value_end = -1
+        self._value_scan = _ObjectEnd()
+        self._fenced = False
 
     @property
     def n_calls(self) -> int:
@@ -121,9 +126,44 @@ class ToolCallStreamParser:
                 if not self._in_call():
                     return
             else:  # hold_all
-                if not _not_calls(self._buf, self._names):
+                if self._may_be_calls():
                     return
                 self._state = "content"  # a JSON value that is not calls, or text after one: send it
+
+    def _may_be_calls(self) -> bool:
+        """Whether the held output may still be calls written as JSON
+        (``parse_tool_calls``'s fallback takes only an output that is one call
+        object or a list of them, bare or in one ```` ```json ```` fence):
+        False once its first JSON value is whole and is not calls, or other
+        text follows it.  Each character is scanned once."""
+        text = self._buf
+        if self._value_start < 0:
+            i = len(text) - len(text.lstrip())  # as the start state saw it (the fence's regex takes any \s)
+            self._fenced = text.startswith(JSON_FENCE_OPEN, i)
+            if self._fenced:
+                line_end = text.find("\n", i)
+                if line_end < 0:
+                    return True
+                if text[i + len(JSON_FENCE_OPEN):line_end].strip(" \t"):
+                    return False  # "```jsonc" and the like: no fence the fallback reads
+                i = _ws(text, line_end + 1)
+                if i == len(text):
+                    return True
+            if text[i] not in "{[":
+                return False
+            self._value_start = self._value_end = i
+        if not self._value_scan.done:
+            self._value_end += self._value_scan.feed(text[self._value_end:])
+            if not self._value_scan.done:
+                return True
+            if json_calls(text[self._value_start:self._value_end], self._names) is None:
+                return False
+        rest = text[_ws(text, self._value_end):]
+        if not self._fenced:
+            return not rest
+        if rest.startswith(FENCE):
+            return not rest[len(FENCE):].strip()
+        return FENCE.startswith(rest)
 
     def _start_call(self) -> None:
         self._state = "call"
@@ -215,7 +255,7 @@ def _header(body: str) -> Optional[tuple]:
             if body[i] != ",":
                 return None
             i += 1
-        except (json.JSONDecodeError, IndexError):  # incomplete (or not JSON: decided at the close)
+        except (json.JSONDecodeError, IndexError, RecursionError):  # incomplete (or not JSON: decided at the close)
             return None
         if key == "name":
             name = value
@@ -250,35 +290,6 @@ class _ObjectEnd:
                     self.done = True
                     return i + 1
         return len(text)
-
-
-def _not_calls(text: str, tool_names: Optional[Collection[str]]) -> bool:
-    """Whether an output held because it starts as JSON is already known not
-    to be calls written as JSON (``parse_tool_calls``'s fallback, which takes
-    only an output that is one call object or a list of them, bare or in one
-    ```` ```json ```` fence): its first JSON value is whole and is not calls,
-    or other text follows it.  False while that cannot be told yet."""
-    i = _ws(text, 0)
-    fenced = text.startswith(JSON_FENCE_OPEN, i)
-    if fenced:
-        line_end = text.find("\n", i)
-        if line_end < 0:
-            return False
-        if text[i + len(JSON_FENCE_OPEN):line_end].strip(" \t"):
-            return True  # "```jsonc" and the like: no fence the fallback reads
-        i = line_end + 1
-    try:
-        _, end = _decoder.raw_decode(text, _ws(text, i))
-    except json.JSONDecodeError:
-        return False  # not whole yet (or not JSON: told at the end)
-    if json_calls(text[i:end], tool_names) is None:
-        return True
-    rest = text[_ws(text, end):]
-    if not fenced:
-        return bool(rest)
-    if rest.startswith(FENCE):
-        return bool(rest[len(FENCE):].strip())
-    return not FENCE.startswith(rest)
 
 
 def _partial_tag(text: str, tag: str) -> int:

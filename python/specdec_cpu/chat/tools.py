@@ -166,7 +166,7 @@ def scan_object(text: str, i: int) -> Optional[Tuple[List[Member], int]]:
                 return None
             start = _skip_ws(text, i + 1)
             value, end = _decoder.raw_decode(text, start)
-        except (json.JSONDecodeError, IndexError):
+        except (json.JSONDecodeError, IndexError, RecursionError):  # nested past the parser's depth: no call
             return None
         members.append((key, value, start, end))
         i = _skip_ws(text, end)
@@ -193,7 +193,7 @@ def _call_from_members(text: str, members: List[Member],
     if isinstance(value, str):  # arguments sent as JSON text
         try:
             inner = json.loads(value)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None
         return (name, value) if isinstance(inner, dict) else None
     return None

@@ -107,6 +107,10 @@ class Grammar:
         for i, option in enumerate(options):
             if not isinstance(option, str):
                 raise InvalidGrammarError(f"choice {i} must be a str, got {type(option).__name__}")
+            try:
+                option.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidGrammarError(f"choice {i} is not valid Unicode (it holds a lone surrogate)") from None
         # A JSON string literal is a Lark string literal with the same escapes; Lark's lexer refuses a raw DEL.
         literals = (json.dumps(option, ensure_ascii=False).replace("\x7f", "\\u007f")
                     for option in dict.fromkeys(options))

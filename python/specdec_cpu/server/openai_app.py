@@ -302,9 +302,9 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         (stream,), _ = _submit(dec, ids, body, body.token_limit(None), "input_prefix", options, spec, 1, top)
         infill_reply = InfillReply(dec, options.model_name, stream, ids, body.stop or (), top)
         if body.streamed:
-            return EventSourceResponse(_infill_events(infill_reply, options),
+            return EventSourceResponse(_infill_events(infill_reply, options, spec),
                                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        await _finish([stream], request, options)
+        await _finish([stream], request, options, spec)
         _log(new_request_id(False), stream, 200, options, ids)
         return JSONResponse(infill_reply.final())
 
@@ -401,7 +401,7 @@ async def _generate(dec: BatchedDecoder, body: Any, prompts: List[Any], max_toke
         source = LogprobSource(dec.tokenizer, top, bool(body.return_tokens_as_token_ids))
         events = _events(streams, body, reply, spec, options, texts, echo_of, prompt_tokens, n, source)
         return EventSourceResponse(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    gens = await _finish(streams, request, options)
+    gens = await _finish(streams, request, options, spec)
     for stream, text in zip(streams, texts):
         _log(reply.id, stream, 200, options, text)
     choices = []
@@ -432,7 +432,8 @@ def _end_entry(gen: Generation) -> list:
     return [gen.end_logprob] if gen.end_logprob is not None else []
 
 
-async def _finish(streams: "list[AsyncRequestStream]", request: Request, options: ServerOptions) -> "list[Generation]":
+async def _finish(streams: "list[AsyncRequestStream]", request: Request, options: ServerOptions,
+                  spec: OutputSpec) -> "list[Generation]":
     """The generations of ``streams``, whole (a 5xx if one failed or timed out)."""
     try:
         await _wait_or_disconnect(streams, request)
@@ -442,7 +443,7 @@ async def _finish(streams: "list[AsyncRequestStream]", request: Request, options
     gens = []
     for stream in streams:
         if stream.error is not None:
-            raise _server_error(stream.error)
+            raise _server_error(stream.error, spec)
         gen = stream.result
         assert gen is not None
         if gen.finish_reason == "timeout":
@@ -653,7 +654,7 @@ async def _events(streams: "list[AsyncRequestStream]", body: Any, reply: Reply, 
         for stream, prompt in zip(streams, prompts):
             _log(reply.id, stream, 200, options, prompt)
     except SpecDecError as exc:  # this request failed after its answer started
-        yield event(_server_error(exc).body())
+        yield event(_server_error(exc, spec).body())
     finally:
         for stream, prompt in zip(streams, prompts):
             await stream.aclose()
@@ -705,7 +706,7 @@ class InfillReply:
         return out
 
 
-async def _infill_events(reply: InfillReply, options: ServerOptions) -> AsyncIterator[bytes]:
+async def _infill_events(reply: InfillReply, options: ServerOptions, spec: OutputSpec) -> AsyncIterator[bytes]:
     """``/infill``'s server-sent events: llama-server's partial results, then
     the final one (``stop: true``); no ``[DONE]``, as llama-server."""
     stream = reply.stream
@@ -724,7 +725,7 @@ async def _infill_events(reply: InfillReply, options: ServerOptions) -> AsyncIte
         yield event(reply.final(streamed=True))
         _log(new_request_id(False), stream, 200, options, reply.prompt)
     except SpecDecError as exc:
-        yield event(_server_error(exc).body())
+        yield event(_server_error(exc, spec).body())
     finally:
         await stream.aclose()
 
@@ -734,13 +735,14 @@ def _timeout(options: ServerOptions) -> RequestError:
                         type="timeout_error", code="timeout")
 
 
-def _server_error(exc: BaseException) -> RequestError:
+def _server_error(exc: BaseException, spec: OutputSpec) -> RequestError:
     if isinstance(exc, DecoderClosedError):
         return RequestError(503, f"the server is shutting down: {exc}", type="server_error")
     if isinstance(exc, InvalidLogitsError):
         return RequestError(500, f"the model produced invalid logits: {exc}", type="server_error")
     if isinstance(exc, ConstraintError):  # the request's grammar went past a limit of the matcher
-        return RequestError(400, f"the output's grammar cannot be followed: {exc}", code="invalid_grammar")
+        return RequestError(400, f"the output's grammar cannot be followed: {exc}", code="invalid_grammar",
+                            param=spec.param)
     return RequestError(500, f"generation failed: {exc}", type="server_error")
 
 
