@@ -69,7 +69,8 @@ class ToolCallStreamParser:
         self._value_start = -1
         self._value_end = -1
         self._value_scan = _ObjectEnd()
-        self._fenced = False
+        self._fenced = self._fence_closed = False
+        self._pos = -1  # how far _may_be_calls has read
 
     @property
     def n_calls(self) -> int:
@@ -135,35 +136,45 @@ class ToolCallStreamParser:
         (``parse_tool_calls``'s fallback takes only an output that is one call
         object or a list of them, bare or in one ```` ```json ```` fence):
         False once its first JSON value is whole and is not calls, or other
-        text follows it.  Each character is scanned once."""
+        text follows it.  ``_pos`` keeps how far it has read: each character
+        is read once."""
         text = self._buf
         if self._value_start < 0:
-            i = len(text) - len(text.lstrip())  # as the start state saw it (the fence's regex takes any \s)
-            self._fenced = text.startswith(JSON_FENCE_OPEN, i)
-            if self._fenced:
-                line_end = text.find("\n", i)
-                if line_end < 0:
-                    return True
-                if text[i + len(JSON_FENCE_OPEN):line_end].strip(" \t"):
-                    return False  # "```jsonc" and the like: no fence the fallback reads
-                i = _ws(text, line_end + 1)
-                if i == len(text):
-                    return True
-            if text[i] not in "{[":
+            if self._pos < 0:  # where the value may start: after the fence's line, if there is one
+                i = len(text) - len(text.lstrip())  # as the start state saw it (the fence's regex takes any \s)
+                self._fenced = text.startswith(JSON_FENCE_OPEN, i)
+                if self._fenced:
+                    line_end = text.find("\n", i)
+                    if line_end < 0:
+                        return True
+                    if text[i + len(JSON_FENCE_OPEN):line_end].strip(" \t"):
+                        return False  # "```jsonc" and the like: no fence the fallback reads
+                    i = line_end + 1
+                self._pos = i
+            self._pos = _ws(text, self._pos)
+            if self._pos == len(text):
+                return True
+            if text[self._pos] not in "{[":
                 return False
-            self._value_start = self._value_end = i
+            self._value_start = self._value_end = self._pos
         if not self._value_scan.done:
             self._value_end += self._value_scan.feed(text[self._value_end:])
             if not self._value_scan.done:
                 return True
             if json_calls(text[self._value_start:self._value_end], self._names) is None:
                 return False
-        rest = text[_ws(text, self._value_end):]
-        if not self._fenced:
-            return not rest
-        if rest.startswith(FENCE):
-            return not rest[len(FENCE):].strip()
-        return FENCE.startswith(rest)
+            self._pos = self._value_end
+        if not self._fence_closed:  # JSON whitespace, then the closing fence if there is one
+            self._pos = _ws(text, self._pos)
+            if not self._fenced or self._pos == len(text):
+                return self._pos == len(text)
+            if not text.startswith(FENCE, self._pos):
+                return FENCE.startswith(text[self._pos:])  # a fence's first backticks, or other text
+            self._fence_closed = True
+            self._pos += len(FENCE)
+        while self._pos < len(text) and text[self._pos].isspace():  # after the fence: any whitespace (\s)
+            self._pos += 1
+        return self._pos == len(text)
 
     def _start_call(self) -> None:
         self._state = "call"

@@ -742,7 +742,7 @@ def _server_error(exc: BaseException, spec: OutputSpec) -> RequestError:
         return RequestError(500, f"the model produced invalid logits: {exc}", type="server_error")
     if isinstance(exc, ConstraintError):  # the request's grammar went past a limit of the matcher
         return RequestError(400, f"the output's grammar cannot be followed: {exc}", code="invalid_grammar",
-                            param=spec.param)
+                            param=spec.grammar_param)
     return RequestError(500, f"generation failed: {exc}", type="server_error")
 
 

@@ -46,6 +46,14 @@ class OutputSpec:
     def tool_names(self) -> List[str]:
         return [f.name for f in self.functions]
 
+    @property
+    def grammar_param(self) -> Optional[str]:
+        """The field an error of the grammar names: a ``response_format``'s schema by its own path."""
+        grammar = self.grammar.grammar if isinstance(self.grammar, Triggered) else self.grammar
+        if self.param == "response_format" and grammar is not None and grammar.kind == "json_schema":
+            return "response_format.json_schema.schema"
+        return self.param
+
 
 #: The fields that take a grammar, each as a grammar: llama-server's, then vLLM's older spellings.
 _GRAMMAR_FIELDS: Tuple[Tuple[str, Callable[[Any], Grammar]], ...] = (
@@ -128,7 +136,4 @@ def compile_constraint(dec: Any, spec: OutputSpec) -> None:
     try:
         dec.grammar_state(grammar)
     except InvalidGrammarError as exc:
-        param = spec.param
-        if param == "response_format" and grammar.kind == "json_schema":
-            param = "response_format.json_schema.schema"
-        raise RequestError(400, str(exc), param=param, code="invalid_grammar") from None
+        raise RequestError(400, str(exc), param=spec.grammar_param, code="invalid_grammar") from None
