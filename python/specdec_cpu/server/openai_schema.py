@@ -287,17 +287,17 @@ class _StructuredOutputsBase(BaseModel):
 
     @model_validator(mode="after")
     def _one_kind(self) -> "_StructuredOutputsBase":
-        given = self.kinds()
+        given = self.given()
         if len(given) != 1:
             raise ValueError(f"give exactly one of json, regex, choice, grammar, json_object; got "
                              f"{', '.join(given) or 'none'}")
         return self
 
-    def kinds(self) -> List[str]:
-        """The constraint fields set (json_object only when true)."""
+    def given(self) -> Dict[str, Any]:
+        """The constraint fields set, by name, with their values (json_object only when true)."""
         values = {"json": self.json_, "regex": self.regex, "choice": self.choice, "grammar": self.grammar,
                   "json_object": self.json_object or None}
-        return [name for name, value in values.items() if value is not None]
+        return {name: value for name, value in values.items() if value is not None}
 
 
 if TYPE_CHECKING:  # the model adds only the refused fields (never read by name)

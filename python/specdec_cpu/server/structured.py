@@ -12,7 +12,7 @@ reaching the decoder.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from ..chat import FunctionSpec, ToolChoice, calls_after_open, resolve_tool_choice, tool_call_grammar, validate_tools
 from ..chat.tools import TOOL_CALL_OPEN
@@ -55,10 +55,13 @@ class OutputSpec:
         return self.param
 
 
-#: The fields that take a grammar, each as a grammar: llama-server's, then vLLM's older spellings.
+#: vLLM's kinds of constraint with a value, by their names in ``structured_outputs`` (``guided_<kind>`` before).
+_VLLM_KINDS: Dict[str, Callable[[Any], Grammar]] = {
+    "json": Grammar.json_schema, "regex": Grammar.regex, "choice": Grammar.choice, "grammar": Grammar.gbnf_or_lark}
+#: The top-level fields that take a grammar, each as a grammar: llama-server's, then vLLM's older spellings.
 _GRAMMAR_FIELDS: Tuple[Tuple[str, Callable[[Any], Grammar]], ...] = (
-    ("json_schema", Grammar.json_schema), ("grammar", Grammar.gbnf), ("guided_json", Grammar.json_schema),
-    ("guided_regex", Grammar.regex), ("guided_choice", Grammar.choice), ("guided_grammar", Grammar.gbnf_or_lark))
+    ("json_schema", Grammar.json_schema), ("grammar", Grammar.gbnf),
+    *((f"guided_{kind}", make) for kind, make in _VLLM_KINDS.items()))
 
 
 def output_spec(body: Any, *, chat: bool) -> OutputSpec:
@@ -106,15 +109,15 @@ def output_spec(body: Any, *, chat: bool) -> OutputSpec:
 
 def _structured_outputs(so: Any) -> Tuple[str, Grammar]:
     """vLLM's ``structured_outputs`` as (the field it came from, its grammar)."""
-    kind = so.kinds()[0]
+    (kind, value), = so.given().items()
     layout: JsonLayout = "flexible" if so.disable_any_whitespace is False else "spaced"
-    grammar = {"json": lambda: Grammar.json_schema(so.json_, layout=layout),
-               "json_object": lambda: Grammar.json_object(layout=layout),
-               "regex": lambda: Grammar.regex(so.regex), "choice": lambda: Grammar.choice(so.choice),
-               "grammar": lambda: Grammar.gbnf_or_lark(so.grammar)}[kind]
     param = f"structured_outputs.{kind}"
     try:
-        return param, grammar()
+        if kind == "json_object":
+            return param, Grammar.json_object(layout=layout)
+        if kind == "json":
+            return param, Grammar.json_schema(value, layout=layout)
+        return param, _VLLM_KINDS[kind](value)
     except InvalidGrammarError as exc:
         raise InvalidGrammarError(str(exc), param=param) from None
 
