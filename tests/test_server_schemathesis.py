@@ -122,13 +122,14 @@ def valid_beyond_the_schema(body) -> None:
     """Make a schema-valid request valid where JSON Schema cannot say what
     is: one field of each group of synonyms, ``best_of`` equal to ``n``, and
     a valid grammar or JSON schema where one is passed as data, ``min_tokens``
-    within the output limit, ``tool_choice`` naming an offered tool, tools of
-    distinct names, ``logit_bias`` keys that are token ids of the vocabulary,
-    a text prompt with ``suffix``, no more prompts' choices than the server
-    allows, chat's ``top_logprobs`` with ``logprobs``, no ``suffix`` with
-    ``echo`` and ``logprobs``, ``max_tokens`` 0 only with them.  Their
-    refusals are tested in test_server_sampling.py and
-    test_server_structured.py."""
+    within the output limit, ``tool_choice`` (``function_call``) naming an
+    offered tool, tools (functions) of distinct names and not both forms of
+    them, a ``function`` message's name, ``logit_bias`` keys that are token
+    ids of the vocabulary, a text prompt with ``suffix``, no more prompts'
+    choices than the server allows, chat's ``top_logprobs`` with
+    ``logprobs``, no ``suffix`` with ``echo`` and ``logprobs``,
+    ``max_tokens`` 0 only with them.  Their refusals are tested in
+    test_server_sampling.py and test_server_structured.py."""
     if not isinstance(body, dict):
         return
     if body.get("top_logprobs") is not None and "messages" in body:
@@ -159,30 +160,46 @@ def valid_beyond_the_schema(body) -> None:
         body["min_tokens"] = min(body["min_tokens"], limit if limit > 0 else 16)
     if isinstance(body.get("logit_bias"), dict):  # ids within the vocabulary
         body["logit_bias"] = {k: v for k, v in body["logit_bias"].items() if int(k) < N_VOCAB}
-    tools = body.get("tools")
-    if isinstance(tools, list):  # distinct names: the first tool of each name stays
-        seen: set = set()
+    if body.get("functions") is not None or body.get("function_call") is not None:  # the old form alone
+        for name in ("tools", "tool_choice", "parallel_tool_calls"):
+            body.pop(name, None)
+    functions = [t.get("function") if isinstance(t, dict) else None for t in body.get("tools") or []]
+    functions += body.get("functions") or []
+    seen: dict = {}  # the names, in order
+    for field in ("tools", "functions"):  # distinct names: the first function of each name stays
         kept = []
-        for tool in tools:
-            fn = tool.get("function") if isinstance(tool, dict) else None
-            name = fn.get("name") if isinstance(fn, dict) else None
-            if name not in seen or not isinstance(name, str):
-                kept.append(tool)
-            seen.add(name)
-        tools[:] = kept
-    for tool in tools or []:
-        if isinstance(tool, dict) and isinstance(tool.get("function"), dict) and "parameters" in tool["function"]:
-            tool["function"]["parameters"] = ANY_OBJECT
+        for entry in body.get(field) or []:
+            if _named(entry, field) not in seen:
+                kept.append(entry)
+                seen[_named(entry, field)] = None
+        if kept:
+            body[field] = kept
+    for fn in functions:
+        if isinstance(fn, dict) and "parameters" in fn:
+            fn["parameters"] = ANY_OBJECT
+    names = [name for name in seen if isinstance(name, str)]
     choice = body.get("tool_choice")
     if isinstance(choice, dict) or choice == "required":
-        names = [t["function"]["name"] for t in tools or [] if isinstance(t, dict)]
         body["tool_choice"] = {"type": "function", "function": {"name": names[0]}} if names else "none"
+    if isinstance(body.get("function_call"), dict):
+        body["function_call"] = {"name": names[0]} if names else "none"
+    for message in body.get("messages") or []:
+        if isinstance(message, dict) and message.get("role") == "function" and not message.get("name"):
+            message["name"] = "f"  # a function's result names it
+        if isinstance(message, dict) and message.get("function_call") is not None and message.get("tool_calls"):
+            del message["function_call"]  # one form of a turn's calls
     fmt = body.get("response_format")
     if isinstance(fmt, dict):
         if fmt.get("schema") is not None:
             fmt["schema"] = ANY_OBJECT
         if isinstance(fmt.get("json_schema"), dict) and fmt["json_schema"].get("schema") is not None:
             fmt["json_schema"]["schema"] = ANY_OBJECT
+
+
+def _named(entry, field: str):
+    """The function name of a ``tools`` or ``functions`` entry (None if it has none)."""
+    fn = entry.get("function") if field == "tools" and isinstance(entry, dict) else entry
+    return fn.get("name") if isinstance(fn, dict) else None
 
 
 def test_the_generated_requests_were_speculated(live_server) -> None:

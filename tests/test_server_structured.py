@@ -37,6 +37,7 @@ ADD = {"type": "function", "function": {
 TOOLS = [WEATHER, ADD]
 PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 USER = [{"role": "user", "content": "hello there"}]
+FUNCTIONS = [t["function"] for t in TOOLS]  # OpenAI's deprecated shape of the same tools
 
 
 class Pet(BaseModel):
@@ -243,6 +244,57 @@ def test_streamed_tool_calls_assemble_to_valid_calls(server) -> None:
     valid_call("get_weather", call.function.arguments)
 
 
+def test_deprecated_functions_answer_in_their_own_shape(server) -> None:
+    """``functions`` and ``function_call``: the same constrained calls as tools, answered as
+    ``message.function_call`` (one call, no id) and finish_reason "function_call", whole and streamed
+    (``delta.function_call``); "none" answers text; a ``function`` message is rendered as the tool result it is."""
+    from specdec_cpu.server.openapi import ChatCompletion
+
+    c = client(server)
+    for seed in range(3):
+        r = c.chat.completions.create(model="tiny", messages=USER, functions=FUNCTIONS, temperature=1.0, seed=seed,
+                                      function_call={"name": "add"}, max_tokens=200)
+        choice = r.choices[0]
+        assert choice.finish_reason == "function_call" and choice.message.tool_calls is None, choice
+        assert choice.message.function_call.name == "add"
+        valid_call("add", choice.message.function_call.arguments)
+        raw = server.post("/v1/chat/completions", {"model": "tiny", "messages": USER, "functions": FUNCTIONS,
+                                                   "function_call": {"name": "get_weather"}, "seed": seed,
+                                                   "max_tokens": 200}).json()
+        assert set(raw["choices"][0]["message"]) == {"role", "content", "function_call"}, raw
+        ChatCompletion.model_validate(raw)  # the answer /openapi.json documents
+        stream = c.chat.completions.create(model="tiny", messages=USER, functions=FUNCTIONS, temperature=1.0,
+                                           seed=seed, function_call={"name": "get_weather"}, max_tokens=200,
+                                           stream=True)
+        name, arguments, reasons = None, "", []
+        for chunk in stream:
+            delta = chunk.choices[0].delta
+            assert delta.tool_calls is None
+            if delta.function_call is not None:
+                if delta.function_call.name:
+                    assert name is None  # the name comes once, first
+                    name = delta.function_call.name
+                arguments += delta.function_call.arguments or ""
+            reasons.append(chunk.choices[0].finish_reason)
+        assert name == "get_weather" and reasons[-1] == "function_call" and all(x is None for x in reasons[:-1])
+        valid_call("get_weather", arguments)
+    text = c.chat.completions.create(model="tiny", messages=USER, functions=FUNCTIONS, function_call="none",
+                                     temperature=1.0, seed=0, max_tokens=20)
+    assert text.choices[0].message.function_call is None and text.choices[0].finish_reason == "length"
+    # A call and its result in the old shape render as the same exchange in tools' shape, the call's id made up
+    # from its message's index.
+    arguments = '{"a": 2, "b": 3}'
+    old = [*USER, {"role": "assistant", "content": None, "function_call": {"name": "add", "arguments": arguments}},
+           {"role": "function", "name": "add", "content": "5"}]
+    new = [*USER, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_fn1", "type": "function", "function": {"name": "add", "arguments": arguments}}]},
+           {"role": "tool", "tool_call_id": "call_fn1", "content": "5"}]
+    asks = ((old, {"functions": FUNCTIONS}), (new, {"tools": TOOLS}), (new, {}))
+    counts = [c.chat.completions.create(model="tiny", messages=m, max_tokens=1, temperature=0,
+                                        **kw).usage.prompt_tokens for m, kw in asks]
+    assert counts[0] == counts[1] > counts[2], counts
+
+
 @pytest.fixture(scope="module")
 def tagged_server(tmp_path_factory):
     """The tools model with ``<tool_call>`` and ``</tool_call>`` as tokens of their own (as Qwen2.5's), and a
@@ -426,7 +478,20 @@ BAD = [
     ({"guided_whitespace_pattern": " *"}, "guided_whitespace_pattern", "unsupported_parameter", "not supported"),
     ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, "guided_choice", None, "give one"),
     ({"typical_p": 0.5}, "typical_p", "unsupported_parameter", "typical_p=0.5"),
-    ({"functions": [{"name": "x"}]}, "functions", "unsupported_parameter", "use tools"),
+    ({"functions": FUNCTIONS, "tools": TOOLS}, "functions", "invalid_tools", "does not mix with tools"),
+    ({"function_call": "auto", "tool_choice": "auto"}, "function_call", "invalid_tools", "does not mix"),
+    ({"functions": FUNCTIONS, "parallel_tool_calls": True}, "functions", "invalid_tools", "parallel_tool_calls"),
+    ({"functions": FUNCTIONS, "function_call": {"name": "nope"}}, "function_call.name", "invalid_tools",
+     "'nope', which is not in functions"),
+    ({"function_call": {"name": "add"}}, "function_call.name", "invalid_tools", "offered: none"),
+    ({"function_call": "required"}, "function_call", None, "none"),
+    ({"functions": [FUNCTIONS[1], FUNCTIONS[1]]}, "functions[1].name", "invalid_tools", "repeats functions[0]"),
+    ({"functions": [{"name": "x", "parameters": {"type": "array"}}]}, "functions[0].parameters", "invalid_tools",
+     "object"),
+    ({"messages": [{"role": "function", "content": "5"}]}, "messages", None, "messages[0].name"),
+    ({"messages": [{"role": "assistant", "function_call": {"name": "add", "arguments": "{}"},
+                    "tool_calls": [{"id": "c", "type": "function", "function": {"name": "add"}}]}]},
+     "messages", None, "give one"),
     ({"temprature": 0.5}, "temprature", "unknown_parameter", "unknown field"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages[0].content", None, "only text"),

@@ -10,7 +10,8 @@
   JSON calls); :class:`ToolCallStreamParser` (tool_stream.py) -- the same
   while streaming, as OpenAI chunk deltas.
 * :func:`validate_tools`, :func:`resolve_tool_choice` (tool_specs.py) --
-  a request's ``tools`` and ``tool_choice`` checked.
+  a request's ``tools`` and ``tool_choice`` checked (and
+  :func:`resolve_function_call`, OpenAI's deprecated ``function_call``).
 * :func:`tool_call_grammar` (tool_grammar.py) -- the constraint for
   ``tool_choice`` "required" or a named function; :func:`calls_after_open`
   the one for "auto", from a call's opening tag on.
@@ -21,7 +22,7 @@ from __future__ import annotations
 from .messages import template_messages
 from .template import ChatTemplate, load_template_source
 from .tool_grammar import call_schema, calls_after_open, tool_call_grammar
-from .tool_specs import FunctionSpec, ToolChoice, resolve_tool_choice, validate_tools
+from .tool_specs import FunctionSpec, ToolChoice, resolve_function_call, resolve_tool_choice, validate_tools
 from .tool_stream import ToolCallStreamParser
 from .tools import ParsedOutput, ToolCall, new_call_id, parse_tool_calls
 
@@ -38,6 +39,7 @@ __all__ = [
     "ToolChoice",
     "validate_tools",
     "resolve_tool_choice",
+    "resolve_function_call",
     "tool_call_grammar",
     "calls_after_open",
     "call_schema",

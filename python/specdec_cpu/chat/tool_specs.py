@@ -1,8 +1,9 @@
-"""Checking a request's ``tools`` and ``tool_choice`` (OpenAI's shapes).
+"""Checking a request's ``tools`` and ``tool_choice`` (OpenAI's shapes), and
+their deprecated forerunners ``functions`` and ``function_call``.
 
 Every error is an InvalidToolsError whose message and ``param`` name the
-bad field (``tools[1].function.name``), for an HTTP 400 before anything
-is queued.
+bad field (``tools[1].function.name``, ``functions[1].name``), for an HTTP
+400 before anything is queued.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ..errors import InvalidToolsError
 
-__all__ = ["FunctionSpec", "ToolChoice", "validate_tools", "resolve_tool_choice", "NAME_PATTERN"]
+__all__ = ["FunctionSpec", "ToolChoice", "validate_tools", "resolve_tool_choice", "resolve_function_call",
+           "NAME_PATTERN"]
 
 #: OpenAI's rule for function names (it also keeps names free of JSON escapes).
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -45,39 +47,46 @@ class ToolChoice:
         return self.mode in ("required", "function")
 
 
-def validate_tools(tools: Optional[Sequence[Any]]) -> List[FunctionSpec]:
+def validate_tools(tools: Optional[Sequence[Any]], *, field: str = "tools") -> List[FunctionSpec]:
     """The functions of ``tools`` (None or [] gives []), each checked:
     ``type`` "function", a ``function.name`` matching ``NAME_PATTERN`` and
     unique, an optional string ``description``, ``parameters`` a JSON
-    schema of an object (llguidance must be able to compile it)."""
+    schema of an object (llguidance must be able to compile it).
+
+    ``field="functions"``: OpenAI's deprecated list of the function objects
+    themselves (``functions[i].name``), checked alike."""
     if tools is None:
         return []
     if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Sequence):
-        raise InvalidToolsError("tools must be a list", param="tools")
+        raise InvalidToolsError(f"{field} must be a list", param=field)
     out: List[FunctionSpec] = []
     seen: Dict[str, int] = {}
     for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
+        where = f"{field}[{i}]"
         if not isinstance(tool, Mapping):
             raise InvalidToolsError(f"{where} must be an object", param=where)
-        if tool.get("type", "function") != "function":
-            raise InvalidToolsError(f"{where}.type must be 'function', got {tool.get('type')!r}", param=f"{where}.type")
-        fn = tool.get("function")
-        if not isinstance(fn, Mapping):
-            raise InvalidToolsError(f"{where}.function must be an object", param=f"{where}.function")
+        fn: Any = tool
+        if field != "functions":
+            if tool.get("type", "function") != "function":
+                raise InvalidToolsError(f"{where}.type must be 'function', got {tool.get('type')!r}",
+                                        param=f"{where}.type")
+            fn = tool.get("function")
+            if not isinstance(fn, Mapping):
+                raise InvalidToolsError(f"{where}.function must be an object", param=f"{where}.function")
+            where = f"{where}.function"
         name = fn.get("name")
         if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
-            raise InvalidToolsError(f"{where}.function.name must be 1-64 letters, digits, '_' or '-', got {name!r}",
-                                    param=f"{where}.function.name")
+            raise InvalidToolsError(f"{where}.name must be 1-64 letters, digits, '_' or '-', got {name!r}",
+                                    param=f"{where}.name")
         if name in seen:
-            raise InvalidToolsError(f"{where}.function.name {name!r} repeats tools[{seen[name]}]",
-                                    param=f"{where}.function.name")
+            raise InvalidToolsError(f"{where}.name {name!r} repeats {field}[{seen[name]}]",
+                                    param=f"{where}.name")
         seen[name] = i
         description = fn.get("description")
         if description is not None and not isinstance(description, str):
-            raise InvalidToolsError(f"{where}.function.description must be a string",
-                                    param=f"{where}.function.description")
-        params = _parameters(fn.get("parameters"), f"{where}.function.parameters")
+            raise InvalidToolsError(f"{where}.description must be a string",
+                                    param=f"{where}.description")
+        params = _parameters(fn.get("parameters"), f"{where}.parameters")
         out.append(FunctionSpec(name, description, params, bool(fn.get("strict", False))))
     return out
 
@@ -126,4 +135,22 @@ def resolve_tool_choice(tool_choice: Any, functions: Sequence[FunctionSpec]) -> 
         offered = ", ".join(names) if names else "none"
         raise InvalidToolsError(f"tool_choice names function {name!r}, which is not in tools (offered: {offered})",
                                 param="tool_choice.function.name")
+    return ToolChoice("function", name)
+
+
+def resolve_function_call(function_call: Any, functions: Sequence[FunctionSpec]) -> ToolChoice:
+    """OpenAI's deprecated ``function_call``: None (then "auto" with
+    functions, else "none"), "none", "auto", or ``{"name": ...}`` naming an
+    offered function."""
+    if function_call is None or function_call in ("none", "auto"):
+        return resolve_tool_choice(function_call, functions)
+    name = function_call.get("name") if isinstance(function_call, Mapping) else None
+    if not isinstance(name, str):
+        raise InvalidToolsError(f"function_call must be 'none', 'auto' or {{\"name\": ...}}, got {function_call!r}",
+                                param="function_call")
+    names = [f.name for f in functions]
+    if name not in names:
+        offered = ", ".join(names) if names else "none"
+        raise InvalidToolsError(f"function_call names function {name!r}, which is not in functions "
+                                f"(offered: {offered})", param="function_call.name")
     return ToolChoice("function", name)

@@ -419,7 +419,8 @@ async def _generate(dec: BatchedDecoder, body: Any, prompts: List[Any], max_toke
         if chat:
             message = message_of(gen.text, spec)
             choices.append({"index": index, "message": message, "logprobs": logprobs,
-                            "finish_reason": finish_reason(gen.finish_reason, "tool_calls" in message)})
+                            "finish_reason": finish_reason(gen.finish_reason,
+                                                           spec.calls_key if spec.calls_key in message else None)})
         else:
             choices.append({"index": index, "text": (echo or "") + gen.text, "logprobs": logprobs,
                             "finish_reason": finish_reason(gen.finish_reason)})
@@ -641,11 +642,11 @@ async def _events(streams: "list[AsyncRequestStream]", body: Any, reply: Reply, 
             if gen.finish_reason == "timeout":
                 yield event(_timeout(options).body())
                 return
-            calls = False
+            calls = None
             if shaper is not None:
                 for delta in shaper.finish():
                     yield chunk(index, delta)
-                calls = shaper.tool_calls
+                calls = shaper.called
             yield chunk(index, {} if reply.chat else "", finish_reason(gen.finish_reason, calls), final=True)
         gens = [s.result for s in streams if s.result is not None]
         if with_usage:

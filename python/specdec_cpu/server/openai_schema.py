@@ -342,6 +342,10 @@ class NamedToolChoice(BaseModel):
     function: NamedFunction
 
 
+#: OpenAI's deprecated ``function_call``: a named function is ``{"name": ...}``.
+FunctionCallChoice = Union[Literal["none", "auto"], NamedFunction]
+
+
 class FunctionCallIn(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -365,11 +369,14 @@ class ChatMessage(BaseModel):
 
     model_config = ConfigDict(extra="allow", strict=True)
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"] = Field(
+        description="'function': a result of the deprecated function_call, read as a tool result")
     content: Content = None
     name: Optional[str] = None
     tool_calls: Optional[List[ToolCallIn]] = None
     tool_call_id: Optional[str] = None
+    function_call: Optional[FunctionCallIn] = Field(default=None, description=(
+        "Deprecated by OpenAI for tool_calls: an earlier assistant turn's one call"))
 
     def for_template(self) -> Dict[str, Any]:
         """The message as ``chat.template_messages`` takes it."""
@@ -569,6 +576,11 @@ class _ChatBase(_Common):
     tools: Optional[List[Tool]] = None
     tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
     parallel_tool_calls: Optional[bool] = Field(default=None, description="Default true")
+    functions: Optional[List[FunctionDefinition]] = Field(default=None, description=(
+        "Deprecated by OpenAI for tools, and answered in its shape: one call at most, as message.function_call "
+        "with finish_reason 'function_call'"))
+    function_call: Optional[FunctionCallChoice] = Field(default=None, description=(
+        "Deprecated by OpenAI for tool_choice: 'none', 'auto' (the default with functions) or {\"name\": ...}"))
     chat_template_kwargs: Optional[Dict[str, Any]] = Field(
         default=None, description="Extra variables of the chat template (e.g. enable_thinking)")
     logprobs: Optional[bool] = Field(default=None, description=(

@@ -104,9 +104,10 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: Optional[str]
     tool_calls: Optional[List[ToolCallOut]] = None
+    function_call: Optional[FunctionCallOut] = Field(default=None, description="The call, when asked with functions")
 
 
-FinishReason = Literal["stop", "length", "tool_calls"]
+FinishReason = Literal["stop", "length", "tool_calls", "function_call"]
 
 
 class TopLogprob(BaseModel):
@@ -214,6 +215,7 @@ class ChatDelta(BaseModel):
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
     tool_calls: Optional[List[ToolCallDelta]] = None
+    function_call: Optional[ToolCallFunctionDelta] = Field(default=None, description="When asked with functions")
 
 
 class ChatChunkChoice(BaseModel):

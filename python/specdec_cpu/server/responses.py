@@ -90,11 +90,12 @@ def usage(prompt_tokens: int, gen: Union[Generation, Sequence[Generation], None]
     return out
 
 
-def finish_reason(reason: Optional[str], tool_calls: bool = False) -> str:
+def finish_reason(reason: Optional[str], called: Optional[str] = None) -> str:
     """OpenAI's finish reason: "stop" (end of generation, a stop string, a
-    grammar's end), "tool_calls", or "length" (max_tokens or the context)."""
+    grammar's end), ``called`` ("tool_calls" or "function_call") when the
+    answer made calls, or "length" (max_tokens or the context)."""
     if reason == "stop":
-        return "tool_calls" if tool_calls else "stop"
+        return called or "stop"
     return "length"
 
 
@@ -112,13 +113,16 @@ def message_of(text: str, spec: OutputSpec) -> Dict[str, Any]:
     calls: Dict[int, Dict[str, Any]] = {}
     for delta in shaper.feed(text) + shaper.finish():
         content += delta.get("content", "")
-        for call in delta.get("tool_calls", ()):
+        legacy = [{"index": 0, "function": delta["function_call"]}] if "function_call" in delta else ()
+        for call in delta.get("tool_calls", legacy):
             fn = call["function"]
             entry = calls.setdefault(call["index"], {"id": call.get("id"), "type": "function",
                                                      "function": {"name": fn.get("name"), "arguments": ""}})
             entry["function"]["arguments"] += fn["arguments"]
     if not calls:  # the text as streamed (outer whitespace held back, then dropped)
         return {"role": "assistant", "content": content}
+    if spec.legacy:  # one call, without an id
+        return {"role": "assistant", "content": content or None, "function_call": calls[0]["function"]}
     return {"role": "assistant", "content": content or None, "tool_calls": [calls[i] for i in sorted(calls)]}
 
 
@@ -166,16 +170,19 @@ class Reply:
 
 class StreamShaper:
     """Text pieces of a chat stream as OpenAI deltas: content, or tool-call
-    deltas when the request offered tools (``chat.ToolCallStreamParser``)."""
+    deltas when the request offered tools (``chat.ToolCallStreamParser``);
+    with the deprecated ``functions``, ``function_call`` deltas."""
 
     def __init__(self, spec: OutputSpec) -> None:
         self._parser = ToolCallStreamParser(tool_names=spec.tool_names) if spec.parses_calls else None
         self._parallel = spec.parallel
+        self._legacy = spec.legacy
+        self._key = spec.calls_key
 
     @property
-    def tool_calls(self) -> bool:
-        """Whether any tool call was streamed."""
-        return self._parser is not None and self._parser.n_calls > 0
+    def called(self) -> Optional[str]:
+        """The finish reason of the calls streamed ("tool_calls" or "function_call"), None if none was."""
+        return self._key if self._parser is not None and self._parser.n_calls > 0 else None
 
     def feed(self, piece: str) -> List[Dict[str, Any]]:
         if self._parser is None:
@@ -188,10 +195,12 @@ class StreamShaper:
         return self._keep(self._parser.finish())
 
     def _keep(self, deltas: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-        if self._parallel:
+        if not self._parallel:  # the first call only
+            deltas = [d for d in deltas if "tool_calls" not in d or d["tool_calls"][0]["index"] == 0]
+        if not self._legacy:
             return deltas
-        # parallel_tool_calls false: the first call only
-        return [d for d in deltas if "tool_calls" not in d or d["tool_calls"][0]["index"] == 0]
+        # OpenAI's function_call deltas: the call's name once, then pieces of its arguments (no index, no id)
+        return [{"function_call": d["tool_calls"][0]["function"]} if "tool_calls" in d else d for d in deltas]
 
 
 class LogprobFormatter:

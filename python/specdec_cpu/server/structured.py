@@ -3,7 +3,9 @@
 :func:`output_spec` reads ``response_format``, llama.cpp's ``grammar`` and
 ``json_schema``, vLLM's ``structured_outputs`` (and its older ``guided_*``
 fields) and, on chat, ``tools``, ``tool_choice`` and
-``parallel_tool_calls``; every error is a 400 naming the field.
+``parallel_tool_calls`` (or the deprecated ``functions`` and
+``function_call``: tools answered in the old shape, one call at most);
+every error is a 400 naming the field.
 :func:`compile_constraint` compiles the grammar (cached per grammar) before
 the request is queued, so an invalid schema or grammar is refused without
 reaching the decoder.
@@ -14,7 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
-from ..chat import FunctionSpec, ToolChoice, calls_after_open, resolve_tool_choice, tool_call_grammar, validate_tools
+from ..chat import (
+    FunctionSpec,
+    ToolChoice,
+    calls_after_open,
+    resolve_function_call,
+    resolve_tool_choice,
+    tool_call_grammar,
+    validate_tools,
+)
 from ..chat.tools import TOOL_CALL_OPEN
 from ..constraints import Grammar, JsonLayout, Triggered, from_response_format
 from ..errors import InvalidGrammarError, InvalidToolsError
@@ -36,6 +46,13 @@ class OutputSpec:
     choice: ToolChoice = field(default_factory=lambda: ToolChoice("none"))
     parallel: bool = True
     tools: Optional[List[dict]] = None  # as the chat template gets them (None: no tools offered)
+    #: the tools came as the deprecated ``functions``: a call is answered as ``function_call``
+    legacy: bool = False
+
+    @property
+    def calls_key(self) -> str:
+        """The field, and finish reason, of the calls in an answer."""
+        return "function_call" if self.legacy else "tool_calls"
 
     @property
     def parses_calls(self) -> bool:
@@ -88,14 +105,17 @@ def output_spec(body: Any, *, chat: bool) -> OutputSpec:
     spec = OutputSpec(grammar=grammars[0][1], param=grammars[0][0]) if grammars else OutputSpec()
     if not chat:
         return spec
-    raw_tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools is not None else None
-    raw_choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
     try:
-        spec.functions = validate_tools(raw_tools)
-        spec.choice = resolve_tool_choice(raw_choice, spec.functions)
+        if body.functions is not None or body.function_call is not None:
+            raw_tools = _legacy_functions(body, spec)
+        else:
+            raw_tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools is not None else None
+            raw_choice = body.tool_choice.model_dump() if hasattr(body.tool_choice, "model_dump") else body.tool_choice
+            spec.functions = validate_tools(raw_tools)
+            spec.choice = resolve_tool_choice(raw_choice, spec.functions)
+            spec.parallel = body.parallel_tool_calls is not False
     except InvalidToolsError as exc:
         raise RequestError(400, str(exc), param=exc.param, code="invalid_tools") from None
-    spec.parallel = body.parallel_tool_calls is not False
     if spec.choice.mode != "none" and raw_tools:
         spec.tools = raw_tools
     forced = tool_call_grammar(spec.functions, spec.choice, parallel_tool_calls=spec.parallel)
@@ -105,6 +125,24 @@ def output_spec(body: Any, *, chat: bool) -> OutputSpec:
     elif spec.choice.mode == "auto" and spec.functions and spec.grammar is None:
         spec.calls = calls_after_open(spec.functions, parallel_tool_calls=spec.parallel)
     return spec
+
+
+def _legacy_functions(body: Any, spec: OutputSpec) -> Optional[List[dict]]:
+    """``functions`` and ``function_call`` into ``spec``: OpenAI's tools
+    before there were tools, one call per answer; returns them as tools
+    (InvalidToolsError for a bad one, or for a mix with the newer fields)."""
+    newer = [name for name in ("tools", "tool_choice") if getattr(body, name) is not None]
+    if newer or body.parallel_tool_calls:
+        older = "functions" if body.functions is not None else "function_call"
+        raise InvalidToolsError(f"{older} (deprecated) does not mix with {newer[0] if newer else 'parallel_tool_calls'}"
+                                ": give tools and tool_choice, or functions and function_call (one call per answer)",
+                                param=older)
+    raw = [f.model_dump(exclude_none=True) for f in body.functions] if body.functions is not None else None
+    call = body.function_call.model_dump() if hasattr(body.function_call, "model_dump") else body.function_call
+    spec.functions = validate_tools(raw, field="functions")
+    spec.choice = resolve_function_call(call, spec.functions)
+    spec.legacy, spec.parallel = True, False
+    return [{"type": "function", "function": f} for f in raw] if raw is not None else None
 
 
 def _structured_outputs(so: Any) -> Tuple[str, Grammar]:

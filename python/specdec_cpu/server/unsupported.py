@@ -60,8 +60,6 @@ REFUSED: Tuple[Refused, ...] = (
     Refused("typical_p", (1,)),
     Refused("mirostat", (0,)),
     Refused("guided_whitespace_pattern", instead="JSON is laid out with ', ' and ': ' and no other whitespace"),
-    Refused("functions", instead="use tools", endpoints=(CHAT,)),
-    Refused("function_call", instead="use tool_choice", endpoints=(CHAT,)),
     Refused("reasoning_effort", endpoints=(CHAT,)),
     Refused("verbosity", endpoints=(CHAT,)),
     Refused("modalities", (["text"],), endpoints=(CHAT,)),
