@@ -61,7 +61,7 @@ def live_server(tiny_dir, tiny_draft):
 #: requests are generated for those with a body (the others take no input).
 OPERATIONS = [
     "GET /health", "GET /metrics", "GET /v1/models", "GET /v1/models/{model}", "POST /v1/completions",
-    "POST /v1/chat/completions", "POST /infill", "POST /tokenize", "POST /detokenize",
+    "POST /v1/chat/completions", "POST /v1/responses", "POST /infill", "POST /tokenize", "POST /detokenize",
 ]
 
 
@@ -163,7 +163,7 @@ def valid_beyond_the_schema(body) -> None:
     if body.get("functions") is not None or body.get("function_call") is not None:  # the old form alone
         for name in ("tools", "tool_choice", "parallel_tool_calls"):
             body.pop(name, None)
-    functions = [t.get("function") if isinstance(t, dict) else None for t in body.get("tools") or []]
+    functions = [t.get("function", t) if isinstance(t, dict) else None for t in body.get("tools") or []]
     functions += body.get("functions") or []
     seen: dict = {}  # the names, in order
     for field in ("tools", "functions"):  # distinct names: the first function of each name stays
@@ -179,8 +179,11 @@ def valid_beyond_the_schema(body) -> None:
             fn["parameters"] = ANY_OBJECT
     names = [name for name in seen if isinstance(name, str)]
     choice = body.get("tool_choice")
-    if isinstance(choice, dict) or choice == "required":
-        body["tool_choice"] = {"type": "function", "function": {"name": names[0]}} if names else "none"
+    if (isinstance(choice, dict) or choice == "required") and not names:
+        body["tool_choice"] = "none"
+    elif isinstance(choice, dict) or choice == "required":  # the first tool, as chat or the Responses API names it
+        named = {"function": {"name": names[0]}} if "messages" in body else {"name": names[0]}
+        body["tool_choice"] = {"type": "function", **named}
     if isinstance(body.get("function_call"), dict):
         body["function_call"] = {"name": names[0]} if names else "none"
     for message in body.get("messages") or []:
@@ -188,6 +191,9 @@ def valid_beyond_the_schema(body) -> None:
             message["name"] = "f"  # a function's result names it
         if isinstance(message, dict) and message.get("function_call") is not None and message.get("tool_calls"):
             del message["function_call"]  # one form of a turn's calls
+    text = body.get("text")
+    if isinstance(text, dict) and isinstance(text.get("format"), dict) and text["format"].get("schema") is not None:
+        text["format"]["schema"] = ANY_OBJECT  # the Responses API's response_format
     fmt = body.get("response_format")
     if isinstance(fmt, dict):
         if fmt.get("schema") is not None:
@@ -198,7 +204,7 @@ def valid_beyond_the_schema(body) -> None:
 
 def _named(entry, field: str):
     """The function name of a ``tools`` or ``functions`` entry (None if it has none)."""
-    fn = entry.get("function") if field == "tools" and isinstance(entry, dict) else entry
+    fn = entry.get("function", entry) if field == "tools" and isinstance(entry, dict) else entry  # chat's or flat
     return fn.get("name") if isinstance(fn, dict) else None
 
 

@@ -4,7 +4,8 @@ Endpoints: ``GET /health`` (200 ready, 503 loading; open without the key),
 ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``
 (JSON or server-sent events with ``stream: true``; ``n`` choices decoded
 together from one prompt, log-probabilities, penalties and biases, and
-fill-in-the-middle with ``suffix``), ``POST /infill`` (llama-server's
+fill-in-the-middle with ``suffix``), ``POST /v1/responses`` (OpenAI's
+Responses API, answered by the chat path), ``POST /infill`` (llama-server's
 fill-in-the-middle), ``POST /tokenize`` and ``POST /detokenize``
 (llama-server's), ``GET /metrics`` (Prometheus).
 Every error has OpenAI's shape ``{"error": {"message", "type", "param",
@@ -29,12 +30,13 @@ import threading
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Sequence, Union
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from fastapi.sse import EventSourceResponse, format_sse_event
+from pydantic import ValidationError
 
 from ..core.request_args import check_unicode
 from ..core.stats import Generation
@@ -54,7 +56,7 @@ from ..errors import (
     SpecDecError,
 )
 from . import openapi as docs
-from .errors import BodyLimit, RequestError, error_responses, install_error_handlers
+from .errors import BodyLimit, RequestError, error_responses, install_error_handlers, validation_request_error
 from .openai_schema import ChatCompletionRequest, CompletionRequest, InfillRequest, chat_messages
 from .prometheus import CONTENT_TYPE, metrics_response
 from .responses import (
@@ -67,6 +69,7 @@ from .responses import (
     system_fingerprint,
     usage,
 )
+from .responses_api import ResponseBuilder, ResponsesRequest, renamed
 from .structured import OutputSpec, compile_constraint, output_spec
 from .tokens_api import add_token_routes, detokenize
 
@@ -282,6 +285,25 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         return await _generate(dec, body, [text], body.token_limit(None), "messages", spec, request, options,
                                state, chat=True)
 
+    @app.post("/v1/responses", dependencies=[Depends(authorized)],
+              summary="A response (OpenAI's Responses API; stateless: nothing is stored)",
+              responses={**docs.JSON_OR_STREAM(docs.ResponseObject, [docs.ResponseEvent], done=False),
+                         **GENERATION_ERRORS})
+    async def responses(body: ResponsesRequest, request: Request) -> Response:
+        dec = ready_decoder()
+        _check_model(body.model, options)
+        try:
+            try:
+                chat = ChatCompletionRequest.model_validate(body.as_chat())
+            except ValidationError as exc:
+                raise validation_request_error(exc.errors()) from None
+            spec = output_spec(chat, chat=True)
+            text = _chat_prompt(dec, chat, spec)
+            return await _generate(dec, chat, [text], chat.token_limit(None), "input", spec, request, options, state,
+                                   chat=True, builder=ResponseBuilder(body, options.model_name))
+        except RequestError as exc:
+            raise renamed(exc, body) from None
+
     @app.post("/infill", dependencies=[Depends(authorized)],
               summary="Fill in the middle between input_prefix and input_suffix (llama-server's)",
               responses={**docs.JSON_OR_STREAM(docs.InfillResult, [docs.InfillPartial, docs.InfillResult], done=False),
@@ -373,8 +395,10 @@ def _unicode(text: str, param: str) -> None:
 
 async def _generate(dec: BatchedDecoder, body: Any, prompts: List[Any], max_tokens: Optional[int], param: str,
                     spec: OutputSpec, request: Request, options: ServerOptions, state: ServerState, *,
-                    chat: bool, echoes: Optional[List[Optional[str]]] = None) -> Response:
-    """Answer ``body``: ``n`` choices of each prompt, choice ``i * n + j`` being prompt i's choice j."""
+                    chat: bool, echoes: Optional[List[Optional[str]]] = None,
+                    builder: Optional[ResponseBuilder] = None) -> Response:
+    """Answer ``body``: ``n`` choices of each prompt, choice ``i * n + j`` being prompt i's choice j
+    (``builder``: answered as a response of the Responses API)."""
     if spec.grammar is not None or spec.calls is not None:  # compiled once per grammar (cached), off the event loop
         await run_in_threadpool(compile_constraint, dec, spec)
     reply = Reply(new_request_id(chat), int(time.time()), options.model_name, state.fingerprint, chat)
@@ -399,7 +423,8 @@ async def _generate(dec: BatchedDecoder, body: Any, prompts: List[Any], max_toke
     echo_of = [(echoes or [None] * len(prompts))[i // n] for i in range(len(streams))]
     if body.streamed:
         source = LogprobSource(dec.tokenizer, top, bool(body.return_tokens_as_token_ids))
-        events = _events(streams, body, reply, spec, options, texts, echo_of, prompt_tokens, n, source)
+        chunks = _chunks(streams, body, reply, spec, options, texts, echo_of, prompt_tokens, n, source)
+        events = _typed_sse(builder.events(chunks)) if builder is not None else _sse(chunks)
         return EventSourceResponse(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     gens = await _finish(streams, request, options, spec)
     for stream, text in zip(streams, texts):
@@ -424,7 +449,8 @@ async def _generate(dec: BatchedDecoder, body: Any, prompts: List[Any], max_toke
         else:
             choices.append({"index": index, "text": (echo or "") + gen.text, "logprobs": logprobs,
                             "finish_reason": finish_reason(gen.finish_reason)})
-    return JSONResponse(reply.whole(choices, usage(prompt_tokens, gens, n)))
+    whole = reply.whole(choices, usage(prompt_tokens, gens, n))
+    return JSONResponse(builder.whole(whole) if builder is not None else whole)
 
 
 def _end_entry(gen: Generation) -> list:
@@ -592,29 +618,26 @@ async def _merged(streams: "list[AsyncRequestStream]") -> AsyncIterator["tuple[i
             task.cancel()
 
 
-async def _events(streams: "list[AsyncRequestStream]", body: Any, reply: Reply, spec: OutputSpec,
+async def _chunks(streams: "list[AsyncRequestStream]", body: Any, reply: Reply, spec: OutputSpec,
                   options: ServerOptions, prompts: List[Any], echoes: List[Optional[str]], prompt_tokens: int,
-                  n: int, logprobs: LogprobSource) -> AsyncIterator[bytes]:
-    """The server-sent events of a streamed answer, ending in ``data: [DONE]``;
-    ``prompts`` and ``echoes`` are each choice's prompt and echoed text, ``n``
-    the choices of each prompt.
+                  n: int, logprobs: LogprobSource) -> AsyncGenerator[Dict[str, Any], None]:
+    """The chunks of a streamed answer, as JSON objects; a last error body if
+    it failed after it started.  ``prompts`` and ``echoes`` are each choice's
+    prompt and echoed text, ``n`` the choices of each prompt.
 
     If the client disconnects, the response task is cancelled here and the
     ``finally`` ends the requests at the decoder's next step."""
     with_usage = body.include_usage
     shapers = [StreamShaper(spec) if reply.chat else None for _ in streams]
 
-    def event(data: Any) -> bytes:
-        return format_sse_event(data_str=json.dumps(data, ensure_ascii=False))
-
-    def chunk(index: int, delta_or_text: Any, reason: Optional[str] = None, final: bool = False) -> bytes:
+    def chunk(index: int, delta_or_text: Any, reason: Optional[str] = None, final: bool = False) -> Dict[str, Any]:
         lp = logprobs.take(index, streams[index], "chat" if reply.chat else "legacy", offset=len(echoes[index] or ""),
                            final=final, end=index in scoring)
-        return event(reply.chunk(delta_or_text, reason, with_usage=with_usage, index=index, logprobs=lp))
+        return reply.chunk(delta_or_text, reason, with_usage=with_usage, index=index, logprobs=lp)
 
-    def echo(index: int) -> bytes:
+    def echo(index: int) -> Dict[str, Any]:
         lp = logprobs.prompt(index, streams[index], echoes[index] or "") if index in scored else None
-        return event(reply.chunk(echoes[index], with_usage=with_usage, index=index, logprobs=lp))
+        return reply.chunk(echoes[index], with_usage=with_usage, index=index, logprobs=lp)
 
     # An echo with logprobs waits for the prompt to be in: its chunk carries the prompt's log-probabilities.
     scoring = {i for i in range(len(streams)) if echoes[i] and logprobs.top is not None}
@@ -622,7 +645,7 @@ async def _events(streams: "list[AsyncRequestStream]", body: Any, reply: Reply, 
     try:
         for index in range(len(streams)):
             if reply.chat:
-                yield event(reply.chunk({"role": "assistant", "content": ""}, with_usage=with_usage, index=index))
+                yield reply.chunk({"role": "assistant", "content": ""}, with_usage=with_usage, index=index)
             elif echoes[index] and index not in scored:
                 yield echo(index)
         async for index, piece in _merged(streams):
@@ -640,7 +663,7 @@ async def _events(streams: "list[AsyncRequestStream]", body: Any, reply: Reply, 
             gen = streams[index].result
             assert gen is not None
             if gen.finish_reason == "timeout":
-                yield event(_timeout(options).body())
+                yield _timeout(options).body()
                 return
             calls = None
             if shaper is not None:
@@ -650,17 +673,39 @@ async def _events(streams: "list[AsyncRequestStream]", body: Any, reply: Reply, 
             yield chunk(index, {} if reply.chat else "", finish_reason(gen.finish_reason, calls), final=True)
         gens = [s.result for s in streams if s.result is not None]
         if with_usage:
-            yield event(reply.usage_chunk(usage(prompt_tokens, gens, n)))
-        yield format_sse_event(data_str="[DONE]")
+            yield reply.usage_chunk(usage(prompt_tokens, gens, n))
         for stream, prompt in zip(streams, prompts):
             _log(reply.id, stream, 200, options, prompt)
     except SpecDecError as exc:  # this request failed after its answer started
-        yield event(_server_error(exc, spec).body())
+        yield _server_error(exc, spec).body()
     finally:
         for stream, prompt in zip(streams, prompts):
             await stream.aclose()
             if stream.result is not None and stream.result.finish_reason == "cancelled":
                 _log(reply.id, stream, 499, options, prompt)
+
+
+async def _sse(chunks: AsyncGenerator[Dict[str, Any], None]) -> AsyncIterator[bytes]:
+    """``chunks`` as server-sent events, then ``[DONE]`` unless the last was an error."""
+    failed = False
+    try:
+        async for data in chunks:
+            failed = "error" in data
+            yield _event(data)
+    finally:  # closed early (the client left): its requests end now, not when it is collected
+        await chunks.aclose()
+    if not failed:
+        yield format_sse_event(data_str="[DONE]")
+
+
+async def _typed_sse(events: AsyncIterator["tuple[str, Dict[str, Any]]"]) -> AsyncIterator[bytes]:
+    """Typed events (the Responses API's: ``event:`` names the type; no ``[DONE]``)."""
+    async for kind, data in events:
+        yield _event(data, kind)
+
+
+def _event(data: Any, kind: Optional[str] = None) -> bytes:
+    return format_sse_event(data_str=json.dumps(data, ensure_ascii=False), event=kind)
 
 
 class InfillReply:
@@ -711,22 +756,18 @@ async def _infill_events(reply: InfillReply, options: ServerOptions, spec: Outpu
     """``/infill``'s server-sent events: llama-server's partial results, then
     the final one (``stop: true``); no ``[DONE]``, as llama-server."""
     stream = reply.stream
-
-    def event(data: Any) -> bytes:
-        return format_sse_event(data_str=json.dumps(data, ensure_ascii=False))
-
     try:
         async for piece in stream:
-            yield event(reply.partial(piece + stream.read_ready()))
+            yield _event(reply.partial(piece + stream.read_ready()))
         gen = stream.result
         assert gen is not None
         if gen.finish_reason == "timeout":
-            yield event(_timeout(options).body())
+            yield _event(_timeout(options).body())
             return
-        yield event(reply.final(streamed=True))
+        yield _event(reply.final(streamed=True))
         _log(new_request_id(False), stream, 200, options, reply.prompt)
     except SpecDecError as exc:
-        yield event(_server_error(exc, spec).body())
+        yield _event(_server_error(exc, spec).body())
     finally:
         await stream.aclose()
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Literal, Optional
+from typing import Any, Callable, Dict, List, Literal, Optional, Union
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
 from .errors import ErrorResponse
@@ -197,6 +197,77 @@ class InfillResult(BaseModel):
     tokens_cached: int
     timings: InfillTimings
     completion_probabilities: Optional[List[Dict[str, Any]]] = Field(default=None, description="With n_probs")
+
+
+class ResponseOutputText(BaseModel):
+    type: Literal["output_text"]
+    text: str
+    annotations: List[Any]
+    logprobs: List[Any]
+
+
+class ResponseMessageItem(BaseModel):
+    id: str
+    type: Literal["message"]
+    status: Literal["in_progress", "completed", "incomplete"]
+    role: Literal["assistant"]
+    content: List[ResponseOutputText]
+
+
+class ResponseCallItem(BaseModel):
+    id: str
+    type: Literal["function_call"]
+    status: Literal["in_progress", "completed", "incomplete"]
+    call_id: str
+    name: str
+    arguments: str = Field(description="A JSON object's text")
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: Dict[str, int]
+    output_tokens: int
+    output_tokens_details: Dict[str, int]
+    total_tokens: int
+    speculation: Optional[Speculation] = None
+
+
+class ResponseObject(BaseModel):
+    """``POST /v1/responses``'s answer (the request's settings echoed, as OpenAI's)."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["in_progress", "completed", "incomplete"]
+    error: None
+    incomplete_details: Optional[Dict[str, str]]
+    instructions: Optional[str]
+    max_output_tokens: Optional[int]
+    model: str
+    output: List[Union[ResponseMessageItem, ResponseCallItem]]
+    parallel_tool_calls: bool
+    previous_response_id: None
+    reasoning: None
+    store: bool
+    temperature: float
+    text: Dict[str, Any]
+    tool_choice: Union[str, Dict[str, Any]]
+    tools: List[Dict[str, Any]]
+    top_p: float
+    truncation: Literal["disabled"]
+    usage: Optional[ResponseUsage]
+    metadata: Dict[str, Any]
+    user: Optional[str]
+
+
+class ResponseEvent(BaseModel):
+    """One event of a streamed response: ``response.created``, ``response.output_item.added``,
+    ``response.output_text.delta``, ... ``response.completed`` (or ``error``), as OpenAI's."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    sequence_number: int
 
 
 class ToolCallFunctionDelta(BaseModel):

@@ -1,0 +1,465 @@
+"""OpenAI's Responses API (``POST /v1/responses``), answered by the chat path.
+
+A request is read as the chat completion it amounts to
+(:meth:`ResponsesRequest.as_chat`): ``instructions`` a system message,
+``input`` the messages (a ``function_call`` item an assistant's tool call, a
+``function_call_output`` item that tool's result), the flat ``tools`` chat's
+nested ones, ``text.format`` a ``response_format``, ``max_output_tokens``
+``max_completion_tokens``.  So the grammar, the tool calls and the exactness
+are the chat completion's.  :class:`ResponseBuilder` turns the chat answer
+back into a response: whole, or as the stream of typed events
+(``response.created`` ... ``response.completed``) the SDK's helpers assemble.
+
+Stateless: nothing is stored, so ``previous_response_id`` and
+``conversation`` are refused (send the whole input each time; an output's
+items can be sent back as input as they are) and ``store`` is ignored.
+"""
+
+from __future__ import annotations
+
+import copy
+import secrets
+import time
+from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Dict, List, Literal, Optional, Tuple, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, create_model
+from typing_extensions import Annotated
+
+from ..params import COUNT_LIMIT
+from . import unsupported
+from .errors import RequestError
+from .openai_schema import AS_INT, Gamma
+
+__all__ = ["ResponsesRequest", "ResponseBuilder", "renamed"]
+
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+
+# ---------------------------------------------------------------------------
+# the request
+# ---------------------------------------------------------------------------
+
+
+class TextPart(BaseModel):
+    """A text part of a message: ``input_text``, or ``output_text`` of an earlier answer sent back."""
+
+    model_config = _STRICT
+
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: Optional[List[Any]] = Field(default=None, description="Of an output_text sent back; ignored")
+    logprobs: Optional[List[Any]] = Field(default=None, description="Of an output_text sent back; ignored")
+
+
+def _by_type(value: Any) -> str:
+    return "str" if isinstance(value, str) else "list"
+
+
+#: A text, or a list of text parts (tagged: a list's error names the part, not "a valid string").
+Text = Annotated[Union[Annotated[str, Tag("str")], Annotated[List[TextPart], Tag("list")]], Discriminator(_by_type)]
+
+
+class MessageItem(BaseModel):
+    """A message (its ``type`` may be left out); ``id`` and ``status`` of an output sent back are ignored."""
+
+    model_config = _STRICT
+
+    type: Optional[Literal["message"]] = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Text
+    id: Optional[str] = None
+    status: Optional[Literal["in_progress", "completed", "incomplete"]] = None
+
+
+class FunctionCallItem(BaseModel):
+    """A call the model made earlier."""
+
+    model_config = _STRICT
+
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str
+    id: Optional[str] = None
+    status: Optional[Literal["in_progress", "completed", "incomplete"]] = None
+
+
+class FunctionCallOutputItem(BaseModel):
+    """The result of a call, for the model to read."""
+
+    model_config = _STRICT
+
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: Text
+    id: Optional[str] = None
+    status: Optional[Literal["in_progress", "completed", "incomplete"]] = None
+
+
+def _item_kind(value: Any) -> str:
+    kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", None) or "message"
+    return kind if kind in ("message", "function_call", "function_call_output") else "message"
+
+
+# Tagged by kind (an error names the item's own fields, not every kind's); tags spelt as branches, which an
+# error's location leaves out (errors.validation_request_error).
+InputItem = Annotated[Union[Annotated[MessageItem, Tag("item[message]")],
+                            Annotated[FunctionCallItem, Tag("item[function_call]")],
+                            Annotated[FunctionCallOutputItem, Tag("item[function_call_output]")]],
+                      Discriminator(lambda v: f"item[{_item_kind(v)}]")]
+#: The user's text, or a list of items.
+Input = Annotated[Union[Annotated[str, Tag("str")], Annotated[List[InputItem], Field(min_length=1), Tag("list")]],
+                  Discriminator(_by_type)]
+
+
+class FunctionTool(BaseModel):
+    model_config = _STRICT
+
+    type: Literal["function"]
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: Optional[str] = None
+    parameters: Optional[Dict[str, Any]] = Field(default=None, description="A JSON schema of an object")
+    strict: Optional[bool] = None
+
+
+class FunctionChoice(BaseModel):
+    model_config = _STRICT
+
+    type: Literal["function"]
+    name: str
+
+
+class TextFormatText(BaseModel):
+    model_config = _STRICT
+
+    type: Literal["text"]
+
+
+class TextFormatJsonObject(BaseModel):
+    model_config = _STRICT
+
+    type: Literal["json_object"]
+
+
+class TextFormatJsonSchema(BaseModel):
+    model_config = _STRICT
+
+    type: Literal["json_schema"]
+    name: str = Field(max_length=64)
+    schema_: Dict[str, Any] = Field(alias="schema", description="A JSON schema the output matches")
+    description: Optional[str] = None
+    strict: Optional[bool] = Field(default=None, description="Either way the output matches the schema exactly")
+
+
+class TextConfig(BaseModel):
+    model_config = _STRICT
+
+    format: Optional[Annotated[Union[TextFormatText, TextFormatJsonObject, TextFormatJsonSchema],
+                               Field(discriminator="type")]] = None
+
+
+#: Fields of OpenAI's that the server does not honour (a 400 unless at their neutral value).
+REFUSED: Tuple[unsupported.Refused, ...] = (
+    unsupported.Refused("previous_response_id", instead="nothing is stored: send the whole input"),
+    unsupported.Refused("conversation", instead="nothing is stored: send the whole input"),
+    unsupported.Refused("reasoning"),
+    unsupported.Refused("include", ([],)),
+    unsupported.Refused("top_logprobs", (0,), instead="use /v1/chat/completions with logprobs"),
+    unsupported.Refused("max_tool_calls"),
+    unsupported.Refused("prompt", instead="send the input itself"),
+    unsupported.Refused("background", (False,)),
+    unsupported.Refused("truncation", ("disabled",), instead="an input longer than the context is a 400"),
+)
+#: Fields that cannot change the output: accepted, ignored.
+IGNORED = ("store", "metadata", "user", "safety_identifier", "prompt_cache_key", "service_tier")
+
+
+class _ResponsesBase(BaseModel):
+    """``POST /v1/responses``."""
+
+    model_config = _STRICT
+
+    model: Optional[str] = Field(default=None, description="The served model's id (GET /v1/models)")
+    input: Input = Field(description=(
+        "The user's text, or the items of the conversation so far (messages, function calls and their outputs)"))
+    instructions: Optional[str] = Field(default=None, description="A system message before the input")
+    tools: Optional[List[FunctionTool]] = None
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], FunctionChoice]] = None
+    parallel_tool_calls: Optional[bool] = Field(default=None, description="Default true")
+    text: Optional[TextConfig] = None
+    max_output_tokens: Optional[Annotated[int, Field(ge=1), AS_INT]] = Field(
+        default=None, description="Capped at what the context leaves")
+    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0, description="Default 1; 0 is greedy")
+    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0, description="Default 1 (off)")
+    stream: Optional[bool] = None
+    # this server's own, as on chat
+    top_k: Optional[Annotated[int, Field(ge=-1, le=COUNT_LIMIT), AS_INT]] = Field(
+        default=None, description="0 or -1: off (default)")
+    min_p: Optional[float] = Field(default=None, ge=0.0, lt=1.0, description="Default 0 (off)")
+    seed: Optional[Annotated[int, Field(ge=-1, lt=2**63), AS_INT]] = Field(
+        default=None, description="-1 or null: a random seed (as on chat)")
+    gamma: Gamma = None
+
+    def as_chat(self) -> Dict[str, Any]:
+        """The chat completion request this asks for (a ChatCompletionRequest's fields)."""
+        fmt = self.text.format if self.text is not None else None
+        chat: Dict[str, Any] = {
+            "model": self.model, "messages": self.messages()[0],
+            "tools": [{"type": "function", "function": t.model_dump(exclude_none=True, exclude={"type"})}
+                      for t in self.tools] if self.tools is not None else None,
+            "tool_choice": ({"type": "function", "function": {"name": self.tool_choice.name}}
+                            if isinstance(self.tool_choice, FunctionChoice) else self.tool_choice),
+            "parallel_tool_calls": self.parallel_tool_calls,
+            "response_format": _response_format(fmt), "max_completion_tokens": self.max_output_tokens,
+            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+            "seed": self.seed, "gamma": self.gamma, "stream": self.stream,
+            "stream_options": {"include_usage": True} if self.stream else None}
+        return {k: v for k, v in chat.items() if v is not None}
+
+    def messages(self) -> Tuple[List[Dict[str, Any]], List[str]]:
+        """The chat messages, and the field each came from (``instructions``, ``input``, ``input[i]``): an
+        assistant's text and the function calls right after it are one message, as one turn."""
+        messages: List[Dict[str, Any]] = []
+        origins: List[str] = []
+        if self.instructions is not None:
+            messages.append({"role": "system", "content": self.instructions})
+            origins.append("instructions")
+        if isinstance(self.input, str):
+            return [*messages, {"role": "user", "content": self.input}], [*origins, "input"]
+        turn = False  # the last message is an assistant's turn that calls may join
+        for i, item in enumerate(self.input):
+            if isinstance(item, FunctionCallItem):
+                call = {"id": item.call_id, "type": "function",
+                        "function": {"name": item.name, "arguments": item.arguments}}
+                if turn:
+                    messages[-1].setdefault("tool_calls", []).append(call)
+                    continue
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                turn = True
+            elif isinstance(item, FunctionCallOutputItem):
+                messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)})
+                turn = False
+            else:
+                messages.append({"role": item.role, "content": _text(item.content)})
+                turn = item.role == "assistant"
+            origins.append(f"input[{i}]")
+        return messages, origins
+
+
+def _text(content: Union[str, List[TextPart]]) -> str:
+    return content if isinstance(content, str) else "".join(part.text for part in content)
+
+
+def _response_format(fmt: Any) -> Optional[Dict[str, Any]]:
+    if isinstance(fmt, TextFormatJsonObject):
+        return {"type": "json_object"}
+    if isinstance(fmt, TextFormatJsonSchema):
+        return {"type": "json_schema", "json_schema": fmt.model_dump(by_alias=True, exclude_none=True,
+                                                                     exclude={"type"})}
+    return None
+
+
+def _request_model() -> type:
+    ignored = {name: (annotation, Field(default=None, description=what))
+               for name, annotation, what in unsupported.IGNORED if name in IGNORED}
+    model = create_model("ResponsesRequest", __base__=_ResponsesBase, __doc__=_ResponsesBase.__doc__,
+                         __validators__=unsupported.refusing_validators(REFUSED),
+                         **unsupported.refused_fields(REFUSED), **ignored)
+    model.__module__ = __name__
+    return model
+
+
+if TYPE_CHECKING:  # the model adds only the refused and ignored fields (never read by name)
+    ResponsesRequest = _ResponsesBase
+else:
+    ResponsesRequest = _request_model()
+
+#: The chat request's names of fields a Responses request names otherwise.
+_RENAMED = (("response_format.json_schema.schema", "text.format.schema"), ("response_format", "text.format"),
+            ("max_completion_tokens", "max_output_tokens"), ("tool_choice.function.name", "tool_choice.name"))
+
+
+def renamed(exc: RequestError, body: Any) -> RequestError:
+    """``exc``, raised by the chat path, naming the Responses request's field:
+    ``tools[0].function.parameters`` is ``tools[0].parameters``, a message
+    the item (or ``instructions``) it came from."""
+    param = exc.param
+    if param is None:
+        return exc
+    for chat, ours in _RENAMED:
+        if param == chat or param.startswith(chat + "."):
+            param = ours + param[len(chat):]
+            break
+    if param.startswith("tools[") and ".function" in param:
+        param = param.replace(".function", "", 1)
+    if param == "messages" or param.startswith("messages["):
+        origins = body.messages()[1]
+        index, _, rest = param[len("messages["):].partition("]")
+        param = origins[int(index)] + rest if index.isdigit() and int(index) < len(origins) else "input"
+    exc.param = param
+    return exc
+
+
+# ---------------------------------------------------------------------------
+# the answer
+# ---------------------------------------------------------------------------
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+class ResponseBuilder:
+    """A response built from chat deltas: ``text`` and ``call``/``arguments``
+    open and fill output items, each step recorded as the event the stream
+    sends; :meth:`response` is the response object, :meth:`whole` the
+    answer to a chat completion, :meth:`events` a chat stream's events."""
+
+    def __init__(self, body: Any, model: str) -> None:
+        self.body, self.model = body, model
+        self.id = _new_id("resp")
+        self.created = int(time.time())
+        self.output: List[Dict[str, Any]] = []
+        self.status = "in_progress"
+        self.usage: Optional[Dict[str, Any]] = None
+        self._events: List[Dict[str, Any]] = []
+        self._seq = 0
+        self._open = False  # the last output item is still being written
+
+    # -- steps ---------------------------------------------------------------
+
+    def text(self, piece: str) -> None:
+        if not piece:
+            return
+        if not (self._open and self.output[-1]["type"] == "message"):
+            self._close()
+            self._add({"id": _new_id("msg"), "type": "message", "status": "in_progress", "role": "assistant",
+                       "content": []})
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+            self.output[-1]["content"].append(part)
+            self._emit("response.content_part.added", item_id=self.output[-1]["id"],
+                       output_index=len(self.output) - 1, content_index=0, part=part)
+        item = self.output[-1]
+        item["content"][0]["text"] += piece
+        self._emit("response.output_text.delta", item_id=item["id"], output_index=len(self.output) - 1,
+                   content_index=0, delta=piece, logprobs=[])
+
+    def call(self, call_id: str, name: str) -> None:
+        self._close()
+        self._add({"id": _new_id("fc"), "type": "function_call", "status": "in_progress", "call_id": call_id,
+                   "name": name, "arguments": ""})
+
+    def arguments(self, piece: str) -> None:
+        if not piece:
+            return
+        item = self.output[-1]
+        item["arguments"] += piece
+        self._emit("response.function_call_arguments.delta", item_id=item["id"], output_index=len(self.output) - 1,
+                   delta=piece)
+
+    def finish(self, finish_reason: Optional[str], usage: Optional[Dict[str, Any]]) -> None:
+        """The end: "length" leaves the response (and an item being written) incomplete."""
+        self.status = "incomplete" if finish_reason == "length" else "completed"
+        self._close(self.status)
+        if usage is not None:
+            cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+            self.usage = {"input_tokens": usage["prompt_tokens"], "input_tokens_details": {"cached_tokens": cached},
+                          "output_tokens": usage["completion_tokens"],
+                          "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": usage["total_tokens"]}
+            if "speculation" in usage:
+                self.usage["speculation"] = usage["speculation"]
+        self._emit(f"response.{self.status}", response=self.response())
+
+    # -- views ----------------------------------------------------------------
+
+    def response(self) -> Dict[str, Any]:
+        """The response object as it stands."""
+        body = self.body
+        fmt = body.text.format if body.text is not None and body.text.format is not None else None
+        return {
+            "id": self.id, "object": "response", "created_at": self.created, "status": self.status,
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if self.status == "incomplete" else None,
+            "instructions": body.instructions, "max_output_tokens": body.max_output_tokens, "model": self.model,
+            "output": self.output,
+            "parallel_tool_calls": body.parallel_tool_calls is not False, "previous_response_id": None,
+            "reasoning": None, "store": False,
+            "temperature": 1.0 if body.temperature is None else body.temperature,
+            "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
+            "tool_choice": (body.tool_choice.model_dump() if isinstance(body.tool_choice, BaseModel)
+                            else body.tool_choice or "auto"),
+            "tools": [t.model_dump(exclude_none=True) for t in body.tools or ()],
+            "top_p": 1.0 if body.top_p is None else body.top_p, "truncation": "disabled", "usage": self.usage,
+            "metadata": getattr(body, "metadata", None) or {}, "user": getattr(body, "user", None)}
+
+    def whole(self, completion: Dict[str, Any]) -> Dict[str, Any]:
+        """The response of a whole chat completion (one choice)."""
+        choice = completion["choices"][0]
+        message = choice["message"]
+        self.text(message.get("content") or "")
+        for call in message.get("tool_calls") or ():
+            self.call(call["id"], call["function"]["name"])
+            self.arguments(call["function"]["arguments"])
+        self.finish(choice["finish_reason"], completion.get("usage"))
+        return self.response()
+
+    async def events(self, chunks: AsyncGenerator[Dict[str, Any], None]) -> AsyncIterator[Tuple[str, Dict[str, Any]]]:
+        """The typed events of a chat stream's chunks (it must carry usage), as (type, data)."""
+        self._emit("response.created", response=self.response())
+        self._emit("response.in_progress", response=self.response())
+        reason: Optional[str] = None
+        try:
+            async for chunk in chunks:
+                if "error" in chunk:  # failed after it started
+                    err = chunk["error"]
+                    self._emit("error", code=err.get("code"), message=err.get("message"), param=err.get("param"))
+                    break
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    self.text(delta.get("content") or "")
+                    for call in delta.get("tool_calls") or ():
+                        if call.get("id"):
+                            self.call(call["id"], call["function"]["name"])
+                        self.arguments((call.get("function") or {}).get("arguments") or "")
+                    reason = choice.get("finish_reason") or reason
+                if chunk.get("usage") is not None:
+                    self.finish(reason, chunk["usage"])
+                for event in self._take():
+                    yield event["type"], event
+        finally:  # closed early (the client left): its requests end now
+            await chunks.aclose()
+        for event in self._take():
+            yield event["type"], event
+
+    # -- inside ---------------------------------------------------------------
+
+    def _add(self, item: Dict[str, Any]) -> None:
+        self.output.append(item)
+        self._open = True
+        self._emit("response.output_item.added", output_index=len(self.output) - 1, item=item)
+
+    def _close(self, status: str = "completed") -> None:
+        if not self._open:
+            return
+        self._open = False
+        item, index = self.output[-1], len(self.output) - 1
+        item["status"] = status
+        if item["type"] == "message":
+            part = item["content"][0]
+            self._emit("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
+                       text=part["text"], logprobs=[])
+            self._emit("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
+                       part=part)
+        else:
+            self._emit("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                       name=item["name"], arguments=item["arguments"])
+        self._emit("response.output_item.done", output_index=index, item=item)
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        # a copy: the items go on changing after the event that shows them
+        self._events.append({"type": kind, "sequence_number": self._seq, **copy.deepcopy(fields)})
+        self._seq += 1
+
+    def _take(self) -> List[Dict[str, Any]]:
+        out, self._events = self._events, []
+        return out
