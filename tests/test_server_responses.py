@@ -125,6 +125,27 @@ def test_a_streamed_response_assembles_to_the_whole_one(server) -> None:
     assert names == [d["type"] for d in datas] and names[-1] == "response.incomplete"
 
 
+def test_logprobs_are_chat_s_whole_and_streamed(server) -> None:
+    """include ["message.output_text.logprobs"] with top_logprobs: the entries the chat completion reports for
+    the same tokens, on the output_text whole, and spread over the text deltas streamed."""
+    c = client(server)
+    body = dict(model="tiny", input="hello there", temperature=1.0, max_output_tokens=12,
+                include=["message.output_text.logprobs"], top_logprobs=2, extra_body={"seed": 4})
+    c.responses.create(**{**body, "max_output_tokens": 1})  # the prompt cached for all three
+    whole = c.responses.create(**body)
+    same = chat(server, messages=[{"role": "user", "content": "hello there"}], temperature=1.0,
+                max_completion_tokens=12, seed=4, logprobs=True, top_logprobs=2)
+    entries = [e.model_dump() for e in whole.output[0].content[0].logprobs]
+    assert entries == same["choices"][0]["logprobs"]["content"] and len(entries) == 12
+    assert all(len(e["top_logprobs"]) == 2 for e in entries)
+    with c.responses.stream(**body) as stream:
+        events = list(stream)
+    streamed = [e.model_dump() for ev in events if ev.type == "response.output_text.delta" for e in ev.logprobs]
+    assert streamed == entries
+    plain = c.responses.create(model="tiny", input="hello there", max_output_tokens=3)
+    assert plain.output[0].content[0].logprobs == []  # none asked
+
+
 def test_tool_calls_and_their_outputs_round_trip(server) -> None:
     """Forced calls come out as function_call items valid against their tool's schema (whole and streamed);
     sent back as input with their outputs, they are read as the chat's calls and tool results."""
@@ -191,6 +212,8 @@ BAD = [
      "required"),
     ({"input": []}, "input", None, "at least 1"),
     ({"max_output_tokens": 0}, "max_output_tokens", None, "greater than or equal to 1"),
+    ({"top_logprobs": 2}, "top_logprobs", None, "needs include"),
+    ({"include": ["file_search_call.everything"]}, "include[0]", None, "message.output_text.logprobs"),
     ({"temprature": 0.5}, "temprature", "unknown_parameter", "unknown field"),
     ({"instructions": "x" * 20000}, "input", "context_length_exceeded", "context"),
 ]

@@ -20,11 +20,24 @@ from __future__ import annotations
 import copy
 import secrets
 import time
-from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Dict, List, Literal, Optional, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    AsyncGenerator,
+    AsyncIterator,
+    Dict,
+    List,
+    Literal,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, create_model
 from typing_extensions import Annotated
 
+from ..core.logprobs import MAX_TOP_LOGPROBS
 from ..params import COUNT_LIMIT
 from . import unsupported
 from .errors import RequestError
@@ -163,13 +176,16 @@ REFUSED: Tuple[unsupported.Refused, ...] = (
     unsupported.Refused("previous_response_id", instead="nothing is stored: send the whole input"),
     unsupported.Refused("conversation", instead="nothing is stored: send the whole input"),
     unsupported.Refused("reasoning"),
-    unsupported.Refused("include", ([],)),
-    unsupported.Refused("top_logprobs", (0,), instead="use /v1/chat/completions with logprobs"),
     unsupported.Refused("max_tool_calls"),
     unsupported.Refused("prompt", instead="send the input itself"),
     unsupported.Refused("background", (False,)),
     unsupported.Refused("truncation", ("disabled",), instead="an input longer than the context is a 400"),
 )
+#: What ``include`` may ask for: the output's log-probabilities, or data of items this server never makes.
+Includable = Literal["message.output_text.logprobs", "reasoning.encrypted_content", "message.input_image.image_url",
+                     "web_search_call.action.sources", "code_interpreter_call.outputs",
+                     "computer_call_output.output.image_url", "file_search_call.results"]
+LOGPROBS = "message.output_text.logprobs"
 #: Fields that cannot change the output: accepted, ignored.
 IGNORED = ("store", "metadata", "user", "safety_identifier", "prompt_cache_key", "service_tier")
 
@@ -192,6 +208,11 @@ class _ResponsesBase(BaseModel):
     temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0, description="Default 1; 0 is greedy")
     top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0, description="Default 1 (off)")
     stream: Optional[bool] = None
+    include: Optional[List[Includable]] = Field(default=None, description=(
+        f"{LOGPROBS!r}: each output token's log-probability (output_text.logprobs; see top_logprobs); the "
+        "others concern items this server does not make, and change nothing"))
+    top_logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), AS_INT]] = Field(default=None, description=(
+        f"With include {LOGPROBS!r}: this many most likely alternatives per token"))
     # this server's own, as on chat
     top_k: Optional[Annotated[int, Field(ge=-1, le=COUNT_LIMIT), AS_INT]] = Field(
         default=None, description="0 or -1: off (default)")
@@ -214,6 +235,10 @@ class _ResponsesBase(BaseModel):
             "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
             "seed": self.seed, "gamma": self.gamma, "stream": self.stream,
             "stream_options": {"include_usage": True} if self.stream else None}
+        if LOGPROBS in (self.include or ()):
+            chat.update(logprobs=True, top_logprobs=self.top_logprobs)
+        elif self.top_logprobs:
+            raise RequestError(400, f"top_logprobs needs include: [{LOGPROBS!r}]", param="top_logprobs")
         return {k: v for k, v in chat.items() if v is not None}
 
     def messages(self) -> Tuple[List[Dict[str, Any]], List[str]]:
@@ -325,10 +350,14 @@ class ResponseBuilder:
         self._events: List[Dict[str, Any]] = []
         self._seq = 0
         self._open = False  # the last output item is still being written
+        self._logprobs: List[Dict[str, Any]] = []  # entries not yet sent with a text
 
     # -- steps ---------------------------------------------------------------
 
-    def text(self, piece: str) -> None:
+    def text(self, piece: str, logprobs: Sequence[Dict[str, Any]] = ()) -> None:
+        """``piece`` of the text, and the entries of its tokens (with ``include`` logprobs; an entry that comes
+        before its text, held back by the tool-call parser, goes with the next piece)."""
+        self._logprobs += logprobs
         if not piece:
             return
         if not (self._open and self.output[-1]["type"] == "message"):
@@ -341,8 +370,10 @@ class ResponseBuilder:
                        output_index=len(self.output) - 1, content_index=0, part=part)
         item = self.output[-1]
         item["content"][0]["text"] += piece
+        item["content"][0]["logprobs"] += self._logprobs
         self._emit("response.output_text.delta", item_id=item["id"], output_index=len(self.output) - 1,
-                   content_index=0, delta=piece, logprobs=[])
+                   content_index=0, delta=piece, logprobs=self._logprobs)
+        self._logprobs = []
 
     def call(self, call_id: str, name: str) -> None:
         self._close()
@@ -396,7 +427,7 @@ class ResponseBuilder:
         """The response of a whole chat completion (one choice)."""
         choice = completion["choices"][0]
         message = choice["message"]
-        self.text(message.get("content") or "")
+        self.text(message.get("content") or "", (choice.get("logprobs") or {}).get("content") or ())
         for call in message.get("tool_calls") or ():
             self.call(call["id"], call["function"]["name"])
             self.arguments(call["function"]["arguments"])
@@ -416,7 +447,7 @@ class ResponseBuilder:
                     break
                 for choice in chunk.get("choices") or ():
                     delta = choice.get("delta") or {}
-                    self.text(delta.get("content") or "")
+                    self.text(delta.get("content") or "", (choice.get("logprobs") or {}).get("content") or ())
                     for call in delta.get("tool_calls") or ():
                         if call.get("id"):
                             self.call(call["id"], call["function"]["name"])
@@ -447,7 +478,7 @@ class ResponseBuilder:
         if item["type"] == "message":
             part = item["content"][0]
             self._emit("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
-                       text=part["text"], logprobs=[])
+                       text=part["text"], logprobs=part["logprobs"])
             self._emit("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
                        part=part)
         else:
