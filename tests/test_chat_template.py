@@ -167,6 +167,24 @@ def test_messages_are_shaped_for_templates():
     assert "tool_calls" not in template_messages([{"role": "assistant", "content": "x", "tool_calls": None}])[0]
 
 
+def test_function_messages_are_tool_calls_and_results():
+    """OpenAI's deprecated shape: an assistant's function_call is a one-call tool_calls with a made-up id, and
+    the function message right after it is the tool result answering that id; a function message after any
+    other message answers nothing (no id)."""
+    out = template_messages([
+        {"role": "user", "content": "2+3?"},
+        {"role": "assistant", "content": None, "function_call": {"name": "add", "arguments": '{"a": 2, "b": 3}'}},
+        {"role": "function", "name": "add", "content": "5"},
+        {"role": "assistant", "content": "5."},
+        {"role": "user", "content": "and the weather?"},
+        {"role": "function", "name": "get_weather", "content": "sunny"}])
+    call = out[1]["tool_calls"][0]
+    assert call == {"id": "call_fn1", "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3}}}
+    assert "function_call" not in out[1]
+    assert out[2] == {"role": "tool", "name": "add", "content": "5", "tool_call_id": "call_fn1"}
+    assert out[5]["role"] == "tool" and "tool_call_id" not in out[5]
+
+
 @pytest.mark.parametrize("messages, field", [
     ([], "non-empty list"),
     ([{"role": "robot", "content": "x"}], r"messages\[0\].role"),
@@ -175,6 +193,9 @@ def test_messages_are_shaped_for_templates():
     ([{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}],
      r"messages\[0\].tool_calls\[0\].function.name"),
     ([{"role": "assistant", "tool_calls": {"function": {}}}], r"messages\[0\].tool_calls must be a list"),
+    ([{"role": "function", "content": "5"}], r"messages\[0\].name"),
+    ([{"role": "user", "content": "x", "function_call": {"name": "f"}}], r"messages\[0\].function_call: only"),
+    ([{"role": "assistant", "function_call": {"arguments": "{}"}}], r"messages\[0\].function_call.name"),
 ])
 def test_bad_messages_name_the_field(messages, field):
     with pytest.raises(InvalidPromptError, match=field):

@@ -36,17 +36,24 @@ class Pet(BaseModel):
     tags: List[Literal["red", "blue"]] = Field(max_length=2)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_draft):
+def start(target: str, draft: str, **options) -> ThreadServer:
     from specdec_cpu import BatchedDecoder
     from specdec_cpu.server.openai_app import ServerOptions
 
-    target = write_tools_model(tmp_path_factory.mktemp("responses") / "tools_target.gguf")
-
     def load():
-        return BatchedDecoder.from_gguf(target, tiny_draft, max_sequences=2, n_ctx=4096, n_threads=1, gamma=3)
+        return BatchedDecoder.from_gguf(target, draft, max_sequences=2, n_ctx=4096, n_threads=1, gamma=3)
 
-    with ThreadServer(load, ServerOptions(model_name="tiny")) as s:
+    return ThreadServer(load, ServerOptions(model_name="tiny", **options))
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> str:
+    return write_tools_model(tmp_path_factory.mktemp("responses") / "tools_target.gguf")
+
+
+@pytest.fixture(scope="module")
+def server(target, tiny_draft):
+    with start(target, tiny_draft) as s:
         yield s
 
 
@@ -168,7 +175,8 @@ def test_tool_calls_and_their_outputs_round_trip(server) -> None:
     args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
     assert args == call.arguments and json.loads(args).keys() == {"a", "b"}
     # the call and its output sent back: the same prompt as the chat history they stand for
-    follow = [{"role": "user", "content": "2 + 3?"}, *[item.model_dump(exclude_none=True) for item in final.output],
+    # (the SDK's output objects themselves, as OpenAI's guide sends them back)
+    follow = [{"role": "user", "content": "2 + 3?"}, *final.output,
               {"type": "function_call_output", "call_id": call.call_id, "output": "5"}]
     r = c.responses.create(model="tiny", input=follow, tools=TOOLS, max_output_tokens=1, temperature=0)
     history = [{"role": "user", "content": "2 + 3?"},
@@ -197,13 +205,33 @@ def test_text_format_shapes_the_output(server) -> None:
     assert isinstance(json.loads(r.output_text), dict)
 
 
+def test_a_failure_mid_stream_is_a_failed_response(target, tiny_draft) -> None:
+    """Decoding that fails after the stream started (here: the server's time limit) ends the stream with
+    response.failed: the text written so far left incomplete, the error's code and message in the response;
+    whole, the same request is a 504."""
+    with start(target, tiny_draft, request_timeout=0.3) as slow:
+        c = client(slow)
+        body = dict(model="tiny", input="go on", max_output_tokens=4000, extra_body={"ignore_eos": True})
+        with c.responses.stream(**body) as stream:
+            events = list(stream)
+        last = events[-1]
+        assert last.type == "response.failed" and last.response.status == "failed", [e.type for e in events[-3:]]
+        assert last.response.error.code == "timeout" and "limit" in last.response.error.message
+        assert last.response.output[0].status == "incomplete" and last.response.output_text
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        with pytest.raises(openai.APIStatusError) as info:
+            c.responses.create(**body)
+        assert info.value.status_code == 504
+
+
 BAD = [
     ({"previous_response_id": "resp_1"}, "previous_response_id", "unsupported_parameter", "nothing is stored"),
     ({"reasoning": {"effort": "low"}}, "reasoning", "unsupported_parameter", "not supported"),
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type", None, "function"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0]", None, "hosted tools"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice.name", "invalid_tools",
      "'nope'"),
-    ({"tools": [dict(ADD, parameters={"type": "array"})]}, "tools[0].parameters", "invalid_tools", "object"),
+    ({"tools": [dict(ADD, parameters={"type": "array"})]}, "tools[0].parameters", "invalid_tools",
+     "tools[0].parameters must describe an object"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {"type": "foo"}}}}, "text.format.schema",
      "invalid_grammar", "foo"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
@@ -212,8 +240,14 @@ BAD = [
      "required"),
     ({"input": []}, "input", None, "at least 1"),
     ({"max_output_tokens": 0}, "max_output_tokens", None, "greater than or equal to 1"),
-    ({"top_logprobs": 2}, "top_logprobs", None, "needs include"),
     ({"include": ["file_search_call.everything"]}, "include[0]", None, "message.output_text.logprobs"),
+    ({"top_logprobs": 2, "tools": TOOLS}, "include", None, "with tools"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "add", "x": 1}}, "tool_choice.x", None,
+     "unknown field"),
+    ({"input": [{"type": [[]], "role": "user", "content": "x"}]}, "input[0]", None, "an input item is"),
+    ({"text": {"format": {"type": "json_schema", "name": 5, "schema": {}}}}, "text.format.name", None, "string"),
+    ({"text": {"format": {"type": "xml"}}}, "text.format", None, "json_schema"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]", None, "no item references"),
     ({"temprature": 0.5}, "temprature", "unknown_parameter", "unknown field"),
     ({"instructions": "x" * 20000}, "input", "context_length_exceeded", "context"),
 ]

@@ -128,7 +128,7 @@ def valid_beyond_the_schema(body) -> None:
     ids of the vocabulary, a text prompt with ``suffix``, no more prompts'
     choices than the server allows, chat's ``top_logprobs`` with
     ``logprobs``, no ``suffix`` with ``echo`` and ``logprobs``,
-    ``max_tokens`` 0 only with them.  Their refusals are tested in
+    ``max_tokens`` 0 only with them, no Responses logprobs with tools.  Their refusals are tested in
     test_server_sampling.py and test_server_structured.py."""
     if not isinstance(body, dict):
         return
@@ -191,6 +191,10 @@ def valid_beyond_the_schema(body) -> None:
             message["name"] = "f"  # a function's result names it
         if isinstance(message, dict) and message.get("function_call") is not None and message.get("tool_calls"):
             del message["function_call"]  # one form of a turn's calls
+    if "input" in body and body.get("tools") and body.get("tool_choice") != "none":  # Responses: no logprobs with tools
+        body.pop("top_logprobs", None)
+        if isinstance(body.get("include"), list):
+            body["include"] = [x for x in body["include"] if x != "message.output_text.logprobs"]
     text = body.get("text")
     if isinstance(text, dict) and isinstance(text.get("format"), dict) and text["format"].get("schema") is not None:
         text["format"]["schema"] = ANY_OBJECT  # the Responses API's response_format

@@ -36,7 +36,7 @@ def template_messages(messages: Sequence[Mapping[str, Any]]) -> List[Dict[str, A
         raise InvalidPromptError("messages must be a non-empty list of message objects")
     out: List[Dict[str, Any]] = []
     call_names: Dict[str, str] = {}
-    legacy_call = None  # the id made up for the last assistant function_call
+    legacy_call = None  # the id made up for the assistant's function_call that function messages answer
     for i, msg in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(msg, Mapping):
@@ -47,6 +47,10 @@ def template_messages(messages: Sequence[Mapping[str, Any]]) -> List[Dict[str, A
         m = dict(msg)
         m["role"] = "system" if role == "developer" else role
         m["content"] = _content(msg.get("content"), f"{where}.content")
+        if msg.get("function_call") is not None and role != "assistant":
+            raise InvalidPromptError(f"{where}.function_call: only an assistant's message makes a call")
+        if role != "function":  # a function message answers the call right before it
+            legacy_call = None
         if role == "assistant" and msg.get("function_call") is not None:
             if msg.get("tool_calls"):
                 raise InvalidPromptError(f"{where} has both tool_calls and function_call: give one")

@@ -698,10 +698,13 @@ async def _sse(chunks: AsyncGenerator[Dict[str, Any], None]) -> AsyncIterator[by
         yield format_sse_event(data_str="[DONE]")
 
 
-async def _typed_sse(events: AsyncIterator["tuple[str, Dict[str, Any]]"]) -> AsyncIterator[bytes]:
+async def _typed_sse(events: AsyncGenerator["tuple[str, Dict[str, Any]]", None]) -> AsyncIterator[bytes]:
     """Typed events (the Responses API's: ``event:`` names the type; no ``[DONE]``)."""
-    async for kind, data in events:
-        yield _event(data, kind)
+    try:
+        async for kind, data in events:
+            yield _event(data, kind)
+    finally:  # closed early (the client left): its requests end now, as in _sse
+        await events.aclose()
 
 
 def _event(data: Any, kind: Optional[str] = None) -> bytes:

@@ -12,9 +12,19 @@ ignores, come from :mod:`.unsupported`; any other field is refused.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Tuple, Union
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, create_model, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    WithJsonSchema,
+    create_model,
+    field_validator,
+    model_validator,
+)
 from pydantic.functional_validators import BeforeValidator
 from typing_extensions import Annotated
 
@@ -310,6 +320,17 @@ else:
     StructuredOutputs.__module__ = __name__
 
 
+def _json_type(value: Any) -> str:
+    return "str" if isinstance(value, str) else "list" if isinstance(value, list) else "dict"
+
+
+def by_json_type(**branches: Any) -> Any:
+    """A union whose branch is chosen by the value's JSON type (``str``, ``list`` or ``dict`` keywords), so an
+    error names the field inside the branch the value took, not every branch's first complaint."""
+    tagged = [Annotated[kind, Tag(name)] for name, kind in branches.items()]
+    return Annotated[Union[tuple(tagged)], Discriminator(_json_type)]
+
+
 ToolParameters = Dict[str, Any]
 
 
@@ -343,7 +364,10 @@ class NamedToolChoice(BaseModel):
 
 
 #: OpenAI's deprecated ``function_call``: a named function is ``{"name": ...}``.
-FunctionCallChoice = Union[Literal["none", "auto"], NamedFunction]
+if TYPE_CHECKING:
+    FunctionCallChoice = Union[Literal["none", "auto"], NamedFunction]
+else:
+    FunctionCallChoice = by_json_type(str=Literal["none", "auto"], dict=NamedFunction)
 
 
 class FunctionCallIn(BaseModel):
@@ -367,7 +391,10 @@ class ChatMessage(BaseModel):
     """One message.  Fields beyond these are passed to the chat template as
     they are (some templates read e.g. ``reasoning_content``)."""
 
-    model_config = ConfigDict(extra="allow", strict=True)
+    # only an assistant's message makes a call (chat.template_messages checks it): stated in the document too
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra={"allOf": [
+        {"if": {"properties": {"role": {"not": {"const": "assistant"}}}},
+         "then": {"properties": {"function_call": {"type": "null"}}}}]})
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"] = Field(
         description="'function': a result of the deprecated function_call, read as a tool result")
@@ -649,6 +676,12 @@ else:
     ChatCompletionRequest = _request_model("ChatCompletionRequest", _ChatBase, unsupported.CHAT,
                                            _ChatBase.__doc__ or "")
     InfillRequest = _request_model("InfillRequest", _InfillBase, unsupported.COMPLETIONS, _InfillBase.__doc__ or "")
+
+
+def shared_fields(*names: str) -> Dict[str, Tuple[Any, Any]]:
+    """Fields both completion endpoints take, as ``create_model`` definitions, for another request model that
+    takes them alike (the Responses API's sampling fields)."""
+    return {name: (_Common.model_fields[name].annotation, _Common.model_fields[name]) for name in names}
 
 
 def chat_messages(messages: List[ChatMessage]) -> List[Dict[str, Any]]:

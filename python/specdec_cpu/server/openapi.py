@@ -238,8 +238,8 @@ class ResponseObject(BaseModel):
     id: str
     object: Literal["response"]
     created_at: int
-    status: Literal["in_progress", "completed", "incomplete"]
-    error: None
+    status: Literal["in_progress", "completed", "incomplete", "failed"]
+    error: Optional[Dict[str, str]] = Field(description="Why it failed ({code, message}), when it did")
     incomplete_details: Optional[Dict[str, str]]
     instructions: Optional[str]
     max_output_tokens: Optional[int]
@@ -254,6 +254,7 @@ class ResponseObject(BaseModel):
     tool_choice: Union[str, Dict[str, Any]]
     tools: List[Dict[str, Any]]
     top_p: float
+    top_logprobs: Optional[int]
     truncation: Literal["disabled"]
     usage: Optional[ResponseUsage]
     metadata: Dict[str, Any]
@@ -262,7 +263,8 @@ class ResponseObject(BaseModel):
 
 class ResponseEvent(BaseModel):
     """One event of a streamed response: ``response.created``, ``response.output_item.added``,
-    ``response.output_text.delta``, ... ``response.completed`` (or ``error``), as OpenAI's."""
+    ``response.output_text.delta``, ... ``response.completed`` (or ``response.incomplete``, or
+    ``response.failed``), as OpenAI's."""
 
     model_config = ConfigDict(extra="allow")
 

@@ -18,13 +18,13 @@ items can be sent back as input as they are) and ``store`` is ignored.
 from __future__ import annotations
 
 import copy
+import re
 import secrets
 import time
 from typing import (
     TYPE_CHECKING,
     Any,
     AsyncGenerator,
-    AsyncIterator,
     Dict,
     List,
     Literal,
@@ -38,12 +38,11 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, create_mo
 from typing_extensions import Annotated
 
 from ..core.logprobs import MAX_TOP_LOGPROBS
-from ..params import COUNT_LIMIT
 from . import unsupported
 from .errors import RequestError
-from .openai_schema import AS_INT, Gamma
+from .openai_schema import AS_INT, FunctionDefinition, JsonSchemaFormat, NamedFunction, by_json_type, shared_fields
 
-__all__ = ["ResponsesRequest", "ResponseBuilder", "renamed"]
+__all__ = ["ResponsesRequest", "ResponseBuilder", "renamed", "responses_names"]
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
@@ -62,84 +61,87 @@ class TextPart(BaseModel):
     text: str
     annotations: Optional[List[Any]] = Field(default=None, description="Of an output_text sent back; ignored")
     logprobs: Optional[List[Any]] = Field(default=None, description="Of an output_text sent back; ignored")
+    parsed: Optional[Any] = Field(default=None, description="Of an output the SDK parsed, sent back; ignored")
 
 
-def _by_type(value: Any) -> str:
-    return "str" if isinstance(value, str) else "list"
+if TYPE_CHECKING:  # what the tagged unions hold
+    Text = Union[str, List[TextPart]]
+else:
+    Text = by_json_type(str=str, list=List[TextPart])
 
 
-#: A text, or a list of text parts (tagged: a list's error names the part, not "a valid string").
-Text = Annotated[Union[Annotated[str, Tag("str")], Annotated[List[TextPart], Tag("list")]], Discriminator(_by_type)]
-
-
-class MessageItem(BaseModel):
-    """A message (its ``type`` may be left out); ``id`` and ``status`` of an output sent back are ignored."""
+class _Item(BaseModel):
+    """What an earlier output item sent back as input carries besides its content (ignored)."""
 
     model_config = _STRICT
 
-    type: Optional[Literal["message"]] = None
-    role: Literal["user", "assistant", "system", "developer"]
-    content: Text
     id: Optional[str] = None
     status: Optional[Literal["in_progress", "completed", "incomplete"]] = None
 
 
-class FunctionCallItem(BaseModel):
-    """A call the model made earlier."""
+class MessageItem(_Item):
+    """A message (its ``type`` may be left out)."""
 
-    model_config = _STRICT
+    type: Optional[Literal["message"]] = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Text
+    phase: Optional[Literal["commentary", "final_answer"]] = Field(default=None, description="Ignored")
+
+
+class FunctionCallItem(_Item):
+    """A call the model made earlier."""
 
     type: Literal["function_call"]
     call_id: str = Field(min_length=1)
     name: str = Field(min_length=1)
     arguments: str
-    id: Optional[str] = None
-    status: Optional[Literal["in_progress", "completed", "incomplete"]] = None
+    parsed_arguments: Optional[Any] = Field(default=None, description="Of a call the SDK parsed; ignored")
 
 
-class FunctionCallOutputItem(BaseModel):
+class FunctionCallOutputItem(_Item):
     """The result of a call, for the model to read."""
-
-    model_config = _STRICT
 
     type: Literal["function_call_output"]
     call_id: str = Field(min_length=1)
     output: Text
-    id: Optional[str] = None
-    status: Optional[Literal["in_progress", "completed", "incomplete"]] = None
 
 
-def _item_kind(value: Any) -> str:
-    kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", None) or "message"
-    return kind if kind in ("message", "function_call", "function_call_output") else "message"
+_ITEMS = {"message": MessageItem, "function_call": FunctionCallItem, "function_call_output": FunctionCallOutputItem}
 
 
-# Tagged by kind (an error names the item's own fields, not every kind's); tags spelt as branches, which an
-# error's location leaves out (errors.validation_request_error).
+def _item_tag(value: Any) -> Optional[str]:
+    kind = (value.get("type") if isinstance(value, dict) else getattr(value, "type", None)) or "message"
+    return f"item[{kind}]" if isinstance(kind, str) and kind in _ITEMS else None
+
+
+# Tagged by kind, so an error names the item's own field; the tags are spelt as branches, which an error's
+# location leaves out (errors.validation_request_error).
 InputItem = Annotated[Union[Annotated[MessageItem, Tag("item[message]")],
                             Annotated[FunctionCallItem, Tag("item[function_call]")],
                             Annotated[FunctionCallOutputItem, Tag("item[function_call_output]")]],
-                      Discriminator(lambda v: f"item[{_item_kind(v)}]")]
-#: The user's text, or a list of items.
-Input = Annotated[Union[Annotated[str, Tag("str")], Annotated[List[InputItem], Field(min_length=1), Tag("list")]],
-                  Discriminator(_by_type)]
+                      Discriminator(_item_tag, custom_error_type="invalid_item", custom_error_message=(
+                          "an input item is a message, a function_call or a function_call_output (nothing is "
+                          "stored, so there are no item references)"))]
 
 
-class FunctionTool(BaseModel):
-    model_config = _STRICT
-
+class FunctionTool(FunctionDefinition):
     type: Literal["function"]
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: Optional[str] = None
-    parameters: Optional[Dict[str, Any]] = Field(default=None, description="A JSON schema of an object")
-    strict: Optional[bool] = None
 
 
-class FunctionChoice(BaseModel):
-    model_config = _STRICT
+def _tool_tag(value: Any) -> Optional[str]:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "tool[function]" if kind == "function" else None
 
+
+#: A tool: a function (OpenAI's hosted tools, web search and the like, are not this server's).
+Tool = Annotated[Union[Annotated[FunctionTool, Tag("tool[function]")]],
+                 Discriminator(_tool_tag, custom_error_type="invalid_tool", custom_error_message=(
+                     "a tool is {\"type\": \"function\", \"name\", \"parameters\", ...}: OpenAI's hosted tools "
+                     "(web search, file search, ...) are not this server's"))]
+
+
+class FunctionChoice(NamedFunction):
     type: Literal["function"]
-    name: str
 
 
 class TextFormatText(BaseModel):
@@ -154,30 +156,41 @@ class TextFormatJsonObject(BaseModel):
     type: Literal["json_object"]
 
 
-class TextFormatJsonSchema(BaseModel):
-    model_config = _STRICT
-
+class TextFormatJsonSchema(JsonSchemaFormat):
     type: Literal["json_schema"]
     name: str = Field(max_length=64)
     schema_: Dict[str, Any] = Field(alias="schema", description="A JSON schema the output matches")
-    description: Optional[str] = None
-    strict: Optional[bool] = Field(default=None, description="Either way the output matches the schema exactly")
+
+
+def _format_tag(value: Any) -> Optional[str]:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return f"format[{kind}]" if kind in ("text", "json_object", "json_schema") else None
 
 
 class TextConfig(BaseModel):
     model_config = _STRICT
 
-    format: Optional[Annotated[Union[TextFormatText, TextFormatJsonObject, TextFormatJsonSchema],
-                               Field(discriminator="type")]] = None
+    format: Optional[Annotated[Union[Annotated[TextFormatText, Tag("format[text]")],
+                                     Annotated[TextFormatJsonObject, Tag("format[json_object]")],
+                                     Annotated[TextFormatJsonSchema, Tag("format[json_schema]")]],
+                               Discriminator(_format_tag, custom_error_type="invalid_format", custom_error_message=(
+                                   "format.type is one of text, json_object, json_schema"))]] = None
 
+
+if TYPE_CHECKING:
+    Input = Union[str, List[InputItem]]
+    ToolChoice = Union[Literal["none", "auto", "required"], FunctionChoice]
+else:
+    Input = by_json_type(str=str, list=Annotated[List[InputItem], Field(min_length=1)])
+    ToolChoice = by_json_type(str=Literal["none", "auto", "required"], dict=FunctionChoice)
 
 #: Fields of OpenAI's that the server does not honour (a 400 unless at their neutral value).
 REFUSED: Tuple[unsupported.Refused, ...] = (
     unsupported.Refused("previous_response_id", instead="nothing is stored: send the whole input"),
     unsupported.Refused("conversation", instead="nothing is stored: send the whole input"),
+    unsupported.Refused("prompt", instead="send the input itself"),
     unsupported.Refused("reasoning"),
     unsupported.Refused("max_tool_calls"),
-    unsupported.Refused("prompt", instead="send the input itself"),
     unsupported.Refused("background", (False,)),
     unsupported.Refused("truncation", ("disabled",), instead="an input longer than the context is a 400"),
 )
@@ -186,8 +199,10 @@ Includable = Literal["message.output_text.logprobs", "reasoning.encrypted_conten
                      "web_search_call.action.sources", "code_interpreter_call.outputs",
                      "computer_call_output.output.image_url", "file_search_call.results"]
 LOGPROBS = "message.output_text.logprobs"
-#: Fields that cannot change the output: accepted, ignored.
-IGNORED = ("store", "metadata", "user", "safety_identifier", "prompt_cache_key", "service_tier")
+#: The fields of unsupported.IGNORED a Responses request may carry: they cannot change the output.
+IGNORED_FIELDS = ("store", "metadata", "user", "safety_identifier", "prompt_cache_key", "service_tier")
+#: Fields taken as on chat (the bounds, defaults and checks written once, in openai_schema).
+SHARED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "gamma", "ignore_eos")
 
 
 class _ResponsesBase(BaseModel):
@@ -199,27 +214,23 @@ class _ResponsesBase(BaseModel):
     input: Input = Field(description=(
         "The user's text, or the items of the conversation so far (messages, function calls and their outputs)"))
     instructions: Optional[str] = Field(default=None, description="A system message before the input")
-    tools: Optional[List[FunctionTool]] = None
-    tool_choice: Optional[Union[Literal["none", "auto", "required"], FunctionChoice]] = None
+    tools: Optional[List[Tool]] = None
+    tool_choice: Optional[ToolChoice] = None
     parallel_tool_calls: Optional[bool] = Field(default=None, description="Default true")
     text: Optional[TextConfig] = None
     max_output_tokens: Optional[Annotated[int, Field(ge=1), AS_INT]] = Field(
         default=None, description="Capped at what the context leaves")
-    temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0, description="Default 1; 0 is greedy")
-    top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0, description="Default 1 (off)")
     stream: Optional[bool] = None
     include: Optional[List[Includable]] = Field(default=None, description=(
         f"{LOGPROBS!r}: each output token's log-probability (output_text.logprobs; see top_logprobs); the "
         "others concern items this server does not make, and change nothing"))
     top_logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), AS_INT]] = Field(default=None, description=(
-        f"With include {LOGPROBS!r}: this many most likely alternatives per token"))
-    # this server's own, as on chat
-    top_k: Optional[Annotated[int, Field(ge=-1, le=COUNT_LIMIT), AS_INT]] = Field(
-        default=None, description="0 or -1: off (default)")
-    min_p: Optional[float] = Field(default=None, ge=0.0, lt=1.0, description="Default 0 (off)")
-    seed: Optional[Annotated[int, Field(ge=-1, lt=2**63), AS_INT]] = Field(
-        default=None, description="-1 or null: a random seed (as on chat)")
-    gamma: Gamma = None
+        f"Alternatives per token: with include {LOGPROBS!r}, or alone (more than 0), the log-probabilities"))
+
+    @property
+    def logprobs(self) -> bool:
+        """Whether the output's log-probabilities are asked for."""
+        return LOGPROBS in (self.include or ()) or bool(self.top_logprobs)
 
     def as_chat(self) -> Dict[str, Any]:
         """The chat completion request this asks for (a ChatCompletionRequest's fields)."""
@@ -230,15 +241,15 @@ class _ResponsesBase(BaseModel):
                       for t in self.tools] if self.tools is not None else None,
             "tool_choice": ({"type": "function", "function": {"name": self.tool_choice.name}}
                             if isinstance(self.tool_choice, FunctionChoice) else self.tool_choice),
-            "parallel_tool_calls": self.parallel_tool_calls,
-            "response_format": _response_format(fmt), "max_completion_tokens": self.max_output_tokens,
-            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
-            "seed": self.seed, "gamma": self.gamma, "stream": self.stream,
-            "stream_options": {"include_usage": True} if self.stream else None}
-        if LOGPROBS in (self.include or ()):
+            "parallel_tool_calls": self.parallel_tool_calls, "response_format": _response_format(fmt),
+            "max_completion_tokens": self.max_output_tokens, "stream": self.stream,
+            "stream_options": {"include_usage": True} if self.stream else None,
+            **self.model_dump(include=set(SHARED_FIELDS))}
+        if self.logprobs:
+            if self.tools and self.tool_choice != "none":
+                raise RequestError(400, "log-probabilities with tools are not offered on /v1/responses (a response "
+                                        "has none for its calls); /v1/chat/completions reports them", param="include")
             chat.update(logprobs=True, top_logprobs=self.top_logprobs)
-        elif self.top_logprobs:
-            raise RequestError(400, f"top_logprobs needs include: [{LOGPROBS!r}]", param="top_logprobs")
         return {k: v for k, v in chat.items() if v is not None}
 
     def messages(self) -> Tuple[List[Dict[str, Any]], List[str]]:
@@ -286,43 +297,46 @@ def _response_format(fmt: Any) -> Optional[Dict[str, Any]]:
 
 def _request_model() -> type:
     ignored = {name: (annotation, Field(default=None, description=what))
-               for name, annotation, what in unsupported.IGNORED if name in IGNORED}
+               for name, annotation, what in unsupported.IGNORED if name in IGNORED_FIELDS}
     model = create_model("ResponsesRequest", __base__=_ResponsesBase, __doc__=_ResponsesBase.__doc__,
                          __validators__=unsupported.refusing_validators(REFUSED),
-                         **unsupported.refused_fields(REFUSED), **ignored)
+                         **unsupported.refused_fields(REFUSED), **ignored, **shared_fields(*SHARED_FIELDS))
     model.__module__ = __name__
     return model
 
 
-if TYPE_CHECKING:  # the model adds only the refused and ignored fields (never read by name)
+if TYPE_CHECKING:  # the model adds the refused, ignored and shared fields (read only through model_dump)
     ResponsesRequest = _ResponsesBase
 else:
     ResponsesRequest = _request_model()
 
-#: The chat request's names of fields a Responses request names otherwise.
-_RENAMED = (("response_format.json_schema.schema", "text.format.schema"), ("response_format", "text.format"),
-            ("max_completion_tokens", "max_output_tokens"), ("tool_choice.function.name", "tool_choice.name"))
+#: Chat's names of fields a Responses request names otherwise (a pattern, and its replacement).
+_RENAMED = ((re.compile(r"response_format\.json_schema\.schema\b"), "text.format.schema"),
+            (re.compile(r"response_format\.json_schema\b"), "text.format"),
+            (re.compile(r"response_format\b"), "text.format"),
+            (re.compile(r"max_completion_tokens\b"), "max_output_tokens"),
+            (re.compile(r"tool_choice\.function\.name\b"), "tool_choice.name"),
+            (re.compile(r"\b(tools\[\d+\])\.function\b"), r"\1"))
+
+
+def responses_names(text: str) -> str:
+    """``text`` (an error's field or message, from the chat path) in the Responses API's names:
+    ``tools[0].function.parameters`` is ``tools[0].parameters``."""
+    for pattern, ours in _RENAMED:
+        text = pattern.sub(ours, text)
+    return text
 
 
 def renamed(exc: RequestError, body: Any) -> RequestError:
-    """``exc``, raised by the chat path, naming the Responses request's field:
-    ``tools[0].function.parameters`` is ``tools[0].parameters``, a message
-    the item (or ``instructions``) it came from."""
-    param = exc.param
-    if param is None:
-        return exc
-    for chat, ours in _RENAMED:
-        if param == chat or param.startswith(chat + "."):
-            param = ours + param[len(chat):]
-            break
-    if param.startswith("tools[") and ".function" in param:
-        param = param.replace(".function", "", 1)
-    if param == "messages" or param.startswith("messages["):
+    """``exc``, raised by the chat path, in the Responses request's names (a message named by the item, or
+    the ``instructions``, it came from)."""
+    param = responses_names(exc.param) if exc.param is not None else None
+    if param is not None and (param == "messages" or param.startswith("messages[")):
         origins = body.messages()[1]
         index, _, rest = param[len("messages["):].partition("]")
         param = origins[int(index)] + rest if index.isdigit() and int(index) < len(origins) else "input"
-    exc.param = param
-    return exc
+    return RequestError(exc.status, responses_names(exc.message), param=param, code=exc.code, type=exc.type,
+                        headers=exc.headers)
 
 
 # ---------------------------------------------------------------------------
@@ -346,6 +360,7 @@ class ResponseBuilder:
         self.created = int(time.time())
         self.output: List[Dict[str, Any]] = []
         self.status = "in_progress"
+        self.error: Optional[Dict[str, Any]] = None
         self.usage: Optional[Dict[str, Any]] = None
         self._events: List[Dict[str, Any]] = []
         self._seq = 0
@@ -355,8 +370,8 @@ class ResponseBuilder:
     # -- steps ---------------------------------------------------------------
 
     def text(self, piece: str, logprobs: Sequence[Dict[str, Any]] = ()) -> None:
-        """``piece`` of the text, and the entries of its tokens (with ``include`` logprobs; an entry that comes
-        before its text, held back by the tool-call parser, goes with the next piece)."""
+        """``piece`` of the text, and the log-probability entries of its tokens (entries that come without
+        text, as the end's, go with the next piece or, at the end, with the text's last event)."""
         self._logprobs += logprobs
         if not piece:
             return
@@ -394,12 +409,22 @@ class ResponseBuilder:
         self._close(self.status)
         if usage is not None:
             cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-            self.usage = {"input_tokens": usage["prompt_tokens"], "input_tokens_details": {"cached_tokens": cached},
+            self.usage = {"input_tokens": usage["prompt_tokens"],
+                          "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
                           "output_tokens": usage["completion_tokens"],
                           "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": usage["total_tokens"]}
             if "speculation" in usage:
                 self.usage["speculation"] = usage["speculation"]
         self._emit(f"response.{self.status}", response=self.response())
+
+    def fail(self, error: Dict[str, Any]) -> None:
+        """Decoding failed after the answer started (``error``: an OpenAI error body's fields): what was
+        written is left incomplete, and the response failed (its ``error`` says why)."""
+        self._close("incomplete")
+        self.status = "failed"
+        self.error = {"code": error.get("code") or error.get("type") or "server_error",
+                      "message": responses_names(error.get("message") or "")}
+        self._emit("response.failed", response=self.response())
 
     # -- views ----------------------------------------------------------------
 
@@ -409,7 +434,7 @@ class ResponseBuilder:
         fmt = body.text.format if body.text is not None and body.text.format is not None else None
         return {
             "id": self.id, "object": "response", "created_at": self.created, "status": self.status,
-            "error": None,
+            "error": self.error,
             "incomplete_details": {"reason": "max_output_tokens"} if self.status == "incomplete" else None,
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens, "model": self.model,
             "output": self.output,
@@ -420,7 +445,8 @@ class ResponseBuilder:
             "tool_choice": (body.tool_choice.model_dump() if isinstance(body.tool_choice, BaseModel)
                             else body.tool_choice or "auto"),
             "tools": [t.model_dump(exclude_none=True) for t in body.tools or ()],
-            "top_p": 1.0 if body.top_p is None else body.top_p, "truncation": "disabled", "usage": self.usage,
+            "top_p": 1.0 if body.top_p is None else body.top_p, "top_logprobs": body.top_logprobs,
+            "truncation": "disabled", "usage": self.usage,
             "metadata": getattr(body, "metadata", None) or {}, "user": getattr(body, "user", None)}
 
     def whole(self, completion: Dict[str, Any]) -> Dict[str, Any]:
@@ -434,7 +460,8 @@ class ResponseBuilder:
         self.finish(choice["finish_reason"], completion.get("usage"))
         return self.response()
 
-    async def events(self, chunks: AsyncGenerator[Dict[str, Any], None]) -> AsyncIterator[Tuple[str, Dict[str, Any]]]:
+    async def events(self, chunks: AsyncGenerator[Dict[str, Any], None]
+                     ) -> AsyncGenerator[Tuple[str, Dict[str, Any]], None]:
         """The typed events of a chat stream's chunks (it must carry usage), as (type, data)."""
         self._emit("response.created", response=self.response())
         self._emit("response.in_progress", response=self.response())
@@ -442,8 +469,7 @@ class ResponseBuilder:
         try:
             async for chunk in chunks:
                 if "error" in chunk:  # failed after it started
-                    err = chunk["error"]
-                    self._emit("error", code=err.get("code"), message=err.get("message"), param=err.get("param"))
+                    self.fail(chunk["error"])
                     break
                 for choice in chunk.get("choices") or ():
                     delta = choice.get("delta") or {}
@@ -477,6 +503,8 @@ class ResponseBuilder:
         item["status"] = status
         if item["type"] == "message":
             part = item["content"][0]
+            part["logprobs"] += self._logprobs
+            self._logprobs = []
             self._emit("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
                        text=part["text"], logprobs=part["logprobs"])
             self._emit("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
