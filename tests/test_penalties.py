@@ -126,12 +126,14 @@ def test_stop_token_ids_end_the_generation_and_min_tokens_holds_them_off() -> No
         dec.generate(PROMPT, params=SamplingParams(logit_bias={6: 1.0}))
 
 
-@pytest.mark.parametrize("extra", [{"min_tokens": 16}, {"ignore_eos": True}], ids=["min_tokens", "ignore_eos"])
+@pytest.mark.parametrize("extra", [{"min_tokens": 16}, {"min_tokens": 2}, {"min_tokens": 3}, {"ignore_eos": True}],
+                         ids=["min_tokens", "min_tokens_within_a_draft", "min_tokens_at_a_draft_end", "ignore_eos"])
 def test_a_complete_grammar_output_ends_before_min_tokens(tiny_target, tiny_draft, extra) -> None:
     """A grammar's end outranks min_tokens and ignore_eos: once the output is
     a complete document its mask allows only the end ids, which those would
     ban, leaving no token at all (the request failed with "every token is
-    masked").  There the ends stay allowed, the same for p and q."""
+    masked").  There the ends stay allowed, the same for p and q; also when
+    min_tokens falls inside a draft (its first rows below it, its last not)."""
     from specdec_cpu import Grammar
 
     dec = SpeculativeDecoder.from_gguf(tiny_target, tiny_draft, gamma=3, n_ctx=256, n_threads=1, calibration=None)

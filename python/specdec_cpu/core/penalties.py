@@ -66,7 +66,7 @@ class Penalties:
         same positions, if any) say where only an end may follow."""
         draft = [int(t) for t in draft[:first + k - 1]]
         ended = [False] * k
-        if masks is not None and self.n_output + len(draft) < self.params.min_tokens:
+        if masks is not None and self.n_output + first < self.params.min_tokens:  # some row is below min_tokens
             if self._end_bits is None:
                 self._end_bits = bitmask.from_ids(self._end_ids, masks.shape[1] * 32, np.uint32)
             ended = [bitmask.allows_only(masks[j], self._end_bits) for j in range(k)]
