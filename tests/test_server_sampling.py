@@ -606,3 +606,21 @@ def test_an_echo_cut_short_carries_no_partial_prompt_logprobs() -> None:
     lp = LogprobSource(tokenizer, 1).prompt(0, whole, "abb")
     assert lp["tokens"] == ["a", "b", "b"] and lp["token_logprobs"] == [None, -0.5, -0.5]
     assert lp["text_offset"] == [0, 1, 2]
+
+
+def test_a_seed_is_taken_modulo_2_to_the_64() -> None:
+    """Any integer seed from -1 up is accepted (a bound near 2**63 is no exact float, and clients that compare
+    numbers as floats disagree with it); one beyond 2**64 draws as its remainder does."""
+    from specdec_cpu.server.openai_schema import CompletionRequest
+
+    def params(seed: int):
+        return CompletionRequest.model_validate({"prompt": "x", "seed": seed}).params()
+
+    assert params(5 + 2**64).seed == 5 and params(2**63).seed == 2**63 and params(-1).seed is None
+    assert params(2**64 - 1).seed == 2**64 - 1
+
+
+def test_the_same_seed_repeats_the_answer_whatever_its_multiple_of_2_to_the_64(server) -> None:
+    completion(server, max_tokens=1)  # the prompt cached: a seed repeats draws with the same cached prefix
+    a, b = (completion(server, temperature=1.0, seed=seed)["choices"][0]["text"] for seed in (11, 11 + 3 * 2**64))
+    assert a == b

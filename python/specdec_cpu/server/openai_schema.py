@@ -445,9 +445,12 @@ class _Common(BaseModel):
     top_k: Optional[Annotated[int, Field(ge=-1, le=COUNT_LIMIT), AS_INT]] = Field(
         default=None, description="0 or -1: off (default)")
     min_p: Optional[float] = Field(default=None, ge=0.0, lt=1.0, description="Default 0 (off)")
-    seed: Optional[Annotated[int, Field(ge=-1, lt=2**63), AS_INT]] = Field(
-        default=None, description=("-1 or null: a random seed. A seed repeats an answer at a fixed gamma; with "
-                                   "gamma 'auto' the draft length chosen each step varies, and the draws with it"))
+    # No upper bound: a seed is taken modulo 2**64 (a bound near 2**63 or 2**64 is no exact float, so clients
+    # and schema tools that compare numbers as floats disagree with it).
+    seed: Optional[Annotated[int, Field(ge=-1), AS_INT]] = Field(
+        default=None, description=("-1 or null: a random seed; any other is taken modulo 2**64. A seed repeats an "
+                                   "answer at a fixed gamma, with the same cached prompt prefix; with gamma 'auto' "
+                                   "the draft length chosen each step varies, and the draws with it"))
     stop: Stop = None
     stream: Optional[bool] = None
     stream_options: Optional[StreamOptions] = None
@@ -515,7 +518,7 @@ class _Common(BaseModel):
                               top_k=0 if self.top_k in (None, -1) else self.top_k,
                               top_p=1.0 if self.top_p is None else self.top_p,
                               min_p=0.0 if self.min_p is None else self.min_p,
-                              seed=None if self.seed in (None, -1) else self.seed,
+                              seed=None if self.seed in (None, -1) else self.seed % 2**64,
                               ignore_eos=bool(self.ignore_eos),
                               presence_penalty=self.presence_penalty or 0.0,
                               frequency_penalty=self.frequency_penalty or 0.0,
