@@ -74,7 +74,8 @@ def test_a_response_is_the_chat_completion_it_amounts_to(server) -> None:
 
     c = client(server)
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}]
-    chat(server, messages=messages, max_completion_tokens=1)  # a seed repeats draws with the same cached prefix
+    # A seed repeats draws with the same cached prefix, in the draft too: a warm-up that drafts caches both.
+    chat(server, messages=messages, max_completion_tokens=8)
     for seed in range(3):
         r = c.responses.create(model="tiny", input="hello there", instructions="Be brief.", temperature=1.0,
                                max_output_tokens=40, extra_body={"seed": seed})
@@ -104,7 +105,7 @@ def test_a_streamed_response_assembles_to_the_whole_one(server) -> None:
     event is response.incomplete, as OpenAI's (the helper's get_final_response wants response.completed:
     the tool-call test below gets that one)."""
     c = client(server)
-    c.responses.create(model="tiny", input="hello there", max_output_tokens=1)  # the prompt cached for both
+    c.responses.create(model="tiny", input="hello there", max_output_tokens=8)  # cached for both (and drafted)
     whole = c.responses.create(model="tiny", input="hello there", temperature=1.0, max_output_tokens=60,
                                extra_body={"seed": 5})
     with c.responses.stream(model="tiny", input="hello there", temperature=1.0, max_output_tokens=60,
@@ -138,7 +139,7 @@ def test_logprobs_are_chat_s_whole_and_streamed(server) -> None:
     c = client(server)
     body = dict(model="tiny", input="hello there", temperature=1.0, max_output_tokens=12,
                 include=["message.output_text.logprobs"], top_logprobs=2, extra_body={"seed": 4})
-    c.responses.create(**{**body, "max_output_tokens": 1})  # the prompt cached for all three
+    c.responses.create(**{**body, "max_output_tokens": 8})  # the prompt cached for all three, in both models
     whole = c.responses.create(**body)
     same = chat(server, messages=[{"role": "user", "content": "hello there"}], temperature=1.0,
                 max_completion_tokens=12, seed=4, logprobs=True, top_logprobs=2)
@@ -179,6 +180,9 @@ def test_tool_calls_and_their_outputs_round_trip(server) -> None:
     follow = [{"role": "user", "content": "2 + 3?"}, *final.output,
               {"type": "function_call_output", "call_id": call.call_id, "output": "5"}]
     r = c.responses.create(model="tiny", input=follow, tools=TOOLS, max_output_tokens=1, temperature=0)
+    dumped = c.responses.create(model="tiny", input=[follow[0], *[o.model_dump() for o in final.output], follow[-1]],
+                                tools=TOOLS, max_output_tokens=1, temperature=0)  # the SDK's null fields too
+    assert dumped.usage.input_tokens == r.usage.input_tokens
     history = [{"role": "user", "content": "2 + 3?"},
                {"role": "assistant", "content": None, "tool_calls": [
                    {"id": call.call_id, "type": "function", "function": {"name": "add", "arguments": call.arguments}}]},
@@ -241,7 +245,9 @@ BAD = [
     ({"input": []}, "input", None, "at least 1"),
     ({"max_output_tokens": 0}, "max_output_tokens", None, "greater than or equal to 1"),
     ({"include": ["file_search_call.everything"]}, "include[0]", None, "message.output_text.logprobs"),
-    ({"top_logprobs": 2, "tools": TOOLS}, "include", None, "with tools"),
+    ({"top_logprobs": 2, "tools": TOOLS}, "top_logprobs", None, "with tools"),
+    ({"include": ["message.output_text.logprobs"], "tools": TOOLS}, "include", None, "with tools"),
+    ({"input": 5}, "input", None, "must be a string or a list"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "add", "x": 1}}, "tool_choice.x", None,
      "unknown field"),
     ({"input": [{"type": [[]], "role": "user", "content": "x"}]}, "input[0]", None, "an input item is"),

@@ -320,15 +320,21 @@ else:
     StructuredOutputs.__module__ = __name__
 
 
-def _json_type(value: Any) -> str:
-    return "str" if isinstance(value, str) else "list" if isinstance(value, list) else "dict"
+def _json_type(value: Any) -> Optional[str]:
+    return "str" if isinstance(value, str) else "list" if isinstance(value, list) else \
+        "dict" if isinstance(value, dict) or isinstance(value, BaseModel) else None
+
+
+_JSON_TYPES = {"str": "a string", "list": "a list", "dict": "an object"}
 
 
 def by_json_type(**branches: Any) -> Any:
     """A union whose branch is chosen by the value's JSON type (``str``, ``list`` or ``dict`` keywords), so an
     error names the field inside the branch the value took, not every branch's first complaint."""
     tagged = [Annotated[kind, Tag(name)] for name, kind in branches.items()]
-    return Annotated[Union[tuple(tagged)], Discriminator(_json_type)]
+    expected = " or ".join(_JSON_TYPES[name] for name in branches)
+    return Annotated[Union[tuple(tagged)], Discriminator(_json_type, custom_error_type="invalid_json_type",
+                                                         custom_error_message=f"must be {expected}")]
 
 
 ToolParameters = Dict[str, Any]

@@ -89,13 +89,18 @@ class MessageItem(_Item):
 
 
 class FunctionCallItem(_Item):
-    """A call the model made earlier."""
+    """A call the model made earlier (the SDK's other fields of a call sent back, null here, are ignored)."""
+
+    model_config = ConfigDict(**_STRICT, populate_by_name=True)
 
     type: Literal["function_call"]
     call_id: str = Field(min_length=1)
     name: str = Field(min_length=1)
     arguments: str
     parsed_arguments: Optional[Any] = Field(default=None, description="Of a call the SDK parsed; ignored")
+    async_: Optional[Any] = Field(default=None, alias="async", description="Ignored")
+    caller: Optional[Any] = Field(default=None, description="Ignored")
+    namespace: Optional[Any] = Field(default=None, description="Ignored")
 
 
 class FunctionCallOutputItem(_Item):
@@ -248,7 +253,8 @@ class _ResponsesBase(BaseModel):
         if self.logprobs:
             if self.tools and self.tool_choice != "none":
                 raise RequestError(400, "log-probabilities with tools are not offered on /v1/responses (a response "
-                                        "has none for its calls); /v1/chat/completions reports them", param="include")
+                                        "has none for its calls); /v1/chat/completions reports them",
+                                   param="include" if LOGPROBS in (self.include or ()) else "top_logprobs")
             chat.update(logprobs=True, top_logprobs=self.top_logprobs)
         return {k: v for k, v in chat.items() if v is not None}
 
