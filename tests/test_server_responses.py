@@ -221,7 +221,8 @@ def test_a_failure_mid_stream_is_a_failed_response(target, tiny_draft) -> None:
         last = events[-1]
         assert last.type == "response.failed" and last.response.status == "failed", [e.type for e in events[-3:]]
         assert last.response.error.code == "timeout" and "limit" in last.response.error.message
-        assert last.response.output[0].status == "incomplete" and last.response.output_text
+        if any(e.type == "response.output_text.delta" for e in events):  # (none if the machine is that slow)
+            assert last.response.output[0].status == "incomplete" and last.response.output_text
         assert [e.sequence_number for e in events] == list(range(len(events)))
         with pytest.raises(openai.APIStatusError) as info:
             c.responses.create(**body)
