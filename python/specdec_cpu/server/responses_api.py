@@ -47,6 +47,20 @@ __all__ = ["ResponsesRequest", "ResponseBuilder", "renamed", "responses_names"]
 _STRICT = ConfigDict(extra="forbid", strict=True)
 
 
+def _by_type_field(prefix: str, branches: Dict[str, Any], error: str, default: Optional[str] = None) -> Any:
+    """A union whose branch is its ``type`` field's value (``default`` when it has none), so an error names the
+    field inside that branch; any other type is ``error``.  The tags are spelt as branches (``item[message]``),
+    which an error's location leaves out (errors.validation_request_error)."""
+
+    def tag(value: Any) -> Optional[str]:
+        kind = (value.get("type") if isinstance(value, dict) else getattr(value, "type", None)) or default
+        return f"{prefix}[{kind}]" if isinstance(kind, str) and kind in branches else None
+
+    tagged = tuple(Annotated[model, Tag(f"{prefix}[{kind}]")] for kind, model in branches.items())
+    return Annotated[Union[tagged], Discriminator(tag, custom_error_type=f"invalid_{prefix}",
+                                                   custom_error_message=error)]
+
+
 # ---------------------------------------------------------------------------
 # the request
 # ---------------------------------------------------------------------------
@@ -111,38 +125,27 @@ class FunctionCallOutputItem(_Item):
     output: Text
 
 
-_ITEMS = {"message": MessageItem, "function_call": FunctionCallItem, "function_call_output": FunctionCallOutputItem}
-
-
-def _item_tag(value: Any) -> Optional[str]:
-    kind = (value.get("type") if isinstance(value, dict) else getattr(value, "type", None)) or "message"
-    return f"item[{kind}]" if isinstance(kind, str) and kind in _ITEMS else None
-
-
-# Tagged by kind, so an error names the item's own field; the tags are spelt as branches, which an error's
-# location leaves out (errors.validation_request_error).
-InputItem = Annotated[Union[Annotated[MessageItem, Tag("item[message]")],
-                            Annotated[FunctionCallItem, Tag("item[function_call]")],
-                            Annotated[FunctionCallOutputItem, Tag("item[function_call_output]")]],
-                      Discriminator(_item_tag, custom_error_type="invalid_item", custom_error_message=(
-                          "an input item is a message, a function_call or a function_call_output (nothing is "
-                          "stored, so there are no item references)"))]
+if TYPE_CHECKING:
+    InputItem = Union[MessageItem, FunctionCallItem, FunctionCallOutputItem]
+else:
+    InputItem = _by_type_field(
+        "item", {"message": MessageItem, "function_call": FunctionCallItem,
+                 "function_call_output": FunctionCallOutputItem},
+        "an input item is a message, a function_call or a function_call_output (nothing is stored, so there are no "
+        "item references)", default="message")
 
 
 class FunctionTool(FunctionDefinition):
     type: Literal["function"]
 
 
-def _tool_tag(value: Any) -> Optional[str]:
-    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return "tool[function]" if kind == "function" else None
-
-
 #: A tool: a function (OpenAI's hosted tools, web search and the like, are not this server's).
-Tool = Annotated[Union[Annotated[FunctionTool, Tag("tool[function]")]],
-                 Discriminator(_tool_tag, custom_error_type="invalid_tool", custom_error_message=(
-                     "a tool is {\"type\": \"function\", \"name\", \"parameters\", ...}: OpenAI's hosted tools "
-                     "(web search, file search, ...) are not this server's"))]
+if TYPE_CHECKING:
+    Tool = FunctionTool
+else:
+    Tool = _by_type_field("tool", {"function": FunctionTool}, (
+        "a tool is {\"type\": \"function\", \"name\", \"parameters\", ...}: OpenAI's hosted tools (web search, "
+        "file search, ...) are not this server's"))
 
 
 class FunctionChoice(NamedFunction):
@@ -167,19 +170,18 @@ class TextFormatJsonSchema(JsonSchemaFormat):
     schema_: Dict[str, Any] = Field(alias="schema", description="A JSON schema the output matches")
 
 
-def _format_tag(value: Any) -> Optional[str]:
-    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return f"format[{kind}]" if kind in ("text", "json_object", "json_schema") else None
+if TYPE_CHECKING:
+    TextFormat = Union[TextFormatText, TextFormatJsonObject, TextFormatJsonSchema]
+else:
+    TextFormat = _by_type_field(
+        "format", {"text": TextFormatText, "json_object": TextFormatJsonObject, "json_schema": TextFormatJsonSchema},
+        "format.type is one of text, json_object, json_schema")
 
 
 class TextConfig(BaseModel):
     model_config = _STRICT
 
-    format: Optional[Annotated[Union[Annotated[TextFormatText, Tag("format[text]")],
-                                     Annotated[TextFormatJsonObject, Tag("format[json_object]")],
-                                     Annotated[TextFormatJsonSchema, Tag("format[json_schema]")]],
-                               Discriminator(_format_tag, custom_error_type="invalid_format", custom_error_message=(
-                                   "format.type is one of text, json_object, json_schema"))]] = None
+    format: Optional[TextFormat] = None
 
 
 if TYPE_CHECKING:
