@@ -25,7 +25,7 @@ from specdec_cpu.core.text import TextAssembler  # noqa: E402
 GREEDY = SamplingParams(temperature=0.0)
 PROMPTS = ["the quick brown fox", "hello world", "def return print", "and the", "it is of",
            "with that for", "in the world", "hello and"]
-SERVE = ["--threads", "1", "--n-ctx", "256", "--max-sequences", "4", "--model-name", "tiny"]
+SERVE = ["--threads", "1", "--n-ctx", "256", "--max-sequences", "4", "--model-name", "tiny", "--stored-responses", "2"]
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +95,15 @@ def test_health_models_and_metrics(server) -> None:
     client(server).completions.create(model="tiny", prompt="hello", max_tokens=2, temperature=0)
     assert server.metric("specdec_time_to_first_token_seconds_count") == count + 1
     assert server.metric("specdec_time_to_first_token_seconds_sum") > total
+
+
+def test_the_server_keeps_the_last_stored_responses(server) -> None:
+    """``--stored-responses 2``: a third stored response drops the oldest."""
+    c = client(server)
+    ids = [c.responses.create(model="tiny", input=f"hi {i}", max_output_tokens=2).id for i in range(3)]
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(ids[0])
+    assert [c.responses.retrieve(i).id for i in ids[1:]] == ids[1:]
 
 
 def test_greedy_output_equals_the_single_stream_decoder(server, reference) -> None:

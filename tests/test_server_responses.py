@@ -230,7 +230,8 @@ def test_a_failure_mid_stream_is_a_failed_response(target, tiny_draft) -> None:
 
 
 BAD = [
-    ({"previous_response_id": "resp_1"}, "previous_response_id", "unsupported_parameter", "nothing is stored"),
+    ({"previous_response_id": "resp_1"}, "previous_response_id", "previous_response_not_found", "not found"),
+    ({"conversation": "conv_1"}, "conversation", "unsupported_parameter", "previous_response_id"),
     ({"reasoning": {"effort": "low"}}, "reasoning", "unsupported_parameter", "not supported"),
     ({"tools": [{"type": "web_search"}]}, "tools[0]", None, "hosted tools"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice.name", "invalid_tools",
@@ -254,7 +255,7 @@ BAD = [
     ({"input": [{"type": [[]], "role": "user", "content": "x"}]}, "input[0]", None, "an input item is"),
     ({"text": {"format": {"type": "json_schema", "name": 5, "schema": {}}}}, "text.format.name", None, "string"),
     ({"text": {"format": {"type": "xml"}}}, "text.format", None, "json_schema"),
-    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]", None, "no item references"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]", None, "item references are not taken"),
     ({"temprature": 0.5}, "temprature", "unknown_parameter", "unknown field"),
     ({"instructions": "x" * 20000}, "input", "context_length_exceeded", "context"),
 ]

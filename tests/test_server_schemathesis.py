@@ -61,7 +61,9 @@ def live_server(tiny_dir, tiny_draft):
 #: requests are generated for those with a body (the others take no input).
 OPERATIONS = [
     "GET /health", "GET /metrics", "GET /v1/models", "GET /v1/models/{model}", "POST /v1/completions",
-    "POST /v1/chat/completions", "POST /v1/responses", "POST /infill", "POST /tokenize", "POST /detokenize",
+    "POST /v1/chat/completions", "POST /v1/responses", "GET /v1/responses/{response_id}",
+    "DELETE /v1/responses/{response_id}", "GET /v1/responses/{response_id}/input_items", "POST /infill",
+    "POST /tokenize", "POST /detokenize",
 ]
 
 
@@ -128,7 +130,8 @@ def valid_beyond_the_schema(body) -> None:
     ids of the vocabulary, a text prompt with ``suffix``, no more prompts'
     choices than the server allows, chat's ``top_logprobs`` with
     ``logprobs``, no ``suffix`` with ``echo`` and ``logprobs``,
-    ``max_tokens`` 0 only with them, no Responses logprobs with tools.  Their refusals are tested in
+    ``max_tokens`` 0 only with them, no Responses logprobs with tools and
+    no ``previous_response_id`` (none is stored under a generated id).  Their refusals are tested in
     test_server_sampling.py and test_server_structured.py."""
     if not isinstance(body, dict):
         return
@@ -191,6 +194,8 @@ def valid_beyond_the_schema(body) -> None:
             message["name"] = "f"  # a function's result names it
         if isinstance(message, dict) and message.get("function_call") is not None and message.get("tool_calls"):
             del message["function_call"]  # one form of a turn's calls
+    if "input" in body:  # Responses: no stored response has a made-up id
+        body.pop("previous_response_id", None)
     if "input" in body and body.get("tools") and body.get("tool_choice") != "none":  # Responses: no logprobs with tools
         body.pop("top_logprobs", None)
         if isinstance(body.get("include"), list):

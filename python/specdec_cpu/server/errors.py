@@ -123,7 +123,8 @@ def validation_request_error(errors: list, content_type: Optional[str] = None) -
     first = errors[0] if errors else {}
     kind = first.get("type")
     # Union and tagged types add the branch's name to the location: not a field.
-    loc = [x for x in first.get("loc", ()) if x != "body" and not (isinstance(x, str) and _is_branch(x))]
+    loc = list(first.get("loc", ()))
+    loc = [x for x in loc[loc[:1] in (["body"], ["query"], ["path"]):] if not (isinstance(x, str) and _is_branch(x))]
     if kind == "json_invalid":
         return RequestError(400, f"the request body is not valid JSON: {first.get('ctx', {}).get('error', '')}"
                             .rstrip(": "))

@@ -5,7 +5,8 @@ Endpoints: ``GET /health`` (200 ready, 503 loading; open without the key),
 (JSON or server-sent events with ``stream: true``; ``n`` choices decoded
 together from one prompt, log-probabilities, penalties and biases, and
 fill-in-the-middle with ``suffix``), ``POST /v1/responses`` (OpenAI's
-Responses API, answered by the chat path), ``POST /infill`` (llama-server's
+Responses API, answered by the chat path; a stored response read back,
+listed by input item or deleted under ``/v1/responses/{id}``), ``POST /infill`` (llama-server's
 fill-in-the-middle), ``POST /tokenize`` and ``POST /detokenize``
 (llama-server's), ``GET /metrics`` (Prometheus).
 Every error has OpenAI's shape ``{"error": {"message", "type", "param",
@@ -30,9 +31,22 @@ import threading
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Dict, List, Optional, Sequence, Union
+from typing import (
+    Annotated,
+    Any,
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Dict,
+    List,
+    Literal,
+    Optional,
+    Sequence,
+    Union,
+)
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from fastapi.sse import EventSourceResponse, format_sse_event
@@ -59,6 +73,7 @@ from . import openapi as docs
 from .errors import BodyLimit, RequestError, error_responses, install_error_handlers, validation_request_error
 from .openai_schema import ChatCompletionRequest, CompletionRequest, InfillRequest, chat_messages
 from .prometheus import CONTENT_TYPE, metrics_response
+from .response_store import ResponseStore, page_of_items
 from .responses import (
     LogprobFormatter,
     Reply,
@@ -92,6 +107,7 @@ class ServerOptions:
     log_prompts: bool = False
     retry_after: int = 1  # seconds a 429 tells the client to wait
     cors_origins: Sequence[str] = ()  # browser origins allowed (CORS); none: CORS off
+    stored_responses: int = 256  # responses kept for previous_response_id (Responses API); 0: none
 
 
 class ServerState:
@@ -168,8 +184,8 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         from starlette.middleware.cors import CORSMiddleware
 
         # Outermost: a preflight is answered before the key is asked for.
-        app.add_middleware(CORSMiddleware, allow_origins=list(options.cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"],
+        app.add_middleware(CORSMiddleware, allow_origins=list(options.cors_origins),
+                           allow_methods=["GET", "POST", "DELETE"], allow_headers=["Authorization", "Content-Type"],
                            expose_headers=["Retry-After", "x-specdec-replica"], max_age=600)
     app.state.specdec = state
 
@@ -285,24 +301,50 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         return await _generate(dec, body, [text], body.token_limit(None), "messages", spec, request, options,
                                state, chat=True)
 
+    store = ResponseStore(options.stored_responses)
+
     @app.post("/v1/responses", dependencies=[Depends(authorized)],
-              summary="A response (OpenAI's Responses API; stateless: nothing is stored)",
+              summary="A response (OpenAI's Responses API), stored for previous_response_id unless store is false",
               responses={**docs.JSON_OR_STREAM(docs.ResponseObject, [docs.ResponseEvent], done=False),
                          **GENERATION_ERRORS})
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         dec = ready_decoder()
         _check_model(body.model, options)
+        history = store.previous(body.previous_response_id).context if body.previous_response_id else []
+        keep = store if body.store is not False and store.capacity > 0 else None
         try:
             try:
-                chat = ChatCompletionRequest.model_validate(body.as_chat())
+                chat = ChatCompletionRequest.model_validate(body.as_chat(history))
             except ValidationError as exc:
                 raise validation_request_error(exc.errors()) from None
             spec = output_spec(chat, chat=True)
             text = _chat_prompt(dec, chat, spec)
             return await _generate(dec, chat, [text], chat.token_limit(None), "input", spec, request, options, state,
-                                   chat=True, builder=ResponseBuilder(body, options.model_name))
+                                   chat=True, builder=ResponseBuilder(body, options.model_name, store=keep,
+                                                                      history=history))
         except RequestError as exc:
             raise renamed(exc, body) from None
+
+    @app.get("/v1/responses/{response_id}", dependencies=[Depends(authorized)], response_model=docs.ResponseObject,
+             responses=error_responses(401, 404), summary="A stored response (OpenAI's retrieve)")
+    def stored_response(response_id: str) -> JSONResponse:
+        return JSONResponse(store.stored(response_id).response)
+
+    @app.delete("/v1/responses/{response_id}", dependencies=[Depends(authorized)],
+                response_model=docs.ResponseDeleted, responses=error_responses(401, 404),
+                summary="Forget a stored response")
+    def delete_response(response_id: str) -> dict:
+        if store.pop(response_id) is None:
+            store.stored(response_id)  # the 404
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+    @app.get("/v1/responses/{response_id}/input_items", dependencies=[Depends(authorized)],
+             response_model=docs.InputItemList, responses=error_responses(400, 401, 404),
+             summary="A stored response's input items, a page at a time")
+    def input_items(response_id: str, limit: Annotated[int, Query(ge=1, le=100)] = 20,
+                    order: Literal["asc", "desc"] = "desc", after: Optional[str] = None,
+                    include: Annotated[Optional[List[str]], Query(description="Ignored")] = None) -> dict:
+        return page_of_items(store.stored(response_id).input_items, limit=limit, order=order, after=after)
 
     @app.post("/infill", dependencies=[Depends(authorized)],
               summary="Fill in the middle between input_prefix and input_suffix (llama-server's)",

@@ -246,7 +246,7 @@ class ResponseObject(BaseModel):
     model: str
     output: List[Union[ResponseMessageItem, ResponseCallItem]]
     parallel_tool_calls: bool
-    previous_response_id: None
+    previous_response_id: Optional[str]
     reasoning: None
     store: bool
     temperature: float
@@ -259,6 +259,23 @@ class ResponseObject(BaseModel):
     usage: Optional[ResponseUsage]
     metadata: Dict[str, Any]
     user: Optional[str]
+
+
+class ResponseDeleted(BaseModel):
+    id: str
+    object: Literal["response.deleted"]
+    deleted: Literal[True]
+
+
+class InputItemList(BaseModel):
+    """A page of a stored response's input items (messages with their text as parts, function calls,
+    function call outputs), each with an id."""
+
+    object: Literal["list"]
+    data: List[Dict[str, Any]]
+    first_id: Optional[str]
+    last_id: Optional[str]
+    has_more: bool
 
 
 class ResponseEvent(BaseModel):

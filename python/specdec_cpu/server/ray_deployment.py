@@ -110,6 +110,7 @@ class RayServeConfig:
     log_prompts: bool = False
     health_check_period_s: float = 10.0
     cors_origins: tuple = ()
+    stored_responses: int = 256  # per replica: a continuation reaching another replica is a 400
     chat_template: Optional[str] = None  # a file on every node, or the template's text
 
     def __post_init__(self) -> None:
@@ -117,6 +118,9 @@ class RayServeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        value = self.stored_responses
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"stored_responses must be an int >= 0, got {value!r}")
         self.decoder_settings()  # the decoder's own checks, before any replica starts
         if self.min_replicas is not None or self.max_replicas is not None:
             lo, hi = self.min_replicas or 1, self.max_replicas or self.min_replicas or 1
@@ -139,7 +143,7 @@ class RayServeConfig:
     def options(self) -> ServerOptions:
         return ServerOptions(model_name=self.name, api_key=self.api_key, max_body_bytes=self.max_body_bytes,
                              request_timeout=self.request_timeout, log_prompts=self.log_prompts,
-                             cors_origins=tuple(self.cors_origins))
+                             cors_origins=tuple(self.cors_origins), stored_responses=self.stored_responses)
 
 
 @serve.deployment(name="specdec")

@@ -10,9 +10,12 @@ are the chat completion's.  :class:`ResponseBuilder` turns the chat answer
 back into a response: whole, or as the stream of typed events
 (``response.created`` ... ``response.completed``) the SDK's helpers assemble.
 
-Stateless: nothing is stored, so ``previous_response_id`` and
-``conversation`` are refused (send the whole input each time; an output's
-items can be sent back as input as they are) and ``store`` is ignored.
+A response is kept (``store``, default true; :mod:`.response_store`) so a
+later request can continue it by ``previous_response_id``: the earlier
+conversation, its answer included, goes before the new input (its
+``instructions`` do not: each request gives its own).  OpenAI's
+``conversation`` objects are refused; the whole input can be sent instead,
+an output's items as they are.
 """
 
 from __future__ import annotations
@@ -34,13 +37,14 @@ from typing import (
     Union,
 )
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, create_model
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, create_model
 from typing_extensions import Annotated
 
 from ..core.logprobs import MAX_TOP_LOGPROBS
 from . import unsupported
 from .errors import RequestError
 from .openai_schema import AS_INT, FunctionDefinition, JsonSchemaFormat, NamedFunction, by_json_type, shared_fields
+from .response_store import ResponseStore, StoredResponse
 
 __all__ = ["ResponsesRequest", "ResponseBuilder", "renamed", "responses_names"]
 
@@ -131,8 +135,8 @@ else:
     InputItem = _by_type_field(
         "item", {"message": MessageItem, "function_call": FunctionCallItem,
                  "function_call_output": FunctionCallOutputItem},
-        "an input item is a message, a function_call or a function_call_output (nothing is stored, so there are no "
-        "item references)", default="message")
+        "an input item is a message, a function_call or a function_call_output (item references are not taken: "
+        "continue a response by previous_response_id)", default="message")
 
 
 class FunctionTool(FunctionDefinition):
@@ -191,10 +195,12 @@ else:
     Input = by_json_type(str=str, list=Annotated[List[InputItem], Field(min_length=1)])
     ToolChoice = by_json_type(str=Literal["none", "auto", "required"], dict=FunctionChoice)
 
+#: An answer's output items read back as input items.
+_OUTPUT_ITEMS: TypeAdapter = TypeAdapter(List[InputItem])
 #: Fields of OpenAI's that the server does not honour (a 400 unless at their neutral value).
 REFUSED: Tuple[unsupported.Refused, ...] = (
-    unsupported.Refused("previous_response_id", instead="nothing is stored: send the whole input"),
-    unsupported.Refused("conversation", instead="nothing is stored: send the whole input"),
+    unsupported.Refused("conversation", instead="continue a response by previous_response_id, or send the whole "
+                                                "input"),
     unsupported.Refused("prompt", instead="send the input itself"),
     unsupported.Refused("reasoning"),
     unsupported.Refused("max_tool_calls"),
@@ -207,7 +213,7 @@ Includable = Literal["message.output_text.logprobs", "reasoning.encrypted_conten
                      "computer_call_output.output.image_url", "file_search_call.results"]
 LOGPROBS = "message.output_text.logprobs"
 #: The fields of unsupported.IGNORED a Responses request may carry: they cannot change the output.
-IGNORED_FIELDS = ("store", "metadata", "user", "safety_identifier", "prompt_cache_key", "service_tier")
+IGNORED_FIELDS = ("metadata", "user", "safety_identifier", "prompt_cache_key", "service_tier")
 #: Fields taken as on chat (the bounds, defaults and checks written once, in openai_schema).
 SHARED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "gamma", "ignore_eos")
 
@@ -220,7 +226,13 @@ class _ResponsesBase(BaseModel):
     model: Optional[str] = Field(default=None, description="The served model's id (GET /v1/models)")
     input: Input = Field(description=(
         "The user's text, or the items of the conversation so far (messages, function calls and their outputs)"))
-    instructions: Optional[str] = Field(default=None, description="A system message before the input")
+    instructions: Optional[str] = Field(default=None, description=(
+        "A system message before the input (a previous response's are not carried over)"))
+    previous_response_id: Optional[str] = Field(default=None, min_length=1, description=(
+        "A stored response this one continues: its conversation and answer come before the input"))
+    store: Optional[bool] = Field(default=None, description=(
+        "Default true: keep the response (in this server's memory, the last --stored-responses of them) for "
+        "previous_response_id and GET /v1/responses/{id}"))
     tools: Optional[List[Tool]] = None
     tool_choice: Optional[ToolChoice] = None
     parallel_tool_calls: Optional[bool] = Field(default=None, description="Default true")
@@ -239,11 +251,12 @@ class _ResponsesBase(BaseModel):
         """Whether the output's log-probabilities are asked for."""
         return LOGPROBS in (self.include or ()) or bool(self.top_logprobs)
 
-    def as_chat(self) -> Dict[str, Any]:
-        """The chat completion request this asks for (a ChatCompletionRequest's fields)."""
+    def as_chat(self, history: Sequence[Dict[str, Any]] = ()) -> Dict[str, Any]:
+        """The chat completion request this asks for (a ChatCompletionRequest's fields); ``history``: the chat
+        messages of the response it continues."""
         fmt = self.text.format if self.text is not None else None
         chat: Dict[str, Any] = {
-            "model": self.model, "messages": self.messages()[0],
+            "model": self.model, "messages": self.messages(history)[0],
             "tools": [{"type": "function", "function": t.model_dump(exclude_none=True, exclude={"type"})}
                       for t in self.tools] if self.tools is not None else None,
             "tool_choice": ({"type": "function", "function": {"name": self.tool_choice.name}}
@@ -260,34 +273,66 @@ class _ResponsesBase(BaseModel):
             chat.update(logprobs=True, top_logprobs=self.top_logprobs)
         return {k: v for k, v in chat.items() if v is not None}
 
-    def messages(self) -> Tuple[List[Dict[str, Any]], List[str]]:
-        """The chat messages, and the field each came from (``instructions``, ``input``, ``input[i]``): an
-        assistant's text and the function calls right after it are one message, as one turn."""
+    def messages(self, history: Sequence[Dict[str, Any]] = ()) -> Tuple[List[Dict[str, Any]], List[str]]:
+        """The chat messages (the instructions, ``history``, the input's), and the field each came from
+        (``instructions``, ``previous_response_id``, ``input``, ``input[i]``)."""
         messages: List[Dict[str, Any]] = []
         origins: List[str] = []
         if self.instructions is not None:
             messages.append({"role": "system", "content": self.instructions})
             origins.append("instructions")
+        messages += history
+        origins += ["previous_response_id"] * len(history)
         if isinstance(self.input, str):
             return [*messages, {"role": "user", "content": self.input}], [*origins, "input"]
-        turn = False  # the last message is an assistant's turn that calls may join
-        for i, item in enumerate(self.input):
-            if isinstance(item, FunctionCallItem):
-                call = {"id": item.call_id, "type": "function",
-                        "function": {"name": item.name, "arguments": item.arguments}}
-                if turn:
-                    messages[-1].setdefault("tool_calls", []).append(call)
-                    continue
-                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-                turn = True
-            elif isinstance(item, FunctionCallOutputItem):
-                messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)})
-                turn = False
-            else:
-                messages.append({"role": item.role, "content": _text(item.content)})
-                turn = item.role == "assistant"
-            origins.append(f"input[{i}]")
-        return messages, origins
+        own, indices = _chat_messages(self.input)
+        return messages + own, origins + [f"input[{i}]" for i in indices]
+
+    def input_messages(self) -> List[Dict[str, Any]]:
+        """The input's chat messages alone."""
+        return self.messages()[0][self.instructions is not None:]
+
+    def input_items(self) -> List[Dict[str, Any]]:
+        """The input as OpenAI lists a response's input items: each with an id, a message's text as parts."""
+        if isinstance(self.input, str):
+            return [_listed({"type": "message", "role": "user", "content": self.input})]
+        return [_listed(item.model_dump(by_alias=True, exclude_none=True)) for item in self.input]
+
+
+def _chat_messages(items: Sequence[Any]) -> Tuple[List[Dict[str, Any]], List[int]]:
+    """Input items as chat messages, and the index of the item each came from: an assistant's text and the
+    function calls right after it are one message, as one turn."""
+    messages: List[Dict[str, Any]] = []
+    indices: List[int] = []
+    turn = False  # the last message is an assistant's turn that calls may join
+    for i, item in enumerate(items):
+        if isinstance(item, FunctionCallItem):
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
+            if turn:
+                messages[-1].setdefault("tool_calls", []).append(call)
+                continue
+            messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            turn = True
+        elif isinstance(item, FunctionCallOutputItem):
+            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _text(item.output)})
+            turn = False
+        else:
+            messages.append({"role": item.role, "content": _text(item.content)})
+            turn = item.role == "assistant"
+        indices.append(i)
+    return messages, indices
+
+
+def _listed(item: Dict[str, Any]) -> Dict[str, Any]:
+    kind = item.setdefault("type", "message")
+    item.setdefault("id", _new_id({"message": "msg", "function_call": "fc"}.get(kind, "fco")))
+    if kind == "message":
+        item.setdefault("status", "completed")
+        if isinstance(item["content"], str):
+            part = "output_text" if item["role"] == "assistant" else "input_text"
+            item["content"] = [{"type": part, "text": item["content"]}]
+    return item
 
 
 def _text(content: Union[str, List[TextPart]]) -> str:
@@ -362,8 +407,12 @@ class ResponseBuilder:
     sends; :meth:`response` is the response object, :meth:`whole` the
     answer to a chat completion, :meth:`events` a chat stream's events."""
 
-    def __init__(self, body: Any, model: str) -> None:
+    def __init__(self, body: Any, model: str, *, store: Optional[ResponseStore] = None,
+                 history: Sequence[Dict[str, Any]] = ()) -> None:
+        """``store``: where the response is kept when it ends (None: not kept); ``history``: the chat messages
+        of the response it continues."""
         self.body, self.model = body, model
+        self.store, self.history = store, history
         self.id = _new_id("resp")
         self.created = int(time.time())
         self.output: List[Dict[str, Any]] = []
@@ -423,6 +472,7 @@ class ResponseBuilder:
                           "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": usage["total_tokens"]}
             if "speculation" in usage:
                 self.usage["speculation"] = usage["speculation"]
+        self._keep()
         self._emit(f"response.{self.status}", response=self.response())
 
     def fail(self, error: Dict[str, Any]) -> None:
@@ -432,6 +482,7 @@ class ResponseBuilder:
         self.status = "failed"
         self.error = {"code": error.get("code") or error.get("type") or "server_error",
                       "message": responses_names(error.get("message") or "")}
+        self._keep()
         self._emit("response.failed", response=self.response())
 
     # -- views ----------------------------------------------------------------
@@ -446,8 +497,8 @@ class ResponseBuilder:
             "incomplete_details": {"reason": "max_output_tokens"} if self.status == "incomplete" else None,
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens, "model": self.model,
             "output": self.output,
-            "parallel_tool_calls": body.parallel_tool_calls is not False, "previous_response_id": None,
-            "reasoning": None, "store": False,
+            "parallel_tool_calls": body.parallel_tool_calls is not False,
+            "previous_response_id": body.previous_response_id, "reasoning": None, "store": self.store is not None,
             "temperature": 1.0 if body.temperature is None else body.temperature,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
             "tool_choice": (body.tool_choice.model_dump() if isinstance(body.tool_choice, BaseModel)
@@ -497,6 +548,15 @@ class ResponseBuilder:
             yield event["type"], event
 
     # -- inside ---------------------------------------------------------------
+
+    def _keep(self) -> None:
+        """Store the ended response: a continuation starts from the conversation with this answer at its end
+        (the output read as the items a client would send back, so the two ways give the same prompt)."""
+        if self.store is None:
+            return
+        answer = _chat_messages(_OUTPUT_ITEMS.validate_python(self.output))[0]
+        context = [*self.history, *self.body.input_messages(), *answer]
+        self.store.put(StoredResponse(copy.deepcopy(self.response()), context, self.body.input_items()))
 
     def _add(self, item: Dict[str, Any]) -> None:
         self.output.append(item)
