@@ -345,6 +345,30 @@ def test_an_auto_call_is_held_to_the_tools_from_its_opening_tag(tagged_server) -
     assert free.choices[0].message.tool_calls is None and free.choices[0].finish_reason == "length"
 
 
+def test_tool_choice_none_keeps_the_tools_in_the_prompt_and_bans_the_call(tagged_server) -> None:
+    """tool_choice "none" (and function_call "none"): the prompt offers the tools, as OpenAI's does, so it is
+    the prompt of the same request with calls allowed; the call's opening tag is banned, even against the
+    bias of +100 that makes the tiny model open a call at once (above)."""
+    c = client(tagged_server)
+    tag = tagged_server.post("/tokenize", {"content": "<tool_call>", "add_special": False,
+                                           "parse_special": True}).json()["tokens"]
+    bias = {str(tag[0]): 100}
+    offered = c.chat.completions.create(model="tiny", messages=USER, tools=TOOLS, max_tokens=1, temperature=0)
+    drafted = 0
+    for seed in range(3):
+        r = c.chat.completions.create(model="tiny", messages=USER, tools=TOOLS, tool_choice="none", temperature=1.0,
+                                      seed=seed, max_tokens=40, logit_bias=bias)
+        assert r.usage.prompt_tokens == offered.usage.prompt_tokens
+        message = r.choices[0].message
+        assert message.tool_calls is None and "<tool_call>" not in message.content, message
+        drafted += r.usage.model_extra["speculation"]["drafted"]
+    assert drafted > 0
+    old = c.chat.completions.create(model="tiny", messages=USER, functions=FUNCTIONS, function_call="none",
+                                    temperature=1.0, seed=0, max_tokens=40, logit_bias=bias)
+    assert old.usage.prompt_tokens == offered.usage.prompt_tokens
+    assert old.choices[0].message.function_call is None and "<tool_call>" not in old.choices[0].message.content
+
+
 def test_tools_and_tool_history_render_through_the_template(server, tools_target) -> None:
     """The prompt the server decodes is the template rendered with the tools
     and with the assistant's calls and the tool results (counted in tokens:
@@ -378,7 +402,8 @@ def test_tools_and_tool_history_render_through_the_template(server, tools_target
         assert r.usage.prompt_tokens == n_tokens(with_tools)
         r = c.chat.completions.create(model="tiny", messages=history, tools=TOOLS, tool_choice="none",
                                       max_tokens=1, temperature=0)
-        assert r.usage.prompt_tokens == n_tokens(without)  # "none": the tools are not offered
+        # "none", with the call's tag split in this vocabulary: nothing could stop a call, so the tools are left out
+        assert r.usage.prompt_tokens == n_tokens(without)
         assert r.choices[0].message.tool_calls is None
     finally:
         weights.close()

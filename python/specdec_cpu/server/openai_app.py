@@ -85,7 +85,7 @@ from .responses import (
     usage,
 )
 from .responses_api import ResponseBuilder, ResponsesRequest, renamed
-from .structured import OutputSpec, compile_constraint, output_spec
+from .structured import OutputSpec, compile_constraint, output_spec, settle_tools, with_banned_call
 from .tokens_api import add_token_routes, detokenize
 
 __all__ = ["ServerOptions", "ServerState", "create_app"]
@@ -389,6 +389,7 @@ def _check_model(name: Optional[str], options: ServerOptions) -> None:
 
 def _chat_prompt(dec: BatchedDecoder, body: ChatCompletionRequest, spec: OutputSpec) -> str:
     """The rendered chat prompt (400 for messages the template cannot take)."""
+    settle_tools(dec, spec)  # whether tools the request may not call are in the prompt
     messages = chat_messages(body.messages)
     try:
         return dec.chat_prompt(messages, tools=spec.tools, chat_template_kwargs=body.chat_template_kwargs)
@@ -526,7 +527,7 @@ def _submit(dec: BatchedDecoder, prompt: Any, body: Any, max_tokens: Optional[in
             prompt_top: Optional[int] = None) -> "tuple[list[AsyncRequestStream], int]":
     """Tokenize, cap ``max_tokens`` at the context, queue the request's ``n`` choices
     (``top``, ``prompt_top``: alternatives per output and per prompt token)."""
-    params = body.params()
+    params = with_banned_call(body.params(), spec)
     try:
         ids = dec.tokenize(prompt)
     except InvalidPromptError as exc:

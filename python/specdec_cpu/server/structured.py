@@ -6,14 +6,15 @@ fields) and, on chat, ``tools``, ``tool_choice`` and
 ``parallel_tool_calls`` (or the deprecated ``functions`` and
 ``function_call``: tools answered in the old shape, one call at most);
 every error is a 400 naming the field.
-:func:`compile_constraint` compiles the grammar (cached per grammar) before
+:func:`settle_tools` decides whether tools a request may not call are in
+its prompt; :func:`compile_constraint` compiles the grammar (cached per grammar) before
 the request is queued, so an invalid schema or grammar is refused without
 reaching the decoder.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 from ..chat import (
@@ -28,9 +29,10 @@ from ..chat import (
 from ..chat.tools import TOOL_CALL_OPEN
 from ..constraints import Grammar, JsonLayout, Triggered, from_response_format
 from ..errors import InvalidGrammarError, InvalidToolsError
+from ..params import SamplingParams
 from .errors import RequestError
 
-__all__ = ["OutputSpec", "output_spec", "compile_constraint"]
+__all__ = ["OutputSpec", "output_spec", "settle_tools", "with_banned_call", "compile_constraint"]
 
 
 @dataclass
@@ -46,6 +48,8 @@ class OutputSpec:
     choice: ToolChoice = field(default_factory=lambda: ToolChoice("none"))
     parallel: bool = True
     tools: Optional[List[dict]] = None  # as the chat template gets them (None: no tools offered)
+    #: tool_choice "none" with the tools in the prompt: the call's opening tag (one token), banned
+    banned_call: Optional[int] = None
     #: the tools came as the deprecated ``functions``: a call is answered as ``function_call``
     legacy: bool = False
 
@@ -116,8 +120,7 @@ def output_spec(body: Any, *, chat: bool) -> OutputSpec:
             spec.parallel = body.parallel_tool_calls is not False
     except InvalidToolsError as exc:
         raise RequestError(400, str(exc), param=exc.param, code="invalid_tools") from None
-    if spec.choice.mode != "none" and raw_tools:
-        spec.tools = raw_tools
+    spec.tools = raw_tools or None
     forced = tool_call_grammar(spec.functions, spec.choice, parallel_tool_calls=spec.parallel)
     if forced is not None:
         # The call is this turn's answer; a response_format shapes a later, textual one.
@@ -158,6 +161,30 @@ def _structured_outputs(so: Any) -> Tuple[str, Grammar]:
         return param, _VLLM_KINDS[kind](value)
     except InvalidGrammarError as exc:
         raise InvalidGrammarError(str(exc), param=param) from None
+
+
+def settle_tools(dec: Any, spec: OutputSpec) -> None:
+    """With ``tool_choice`` "none" the tools stay in the prompt, as OpenAI's (and llama-server's and
+    vLLM's): the model knows them, and an agent's last, answering turn shares the cached prompt of the
+    turns that called them.  The call's opening tag is then banned (:func:`with_banned_call`), so the
+    answer is text; when the tokenizer splits the tag, nothing could stop a call, and the tools are left
+    out of the prompt instead."""
+    if spec.choice.mode != "none" or not spec.tools:
+        return
+    tag = dec.tokenizer.tokenize(TOOL_CALL_OPEN, add_special=False, parse_special=True)
+    if len(tag) == 1:
+        spec.banned_call = tag[0]
+    else:
+        spec.tools = None
+
+
+def with_banned_call(params: SamplingParams, spec: OutputSpec) -> SamplingParams:
+    """``params`` with the call's opening tag banned when ``spec`` asks it: OpenAI's ban, a logit bias of
+    -100 (over any bias the request gave that token), in the target's and the draft's rows alike, so
+    decoding stays exact for the distribution so changed."""
+    if spec.banned_call is None:
+        return params
+    return replace(params, logit_bias={**dict(params.bias_pairs), spec.banned_call: -100.0})
 
 
 def compile_constraint(dec: Any, spec: OutputSpec) -> None:
