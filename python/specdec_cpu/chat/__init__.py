@@ -9,6 +9,8 @@
   OpenAI ``tool_calls`` (Qwen2.5 / Hermes ``<tool_call>`` blocks, or bare
   JSON calls); :class:`ToolCallStreamParser` (tool_stream.py) -- the same
   while streaming, as OpenAI chunk deltas.
+* :class:`ReasoningSplitter` (reasoning.py) -- a reasoning model's
+  ``<think>`` block told apart from its answer, while streaming.
 * :func:`validate_tools`, :func:`resolve_tool_choice` (tool_specs.py) --
   a request's ``tools`` and ``tool_choice`` checked (and
   :func:`resolve_function_call`, OpenAI's deprecated ``function_call``).
@@ -20,6 +22,7 @@
 from __future__ import annotations
 
 from .messages import template_messages
+from .reasoning import ReasoningSplitter, opens_thinking
 from .template import ChatTemplate, load_template_source
 from .tool_grammar import call_schema, calls_after_open, tool_call_grammar
 from .tool_specs import FunctionSpec, ToolChoice, resolve_function_call, resolve_tool_choice, validate_tools
@@ -35,6 +38,8 @@ __all__ = [
     "parse_tool_calls",
     "new_call_id",
     "ToolCallStreamParser",
+    "ReasoningSplitter",
+    "opens_thinking",
     "FunctionSpec",
     "ToolChoice",
     "validate_tools",

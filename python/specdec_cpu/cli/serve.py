@@ -53,6 +53,10 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--stored-responses", type=int_in(0, 1 << 20), default=256, metavar="N",
                    help="Responses API: keep the last N responses in memory, for previous_response_id and "
                         "GET /v1/responses/{id} (default 256; 0 keeps none)")
+    p.add_argument("--reasoning-format", choices=["auto", "deepseek", "none"], default="auto",
+                   help="a reasoning model's <think> block: 'auto' (or 'deepseek', llama-server's name) answers it "
+                        "as message.reasoning_content, apart from the content; 'none' leaves it in the content "
+                        "(default auto; a request's reasoning_format overrides it)")
     p.add_argument("--log-prompts", action="store_true",
                    help="include prompts and outputs in the per-request log lines (off by default)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -106,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
 
     options = ServerOptions(model_name=name, api_key=args.api_key or None, max_body_bytes=args.max_body,
                             request_timeout=args.timeout, log_prompts=args.log_prompts,
-                            cors_origins=cors_origins(args), stored_responses=args.stored_responses)
+                            cors_origins=cors_origins(args), stored_responses=args.stored_responses,
+                            reasoning_format=args.reasoning_format)
     listener = listen(args.host, args.port)  # a port in use stops here, before the model loads
     emit(f"serving {name} on http://{args.host}:{args.port} (OpenAI API under /v1; /health, /metrics); "
          f"loading {label(target)}" + (f" + {label(draft)}" if draft else "") + " ...")
@@ -155,7 +160,8 @@ def _run_ray(args: argparse.Namespace, settings: BatchedSettings, target: str, d
             max_queue=settings.max_queue, n_ctx=settings.n_ctx, gamma=settings.gamma,
             prefill_chunk=settings.prefill_chunk, api_key=args.api_key or None, max_body_bytes=args.max_body,
             request_timeout=args.timeout, log_prompts=args.log_prompts, cors_origins=cors_origins(args),
-            stored_responses=args.stored_responses, chat_template=_template_text(settings.chat_template))
+            stored_responses=args.stored_responses, reasoning_format=args.reasoning_format,
+            chat_template=_template_text(settings.chat_template))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return run_ray(config, host=args.host, port=args.port, address=args.ray_address, say=emit)

@@ -85,7 +85,14 @@ from .responses import (
     usage,
 )
 from .responses_api import ResponseBuilder, ResponsesRequest, renamed
-from .structured import OutputSpec, compile_constraint, output_spec, settle_tools, with_banned_call
+from .structured import (
+    OutputSpec,
+    compile_constraint,
+    output_spec,
+    settle_reasoning,
+    settle_tools,
+    with_banned_call,
+)
 from .tokens_api import add_token_routes, detokenize
 
 __all__ = ["ServerOptions", "ServerState", "create_app"]
@@ -108,6 +115,7 @@ class ServerOptions:
     retry_after: int = 1  # seconds a 429 tells the client to wait
     cors_origins: Sequence[str] = ()  # browser origins allowed (CORS); none: CORS off
     stored_responses: int = 256  # responses kept for previous_response_id (Responses API); 0: none
+    reasoning_format: str = "auto"  # a reasoning model's <think> block: "auto" answers it apart, "none" in content
 
 
 class ServerState:
@@ -298,6 +306,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         _check_model(body.model, options)
         spec = output_spec(body, chat=True)
         text = _chat_prompt(dec, body, spec)
+        settle_reasoning(spec, text, body.reasoning_format or options.reasoning_format)
         return await _generate(dec, body, [text], body.token_limit(None), "messages", spec, request, options,
                                state, chat=True)
 
@@ -319,6 +328,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
                 raise validation_request_error(exc.errors()) from None
             spec = output_spec(chat, chat=True)
             text = _chat_prompt(dec, chat, spec)
+            settle_reasoning(spec, text, options.reasoning_format)
             return await _generate(dec, chat, [text], chat.token_limit(None), "input", spec, request, options, state,
                                    chat=True, builder=ResponseBuilder(body, options.model_name, store=keep,
                                                                       history=history))

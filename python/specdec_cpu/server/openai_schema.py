@@ -604,6 +604,10 @@ class _CompletionBase(_Common):
         return self.top_logprobs_count() if self.echo else None
 
 
+#: How a reasoning model's thinking is answered (llama-server's names: "deepseek" is "auto").
+ReasoningFormat = Literal["auto", "deepseek", "none"]
+
+
 class _ChatBase(_Common):
     """``POST /v1/chat/completions``."""
 
@@ -619,6 +623,9 @@ class _ChatBase(_Common):
         "Deprecated by OpenAI for tool_choice: 'none', 'auto' (the default with functions) or {\"name\": ...}"))
     chat_template_kwargs: Optional[Dict[str, Any]] = Field(
         default=None, description="Extra variables of the chat template (e.g. enable_thinking)")
+    reasoning_format: Optional[ReasoningFormat] = Field(default=None, description=(
+        "A reasoning model's <think> block: 'auto' (or llama-server's 'deepseek') answers it apart, as "
+        "message.reasoning_content; 'none' leaves it in the content.  Default: the server's --reasoning-format"))
     logprobs: Optional[bool] = Field(default=None, description=(
         "Report each output token's log-probability (choices[].logprobs.content); see logprob_mode"))
     top_logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), AS_INT]] = Field(default=None, description=(

@@ -105,6 +105,7 @@ class AssistantMessage(BaseModel):
     content: Optional[str]
     tool_calls: Optional[List[ToolCallOut]] = None
     function_call: Optional[FunctionCallOut] = Field(default=None, description="The call, when asked with functions")
+    reasoning_content: Optional[str] = Field(default=None, description="A reasoning model's thinking, when it had any")
 
 
 FinishReason = Literal["stop", "length", "tool_calls", "function_call"]
@@ -223,6 +224,21 @@ class ResponseCallItem(BaseModel):
     arguments: str = Field(description="A JSON object's text")
 
 
+class ResponseReasoningText(BaseModel):
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class ResponseReasoningItem(BaseModel):
+    """A reasoning model's thinking (its <think> block), before the answer's items."""
+
+    id: str
+    type: Literal["reasoning"]
+    status: Literal["in_progress", "completed", "incomplete"]
+    summary: List[Any]
+    content: List[ResponseReasoningText]
+
+
 class ResponseUsage(BaseModel):
     input_tokens: int
     input_tokens_details: Dict[str, int]
@@ -244,7 +260,7 @@ class ResponseObject(BaseModel):
     instructions: Optional[str]
     max_output_tokens: Optional[int]
     model: str
-    output: List[Union[ResponseMessageItem, ResponseCallItem]]
+    output: List[Union[ResponseReasoningItem, ResponseMessageItem, ResponseCallItem]]
     parallel_tool_calls: bool
     previous_response_id: Optional[str]
     reasoning: None
@@ -306,6 +322,7 @@ class ChatDelta(BaseModel):
     content: Optional[str] = None
     tool_calls: Optional[List[ToolCallDelta]] = None
     function_call: Optional[ToolCallFunctionDelta] = Field(default=None, description="When asked with functions")
+    reasoning_content: Optional[str] = Field(default=None, description="A piece of a reasoning model's thinking")
 
 
 class ChatChunkChoice(BaseModel):

@@ -111,6 +111,7 @@ class RayServeConfig:
     health_check_period_s: float = 10.0
     cors_origins: tuple = ()
     stored_responses: int = 256  # per replica: a continuation reaching another replica is a 400
+    reasoning_format: str = "auto"
     chat_template: Optional[str] = None  # a file on every node, or the template's text
 
     def __post_init__(self) -> None:
@@ -121,6 +122,8 @@ class RayServeConfig:
         value = self.stored_responses
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"stored_responses must be an int >= 0, got {value!r}")
+        if self.reasoning_format not in ("auto", "deepseek", "none"):
+            raise ValueError(f"reasoning_format must be auto, deepseek or none, got {self.reasoning_format!r}")
         self.decoder_settings()  # the decoder's own checks, before any replica starts
         if self.min_replicas is not None or self.max_replicas is not None:
             lo, hi = self.min_replicas or 1, self.max_replicas or self.min_replicas or 1
@@ -143,7 +146,8 @@ class RayServeConfig:
     def options(self) -> ServerOptions:
         return ServerOptions(model_name=self.name, api_key=self.api_key, max_body_bytes=self.max_body_bytes,
                              request_timeout=self.request_timeout, log_prompts=self.log_prompts,
-                             cors_origins=tuple(self.cors_origins), stored_responses=self.stored_responses)
+                             cors_origins=tuple(self.cors_origins), stored_responses=self.stored_responses,
+                             reasoning_format=self.reasoning_format)
 
 
 @serve.deployment(name="specdec")

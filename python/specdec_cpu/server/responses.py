@@ -18,7 +18,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from ..chat import ToolCallStreamParser
+from ..chat import ReasoningSplitter, ToolCallStreamParser
 from ..core.stats import Generation
 from .structured import OutputSpec
 
@@ -106,24 +106,31 @@ def message_of(text: str, spec: OutputSpec) -> Dict[str, Any]:
     also for an output cut off inside a call: a call whose name was written
     is a call, with the arguments written so far (as OpenAI answers a call
     cut by ``max_tokens``)."""
-    if not spec.parses_calls:
+    if not spec.parses_calls and not spec.reasoning:
         return {"role": "assistant", "content": text}
     shaper = StreamShaper(spec)
-    content = ""
+    content = reasoning = ""
     calls: Dict[int, Dict[str, Any]] = {}
     for delta in shaper.feed(text) + shaper.finish():
         content += delta.get("content", "")
+        reasoning += delta.get("reasoning_content", "")
         legacy = [{"index": 0, "function": delta["function_call"]}] if "function_call" in delta else ()
         for call in delta.get("tool_calls", legacy):
             fn = call["function"]
             entry = calls.setdefault(call["index"], {"id": call.get("id"), "type": "function",
                                                      "function": {"name": fn.get("name"), "arguments": ""}})
             entry["function"]["arguments"] += fn["arguments"]
+    message: Dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning:
+        message["reasoning_content"] = reasoning
     if not calls:  # the text as streamed (outer whitespace held back, then dropped)
-        return {"role": "assistant", "content": content}
+        return message
+    message["content"] = content or None
     if spec.legacy:  # one call, without an id
-        return {"role": "assistant", "content": content or None, "function_call": calls[0]["function"]}
-    return {"role": "assistant", "content": content or None, "tool_calls": [calls[i] for i in sorted(calls)]}
+        message["function_call"] = calls[0]["function"]
+    else:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message
 
 
 @dataclass
@@ -169,11 +176,14 @@ class Reply:
 
 
 class StreamShaper:
-    """Text pieces of a chat stream as OpenAI deltas: content, or tool-call
-    deltas when the request offered tools (``chat.ToolCallStreamParser``);
-    with the deprecated ``functions``, ``function_call`` deltas."""
+    """Text pieces of a chat stream as OpenAI deltas: a reasoning model's
+    thinking as ``reasoning_content`` (``chat.ReasoningSplitter``), then
+    content, or tool-call deltas when the request offered tools
+    (``chat.ToolCallStreamParser``); with the deprecated ``functions``,
+    ``function_call`` deltas."""
 
     def __init__(self, spec: OutputSpec) -> None:
+        self._thinking = ReasoningSplitter(inside=spec.reasoning == "inside") if spec.reasoning else None
         self._parser = ToolCallStreamParser(tool_names=spec.tool_names) if spec.parses_calls else None
         self._parallel = spec.parallel
         self._legacy = spec.legacy
@@ -185,14 +195,24 @@ class StreamShaper:
         return self._key if self._parser is not None and self._parser.n_calls > 0 else None
 
     def feed(self, piece: str) -> List[Dict[str, Any]]:
+        if self._thinking is None:
+            return self._answer(piece)
+        return self._after_thinking(self._thinking.feed(piece))
+
+    def finish(self) -> List[Dict[str, Any]]:
+        out = self._after_thinking(self._thinking.finish()) if self._thinking is not None else []
+        return out + (self._keep(self._parser.finish()) if self._parser is not None else [])
+
+    def _after_thinking(self, deltas: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        out: List[Dict[str, Any]] = []
+        for delta in deltas:
+            out += self._answer(delta["text"]) if "text" in delta else [delta]
+        return out
+
+    def _answer(self, piece: str) -> List[Dict[str, Any]]:
         if self._parser is None:
             return [{"content": piece}] if piece else []
         return self._keep(self._parser.feed(piece))
-
-    def finish(self) -> List[Dict[str, Any]]:
-        if self._parser is None:
-            return []
-        return self._keep(self._parser.finish())
 
     def _keep(self, deltas: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         if not self._parallel:  # the first call only

@@ -129,14 +129,31 @@ class FunctionCallOutputItem(_Item):
     output: Text
 
 
+class ReasoningText(BaseModel):
+    model_config = _STRICT
+
+    type: Literal["reasoning_text"]
+    text: str
+
+
+class ReasoningItem(_Item):
+    """A reasoning model's thinking from an earlier answer, sent back: the chat template gets it as the
+    ``reasoning_content`` of the assistant's turn it starts."""
+
+    type: Literal["reasoning"]
+    summary: List[Any] = Field(default_factory=list, description="Ignored (this server writes none)")
+    content: Optional[List[ReasoningText]] = None
+    encrypted_content: Optional[None] = Field(default=None, description="Never made here")
+
+
 if TYPE_CHECKING:
-    InputItem = Union[MessageItem, FunctionCallItem, FunctionCallOutputItem]
+    InputItem = Union[MessageItem, FunctionCallItem, FunctionCallOutputItem, ReasoningItem]
 else:
     InputItem = _by_type_field(
         "item", {"message": MessageItem, "function_call": FunctionCallItem,
-                 "function_call_output": FunctionCallOutputItem},
-        "an input item is a message, a function_call or a function_call_output (item references are not taken: "
-        "continue a response by previous_response_id)", default="message")
+                 "function_call_output": FunctionCallOutputItem, "reasoning": ReasoningItem},
+        "an input item is a message, a function_call, a function_call_output or a reasoning item (item "
+        "references are not taken: continue a response by previous_response_id)", default="message")
 
 
 class FunctionTool(FunctionDefinition):
@@ -215,7 +232,7 @@ LOGPROBS = "message.output_text.logprobs"
 #: The fields of unsupported.IGNORED a Responses request may carry: they cannot change the output.
 IGNORED_FIELDS = ("metadata", "user", "safety_identifier", "prompt_cache_key", "service_tier")
 #: Fields taken as on chat (the bounds, defaults and checks written once, in openai_schema).
-SHARED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "gamma", "ignore_eos")
+SHARED_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "gamma", "ignore_eos", "logit_bias")
 
 
 class _ResponsesBase(BaseModel):
@@ -306,7 +323,15 @@ def _chat_messages(items: Sequence[Any]) -> Tuple[List[Dict[str, Any]], List[int
     indices: List[int] = []
     turn = False  # the last message is an assistant's turn that calls may join
     for i, item in enumerate(items):
-        if isinstance(item, FunctionCallItem):
+        if isinstance(item, ReasoningItem):  # starts the assistant's turn that its text and calls join
+            messages.append({"role": "assistant", "content": None,
+                             "reasoning_content": "".join(part.text for part in item.content or ())})
+            turn = True
+        elif isinstance(item, MessageItem) and item.role == "assistant" and turn and messages[-1]["content"] is None \
+                and "tool_calls" not in messages[-1]:
+            messages[-1]["content"] = _text(item.content)
+            continue
+        elif isinstance(item, FunctionCallItem):
             call = {"id": item.call_id, "type": "function",
                     "function": {"name": item.name, "arguments": item.arguments}}
             if turn:
@@ -326,7 +351,7 @@ def _chat_messages(items: Sequence[Any]) -> Tuple[List[Dict[str, Any]], List[int
 
 def _listed(item: Dict[str, Any]) -> Dict[str, Any]:
     kind = item.setdefault("type", "message")
-    item.setdefault("id", _new_id({"message": "msg", "function_call": "fc"}.get(kind, "fco")))
+    item.setdefault("id", _new_id({"message": "msg", "function_call": "fc", "reasoning": "rs"}.get(kind, "fco")))
     if kind == "message":
         item.setdefault("status", "completed")
         if isinstance(item["content"], str):
@@ -447,6 +472,19 @@ class ResponseBuilder:
                    content_index=0, delta=piece, logprobs=self._logprobs)
         self._logprobs = []
 
+    def reasoning(self, piece: str) -> None:
+        """``piece`` of a reasoning model's thinking (an output item of its own, before the answer's)."""
+        if not piece:
+            return
+        if not (self._open and self.output[-1]["type"] == "reasoning"):
+            self._close()
+            self._add({"id": _new_id("rs"), "type": "reasoning", "status": "in_progress", "summary": [],
+                       "content": [{"type": "reasoning_text", "text": ""}]})
+        item = self.output[-1]
+        item["content"][0]["text"] += piece
+        self._emit("response.reasoning_text.delta", item_id=item["id"], output_index=len(self.output) - 1,
+                   content_index=0, delta=piece)
+
     def call(self, call_id: str, name: str) -> None:
         self._close()
         self._add({"id": _new_id("fc"), "type": "function_call", "status": "in_progress", "call_id": call_id,
@@ -512,6 +550,7 @@ class ResponseBuilder:
         """The response of a whole chat completion (one choice)."""
         choice = completion["choices"][0]
         message = choice["message"]
+        self.reasoning(message.get("reasoning_content") or "")
         self.text(message.get("content") or "", (choice.get("logprobs") or {}).get("content") or ())
         for call in message.get("tool_calls") or ():
             self.call(call["id"], call["function"]["name"])
@@ -532,6 +571,7 @@ class ResponseBuilder:
                     break
                 for choice in chunk.get("choices") or ():
                     delta = choice.get("delta") or {}
+                    self.reasoning(delta.get("reasoning_content") or "")
                     self.text(delta.get("content") or "", (choice.get("logprobs") or {}).get("content") or ())
                     for call in delta.get("tool_calls") or ():
                         if call.get("id"):
@@ -569,7 +609,10 @@ class ResponseBuilder:
         self._open = False
         item, index = self.output[-1], len(self.output) - 1
         item["status"] = status
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            self._emit("response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0,
+                       text=item["content"][0]["text"])
+        elif item["type"] == "message":
             part = item["content"][0]
             part["logprobs"] += self._logprobs
             self._logprobs = []

@@ -7,9 +7,10 @@ fields) and, on chat, ``tools``, ``tool_choice`` and
 ``function_call``: tools answered in the old shape, one call at most);
 every error is a 400 naming the field.
 :func:`settle_tools` decides whether tools a request may not call are in
-its prompt; :func:`compile_constraint` compiles the grammar (cached per grammar) before
-the request is queued, so an invalid schema or grammar is refused without
-reaching the decoder.
+its prompt, :func:`settle_reasoning` whether its thinking is answered
+apart; :func:`compile_constraint` compiles the grammar (cached per grammar)
+before the request is queued, so an invalid schema or grammar is refused
+without reaching the decoder.
 """
 
 from __future__ import annotations
@@ -26,13 +27,15 @@ from ..chat import (
     tool_call_grammar,
     validate_tools,
 )
+from ..chat.reasoning import opens_thinking
 from ..chat.tools import TOOL_CALL_OPEN
 from ..constraints import Grammar, JsonLayout, Triggered, from_response_format
 from ..errors import InvalidGrammarError, InvalidToolsError
 from ..params import SamplingParams
 from .errors import RequestError
 
-__all__ = ["OutputSpec", "output_spec", "settle_tools", "with_banned_call", "compile_constraint"]
+__all__ = ["OutputSpec", "output_spec", "settle_tools", "settle_reasoning", "with_banned_call",
+           "compile_constraint"]
 
 
 @dataclass
@@ -50,6 +53,9 @@ class OutputSpec:
     tools: Optional[List[dict]] = None  # as the chat template gets them (None: no tools offered)
     #: tool_choice "none" with the tools in the prompt: the call's opening tag (one token), banned
     banned_call: Optional[int] = None
+    #: a reasoning model's thinking told apart (chat.reasoning): "start" (a block at the output's start),
+    #: "inside" (the prompt opened it), None (not read)
+    reasoning: Optional[str] = None
     #: the tools came as the deprecated ``functions``: a call is answered as ``function_call``
     legacy: bool = False
 
@@ -176,6 +182,19 @@ def settle_tools(dec: Any, spec: OutputSpec) -> None:
         spec.banned_call = tag[0]
     else:
         spec.tools = None
+
+
+def settle_reasoning(spec: OutputSpec, prompt: str, reasoning_format: str) -> None:
+    """Whether the chat output's thinking is answered apart (``reasoning_format`` "auto", llama-server's
+    "deepseek"), from the rendered ``prompt``: a template that opens the block leaves the output inside
+    it, unless a grammar shapes the whole output (a JSON schema, a forced call), which leaves the model no
+    thinking to do."""
+    if reasoning_format == "none":
+        return
+    if not opens_thinking(prompt):
+        spec.reasoning = "start"
+    elif spec.grammar is None:  # free text, or calls parsed (or triggered) within it
+        spec.reasoning = "inside"
 
 
 def with_banned_call(params: SamplingParams, spec: OutputSpec) -> SamplingParams:

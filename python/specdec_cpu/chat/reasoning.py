@@ -1,0 +1,106 @@
+"""A reasoning model's thinking, told apart from its answer.
+
+Models such as DeepSeek-R1 and its distillations, QwQ and Qwen3 think
+first, between ``<think>`` and ``</think>``, then answer.  Some chat
+templates open the block themselves (the prompt ends with ``<think>``): the
+output then starts inside it.  :class:`ReasoningSplitter` is fed the output
+in pieces (any split, even inside a tag) and returns what they complete: the
+thinking as ``{"reasoning_content": ...}`` (the field llama-server and
+DeepSeek's API answer with), everything else as ``{"text": ...}`` for the
+content and tool-call parsing that follows.  The block counts only at the
+start of the output (after whitespace); a ``<think>`` later in the text is
+text.  The tags' whitespace is dropped: the thinking is stripped at both
+ends, and the answer's leading whitespace goes too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+__all__ = ["THINK_OPEN", "THINK_CLOSE", "ReasoningSplitter", "opens_thinking"]
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+Delta = Dict[str, Any]
+
+
+def opens_thinking(prompt: str) -> bool:
+    """Whether a rendered chat prompt leaves the model inside a thinking block (its template wrote the
+    opening tag)."""
+    return prompt.rstrip().endswith(THINK_OPEN)
+
+
+class ReasoningSplitter:
+    """``inside``: the output starts inside the block (the prompt opened it)."""
+
+    def __init__(self, *, inside: bool = False) -> None:
+        self._state = "thinking" if inside else "start"  # start | thinking | after (the close) | answer
+        self._buf = ""
+        self._thought = False  # reasoning was sent: later pieces keep their leading whitespace
+        self._pending = ""  # whitespace held back inside the block (it may be the block's last)
+
+    def feed(self, piece: str) -> List[Delta]:
+        """The deltas ``piece`` completes (possibly none)."""
+        if self._state == "after":  # the block closed: the answer's leading whitespace goes
+            piece = piece.lstrip()
+            if not piece:
+                return []
+            self._state = "answer"
+        if self._state == "answer":
+            return [{"text": piece}] if piece else []
+        self._buf += piece
+        out: List[Delta] = []
+        if self._state == "start":
+            stripped = self._buf.lstrip()
+            if THINK_OPEN.startswith(stripped):
+                return out  # too little to tell (or nothing yet)
+            if not stripped.startswith(THINK_OPEN):
+                return self._answer(self._buf)
+            self._state = "thinking"
+            self._buf = stripped[len(THINK_OPEN):]
+        at = self._buf.find(THINK_CLOSE)
+        if at >= 0:
+            out += self._reasoning(self._buf[:at], final=True)
+            rest = self._buf[at + len(THINK_CLOSE):].lstrip()
+            self._buf = ""
+            self._state = "answer" if rest else "after"
+            if rest:
+                out.append({"text": rest})
+            return out
+        keep = _partial(self._buf, THINK_CLOSE)
+        out += self._reasoning(self._buf[:len(self._buf) - keep])
+        self._buf = self._buf[len(self._buf) - keep:]
+        return out
+
+    def finish(self) -> List[Delta]:
+        """What is held at the end: a cut-off block's last thinking, or a start too short to tell."""
+        if self._state == "start":
+            return self._answer(self._buf)
+        if self._state == "thinking":
+            out = self._reasoning(self._buf, final=True)
+            self._buf = ""
+            return out
+        return []
+
+    def _answer(self, text: str) -> List[Delta]:
+        self._state, self._buf = "answer", ""
+        return [{"text": text}] if text else []
+
+    def _reasoning(self, text: str, final: bool = False) -> List[Delta]:
+        text = self._pending + text
+        if not self._thought:
+            text = text.lstrip()
+        body = text.rstrip()
+        self._pending = "" if final else text[len(body):]
+        if not body:
+            return []
+        self._thought = True
+        return [{"reasoning_content": body}]
+
+
+def _partial(text: str, tag: str) -> int:
+    """How many characters at the end of ``text`` may begin ``tag``."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
