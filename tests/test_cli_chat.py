@@ -32,11 +32,12 @@ def chat(tmp_path, tiny_target, tiny_draft):
     children = []
 
     def start(*flags: str, target: str = tiny_target, draft: str | None = tiny_draft,
-              preexec_fn=None):
+              preexec_fn=None, term: str = "dumb"):
         env = dict(os.environ)
         env.update(store_env(tmp_path / "stores"))  # empty model stores: no draft found on the machine
+        env.pop("NO_COLOR", None)
         env.update(SPECDEC_CACHE_DIR=str(tmp_path / "cache"), PYTHONIOENCODING="utf-8",
-                   TERM="dumb", INPUTRC=os.devnull,
+                   TERM=term, INPUTRC=os.devnull,
                    SPECDEC_CALIBRATION_DIR=str(tmp_path / "calibration"))
         env.pop("SPECDEC_DEBUG", None)
         argv = ["-m", "specdec_cpu.cli", "chat", "--target", target]
@@ -330,3 +331,47 @@ def test_json_mode_constrains_the_replies(chat, tmp_path):
     ready(child)
     child.sendline("/exit")
     child.expect(pexpect.EOF)
+
+
+def test_a_reasoning_model_s_thinking_is_dimmed_and_kept_apart(chat, tmp_path):
+    """On a colour terminal a <think> block is dimmed and set off from the answer; the conversation keeps
+    the answer as the turn's content and the thinking as its reasoning_content (/save), and /load keeps
+    them.  On a plain terminal the reply is written as the model gave it.  (A grammar makes the tiny model
+    think, then answer.)"""
+    import json as _json
+
+    from tiny_gguf import write_tiny_model
+
+    tags = ("<think>", "</think>")
+    target = write_tiny_model(tmp_path / "think.gguf", n_vocab=384, seed=0, n_layer=2, user_tokens=tags)
+    draft = write_tiny_model(tmp_path / "think_draft.gguf", n_vocab=384, seed=0, n_layer=2, noise=0.04,
+                             noise_seed=7, user_tokens=tags)
+    (tmp_path / "think.gbnf").write_text('root ::= "<think>" [a-z]{1,12} "</think>" " " [a-z]{1,12}\n')
+    flags = ("--max-tokens", "60", "--seed", "1", "--gamma", "2", "--grammar", str(tmp_path / "think.gbnf"))
+    child = chat(*flags, target=str(target), draft=str(draft), term="xterm")
+    ready(child)
+    child.sendline("think, then answer")
+    child.expect_exact("think, then answer")
+    child.expect(STATUS)
+    shown = re.search(r"\x1b\[2m([a-z]+)\x1b\[0m\r?\n\r?\n([a-z]+)", child.before)
+    assert shown, repr(child.before)
+    ready(child)
+    child.sendline(f"/save {tmp_path / 'talk.json'}")
+    ready(child)
+    saved = _json.loads((tmp_path / "talk.json").read_text())["messages"]
+    assert saved[-1] == {"role": "assistant", "content": shown[2], "reasoning_content": shown[1]}
+    child.sendline(f"/load {tmp_path / 'talk.json'}")
+    ready(child)
+    child.sendline(f"/save {tmp_path / 'again.json'}")
+    ready(child)
+    assert _json.loads((tmp_path / "again.json").read_text())["messages"] == saved
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    plain = chat(*flags, target=str(target), draft=str(draft))
+    ready(plain)
+    plain.sendline("think, then answer")
+    plain.expect_exact("think, then answer")
+    plain.expect(STATUS)
+    assert re.search(r"<think>[a-z]+</think> [a-z]+", plain.before) and "\x1b[" not in plain.before
+    plain.sendline("/exit")
+    plain.expect(pexpect.EOF)

@@ -2,7 +2,8 @@
 
 The file is JSON: ``{"format": "specdec-cpu-chat", "version": 1, "messages":
 [{"role", "content"}, ...], "settings": {...}, "models": {...}}``; the
-messages are in OpenAI's chat format (a system prompt first, if any), the
+messages are in OpenAI's chat format (a system prompt first, if any; a
+reasoning model's thinking as an assistant turn's ``reasoning_content``), the
 settings are ``/params``' keys, ``models`` says which models wrote it (for
 the reader; loading does not change the models).
 """
@@ -55,7 +56,10 @@ def load_conversation(path: str) -> Tuple[Optional[str], List[dict], Dict[str, A
             raise ValueError(f"{src}: message {i} is not a {{role, content}} of a user, the assistant "
                              "or (first only) the system")
     system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
-    history = [{"role": m["role"], "content": m["content"]} for m in messages[1 if system is not None else 0:]]
+    history = [{"role": m["role"], "content": m["content"],
+                **({"reasoning_content": m["reasoning_content"]} if isinstance(m.get("reasoning_content"), str)
+                   and m["role"] == "assistant" else {})}
+               for m in messages[1 if system is not None else 0:]]
     settings = data.get("settings") or {}
     if not isinstance(settings, dict):
         raise ValueError(f"{src}: 'settings' must be an object")

@@ -21,6 +21,7 @@ import os
 import sys
 from typing import Any, Optional
 
+from ..chat import opens_thinking
 from ..core.stats import GenerationStats
 from ..errors import SpecDecError
 from ..params import SamplingParams
@@ -48,6 +49,7 @@ from ._session import (
     stats_lines,
     status_line,
 )
+from ._thinking import ReplyPrinter, colour_terminal
 
 DEFAULT_MAX_TOKENS = 1024
 PROMPT = ">>> "
@@ -315,7 +317,9 @@ class ChatSession:
         """Stream the model's answer to ``text``; print the status line."""
         messages = self.messages() + [{"role": "user", "content": text}]
         out = sys.stdout
-        last = ""
+        # A template that opens a thinking block leaves the reply inside it, unless a grammar shapes it all.
+        inside = self.grammar is None and opens_thinking(self.decoder.chat_prompt(messages))
+        printer = ReplyPrinter(out, inside=inside, colour=colour_terminal(out))
         try:
             with interruptible() as cancel:
                 stream = self.decoder.chat_stream(messages, max_tokens=self.max_tokens,
@@ -323,13 +327,12 @@ class ChatSession:
                                                   cancel=cancel, grammar=self.grammar)
                 try:
                     for piece in stream:
-                        out.write(piece)
-                        out.flush()
-                        last = piece or last
+                        printer.write(piece)
                         if cancel.is_set():
                             break
                 finally:
                     stream.close()
+                    printer.finish()
         except KeyboardInterrupt:
             # A second Ctrl-C before the decoder reached a step boundary: the
             # stream is closed (its caches resynchronised); start the next
@@ -343,14 +346,13 @@ class ChatSession:
             if "context" in str(exc):
                 emit("(/reset starts a new conversation; --ctx raises the context size)", sys.stderr)
             return
-        if last and not last.endswith("\n"):
+        if printer.last and printer.last != "\n":
             out.write("\n")
             out.flush()
         gen = run_result(stream)
         stats = gen.stats
         if gen.text or stats.finish_reason != "cancelled":
-            self.history += [{"role": "user", "content": text},
-                             {"role": "assistant", "content": gen.text}]
+            self.history += [{"role": "user", "content": text}, printer.message(gen.text)]
         self.last = stats
         self.session_stats.append(stats)
         self.last_speedup = estimated_speedup(self.decoder, stats, self.gamma)
