@@ -17,7 +17,10 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 from server_thread import ThreadServer  # noqa: E402
 
-TAGS = ("<think>", "</think>")
+TAGS = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+ADD = {"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["a"],
+    "additionalProperties": False}}}
 
 
 def template(opened: bool) -> str:
@@ -65,10 +68,23 @@ def client(server) -> "openai.OpenAI":
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
 
+def token(server, text: str) -> int:
+    (tok,) = server.post("/tokenize", {"content": text, "add_special": False, "parse_special": True}).json()["tokens"]
+    return tok
+
+
 def close_bias(server) -> dict:
-    (close,) = server.post("/tokenize", {"content": "</think>", "add_special": False,
-                                         "parse_special": True}).json()["tokens"]
-    return {str(close): 5}  # the tiny model closes its block about every other answer, at random places
+    return {str(token(server, "</think>")): 5}  # the tiny model closes its block about every other answer
+
+
+def thought(entries, inside: bool = True) -> int:
+    """How many of the output's tokens are its thinking, from the tokens' own bytes."""
+    text = b""
+    for i, e in enumerate(entries):
+        text += bytes(e.bytes if hasattr(e, "bytes") else e["bytes"])
+        if b"</think>" in text:
+            return i + 1
+    return len(entries)
 
 
 def raw(entries) -> str:
@@ -93,6 +109,7 @@ def test_the_opened_block_is_answered_apart_whole_and_streamed(opened) -> None:
         thinking, answer = expected(text)
         closed += "</think>" in text
         assert (message.model_extra.get("reasoning_content") or "", message.content) == (thinking, answer), text
+        assert r.usage.completion_tokens_details.reasoning_tokens == thought(r.choices[0].logprobs.content)
         drafted += r.usage.model_extra["speculation"]["drafted"]
         chunks = list(c.chat.completions.create(seed=seed + 10, stream=True, **body))
         deltas = [ch.choices[0].delta for ch in chunks if ch.choices]
@@ -104,6 +121,39 @@ def test_the_opened_block_is_answered_apart_whole_and_streamed(opened) -> None:
     none = c.chat.completions.create(seed=0, **{**body, "extra_body": {"ignore_eos": True, "reasoning_format": "none"}})
     assert none.choices[0].message.content == raw(none.choices[0].logprobs.content)
     assert "reasoning_content" not in none.choices[0].message.model_extra
+
+
+def test_a_call_opened_while_thinking_ends_the_thinking(opened) -> None:
+    """The engine holds a call to its tool's schema from its opening tag on, inside the thinking too: the
+    call is answered as a call, the text before it as the thinking."""
+    c = client(opened)
+    body = dict(model="tiny", messages=[{"role": "user", "content": "add"}], tools=[ADD], temperature=1.0,
+                max_tokens=200, parallel_tool_calls=False, logit_bias={str(token(opened, "<tool_call>")): 8})
+    for seed in range(3):
+        r = c.chat.completions.create(seed=seed, **body)
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls[0].function.name == "add", choice
+        assert "<tool_call>" not in (choice.message.model_extra.get("reasoning_content") or "")
+        with c.chat.completions.stream(seed=seed, **body) as stream:
+            final = stream.get_final_completion()
+        assert json.loads(final.choices[0].message.tool_calls[0].function.arguments).keys() == {"a"}
+
+
+def test_a_model_without_the_tags_is_answered_as_it_wrote(tiny_target, tiny_draft) -> None:
+    """A model whose vocabulary lacks the tags is no reasoning model: a <think> it writes as text stays."""
+    from specdec_cpu import BatchedDecoder
+    from specdec_cpu.server.openai_app import ServerOptions
+
+    def load():
+        return BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=1, n_ctx=1024, n_threads=1, gamma=3)
+
+    with ThreadServer(load, ServerOptions(model_name="tiny")) as plain:
+        r = client(plain).chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=60, temperature=1.0, seed=0,
+            extra_body={"grammar": 'root ::= "<think>" [a-z]{1,8} "</think>" " " [a-z]{1,8}'})
+        message = r.choices[0].message
+        assert message.content.startswith("<think>") and "</think>" in message.content
+        assert "reasoning_content" not in message.model_extra and r.usage.completion_tokens_details is None
 
 
 def test_a_grammar_over_the_whole_output_leaves_no_thinking(opened) -> None:
@@ -165,6 +215,17 @@ def test_the_responses_api_answers_a_reasoning_item(opened) -> None:
             break
     kinds = [e.type for e in events]
     assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
+    # the text's log-probabilities are its own tokens', not the thinking's; the thinking counts as reasoning
+    with_logprobs = {**body, "include": ["message.output_text.logprobs"], "max_output_tokens": 60}
+    while True:
+        lp = c.responses.create(**{**with_logprobs, "extra_body": {**body["extra_body"], "seed": seed()}})
+        if [o.type for o in lp.output] == ["reasoning", "message"]:
+            break
+    entries = lp.output[1].content[0].logprobs
+    assert raw(entries).lstrip() == lp.output_text
+    assert lp.usage.output_tokens_details.reasoning_tokens == lp.usage.output_tokens - len(entries)
+    kept = c.responses.create(**{**body, "extra_body": {**body["extra_body"], "reasoning_format": "none"}})
+    assert [o.type for o in kept.output] == ["message"] and kept.usage.output_tokens_details.reasoning_tokens == 0
     deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     assert deltas == final.output[0].content[0].text and final.output[0].status == "completed"
     history = [{"role": "user", "content": "think first"},

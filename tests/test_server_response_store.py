@@ -59,7 +59,12 @@ def test_a_response_is_continued_by_its_id(server) -> None:
     # the same as sending the whole conversation, the earlier outputs as they came
     whole = c.responses.create(model="tiny", input=[turns[0], *first.output, turns[2], *second.output, turns[4]],
                                max_output_tokens=6, temperature=0, store=False)
-    assert whole.usage.input_tokens == third.usage.input_tokens and whole.output_text == third.output_text
+    assert whole.usage.input_tokens == third.usage.input_tokens
+    # ... but not both: an item the continued conversation holds is OpenAI's 400 "Duplicate item found"
+    with pytest.raises(openai.BadRequestError) as info:
+        c.responses.create(model="tiny", previous_response_id=second.id, input=[*second.output, turns[4]],
+                           max_output_tokens=1)
+    assert info.value.param == "input[0].id" and "Duplicate item" in info.value.message
 
 
 def test_a_continuation_after_calls_sends_only_their_outputs(server) -> None:
@@ -99,9 +104,15 @@ def test_a_stored_response_is_read_listed_and_deleted(server) -> None:
     assert [i.content[0].text for i in page.data] == ["one", "two"] and page.has_more
     rest = c.responses.input_items.list(r.id, order="asc", after=page.data[-1].id)
     assert [i.content[0].text for i in rest.data] == ["three"] and not rest.has_more
-    for query, param in (("limit=0", "limit"), ("order=sideways", "order"), ("after=msg_nope", "after")):
-        bad = httpx.get(f"{server.url}/v1/responses/{r.id}/input_items?{query}", timeout=60)
+    for path, param in (("/input_items?limit=0", "limit"), ("/input_items?order=sideways", "order"),
+                        ("/input_items?after=msg_nope", "after"), ("/input_items?include=everything", "include[0]"),
+                        ("?stream=true", "stream"), ("?starting_after=3", "starting_after")):
+        bad = httpx.get(f"{server.url}/v1/responses/{r.id}{path}", timeout=60)
         assert bad.status_code == 400 and bad.json()["error"]["param"] == param, bad.text
+    # ids repeated within one input would make the pages ambiguous: refused
+    dup = [{"id": "msg_a", "role": "user", "content": "x"}, {"id": "msg_a", "role": "user", "content": "y"}]
+    bad = server.post("/v1/responses", {"model": "tiny", "input": dup, "max_output_tokens": 1})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "input[1].id", bad.text
     c.responses.delete(r.id)
     with pytest.raises(openai.NotFoundError):
         c.responses.retrieve(r.id)
@@ -134,15 +145,19 @@ def test_a_deleted_response_leaves_its_continuations_whole(server) -> None:
 def test_the_store_drops_the_least_recently_used() -> None:
     store = ResponseStore(2)
     for rid in ("a", "b"):
-        store.put(StoredResponse({"id": rid}, [], []))
+        store.put(StoredResponse({"id": rid}, [], [], frozenset()))
     assert store.get("a") is not None  # used: b is now the oldest
-    store.put(StoredResponse({"id": "c"}, [], []))
+    store.put(StoredResponse({"id": "c"}, [], [], frozenset()))
     assert [rid for rid in "abc" if store.get(rid) is not None] == ["a", "c"] and len(store) == 2
     none = ResponseStore(0)
-    none.put(StoredResponse({"id": "a"}, [], []))
+    none.put(StoredResponse({"id": "a"}, [], [], frozenset()))
     assert none.get("a") is None
+    from specdec_cpu.server.openai_app import ServerOptions
+
     with pytest.raises(ValueError, match="stored_responses"):
-        ResponseStore(-1)
+        ServerOptions(model_name="x", stored_responses=-1)
+    with pytest.raises(ValueError, match="reasoning_format"):
+        ServerOptions(model_name="x", reasoning_format="off")
 
 
 def test_a_server_keeping_none_says_so(target, tiny_draft) -> None:

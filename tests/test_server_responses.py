@@ -257,6 +257,9 @@ BAD = [
     ({"text": {"format": {"type": "xml"}}}, "text.format", None, "json_schema"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0]", None, "item references are not taken"),
     ({"temprature": 0.5}, "temprature", "unknown_parameter", "unknown field"),
+    ({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "gAAA"}]}, "input[0].encrypted_content",
+     None, "no encrypted reasoning"),
+    ({"reasoning_format": "hidden"}, "reasoning_format", None, "'auto'"),
     ({"instructions": "x" * 20000}, "input", "context_length_exceeded", "context"),
 ]
 

@@ -230,6 +230,13 @@ def test_a_call_cut_off_after_its_header_keeps_what_was_sent():
     text = '<tool_call>{"name": "add", "arguments": {"a": 1'
     assert reassemble(stream(text, 0, tool_names=NAMES)) == (None, [("add", '{"a": 1')])
     assert parse_tool_calls(text, tool_names=NAMES).tool_calls == []  # whole: not a call
+    # cut off after the name: a call with no arguments yet; before the name was whole: nothing, not markup
+    for cut, expected in (('Sure. <tool_call>\n{"name": "add", "argu', ("Sure.", [("add", "")])),
+                          ('<tool_call>\n{"name": "add"', (None, [("add", "")])),
+                          ('Sure. <tool_call>\n{"name": "ad', ("Sure.", [])),
+                          ('<tool_call>\n{"name": "rm_rf", "arg', ('<tool_call>\n{"name": "rm_rf", "arg', []))):
+        for split in range(4):
+            assert reassemble(stream(cut, split, tool_names=NAMES)) == expected, (cut, split)
     parser = ToolCallStreamParser()
     parser.finish()
     with pytest.raises(RuntimeError):
@@ -240,6 +247,8 @@ def test_a_call_cut_off_after_its_header_keeps_what_was_sent():
     '<tool_call>{"name": "add", "arguments": {"a": 1',  # cut off after the header
     HERMES_TWO[:-20],  # the second call cut off: a streamed answer has sent two
     'Sure.\n<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>\n<',  # cut off at the next tag
+    'Sure. <tool_call>\n{"name": "add", "argu',  # cut off after the name
+    '<tool_call>\n{"name": "ge',  # cut off inside the name
 ])
 def test_the_whole_answer_agrees_with_the_streamed_one(text):
     """The server's non-streamed message holds what its stream would have sent,

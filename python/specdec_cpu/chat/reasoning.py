@@ -10,18 +10,53 @@ DeepSeek's API answer with), everything else as ``{"text": ...}`` for the
 content and tool-call parsing that follows.  The block counts only at the
 start of the output (after whitespace); a ``<think>`` later in the text is
 text.  The tags' whitespace is dropped: the thinking is stripped at both
-ends, and the answer's leading whitespace goes too.
+ends, and the answer's leading whitespace goes too.  Other tags may end
+the thinking and start the answer (``ends``): a tool call's opening tag,
+whose call the engine holds to its schema wherever the model writes it.
+
+Only a model whose vocabulary has both tags as tokens of their own is
+read so (:func:`has_thinking_tags`): another model writing ``<think>`` as
+text is answered as it wrote it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence
 
-__all__ = ["THINK_OPEN", "THINK_CLOSE", "ReasoningSplitter", "opens_thinking"]
+__all__ = ["THINK_OPEN", "THINK_CLOSE", "REASONING_FORMATS", "ReasoningSplitter", "opens_thinking",
+           "has_thinking_tags", "thinking_tokens"]
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
+#: How a server answers the thinking: "auto" apart (llama-server's name for it: "deepseek"), "none" in the content.
+REASONING_FORMATS = ("auto", "deepseek", "none")
 Delta = Dict[str, Any]
+
+
+def has_thinking_tags(tokenizer: Any) -> bool:
+    """Whether the vocabulary has ``<think>`` and ``</think>`` as tokens of their own (a reasoning model's)."""
+    return all(len(tokenizer.tokenize(tag, add_special=False, parse_special=True)) == 1
+               for tag in (THINK_OPEN, THINK_CLOSE))
+
+
+def thinking_tokens(tokenizer: Any, tokens: Sequence[int], *, inside: bool) -> int:
+    """How many of an output's ``tokens`` are its thinking, the tags included (all of them when the block
+    never closes; none when the output does not start with one): OpenAI's ``reasoning_tokens``."""
+    text = b""
+    for i, token in enumerate(tokens):
+        text += tokenizer.token_bytes(token)
+        decoded = text.decode("utf-8", errors="replace")
+        if not inside:
+            head = decoded.lstrip()
+            if not THINK_OPEN.startswith(head) and not head.startswith(THINK_OPEN):
+                return 0
+            inside = head.startswith(THINK_OPEN)
+            if inside:
+                text = head[len(THINK_OPEN):].encode()
+                continue
+        if THINK_CLOSE in decoded:
+            return i + 1
+    return len(tokens) if inside else 0
 
 
 def opens_thinking(prompt: str) -> bool:
@@ -31,9 +66,11 @@ def opens_thinking(prompt: str) -> bool:
 
 
 class ReasoningSplitter:
-    """``inside``: the output starts inside the block (the prompt opened it)."""
+    """``inside``: the output starts inside the block (the prompt opened it); ``ends``: tags that end it too,
+    kept at the answer's start."""
 
-    def __init__(self, *, inside: bool = False) -> None:
+    def __init__(self, *, inside: bool = False, ends: Sequence[str] = ()) -> None:
+        self._ends = tuple(ends)
         self._state = "thinking" if inside else "start"  # start | thinking | after (the close) | answer
         self._buf = ""
         self._thought = False  # reasoning was sent: later pieces keep their leading whitespace
@@ -58,16 +95,17 @@ class ReasoningSplitter:
                 return self._answer(self._buf)
             self._state = "thinking"
             self._buf = stripped[len(THINK_OPEN):]
-        at = self._buf.find(THINK_CLOSE)
+        at, tag = min(((self._buf.find(t), t) for t in (THINK_CLOSE, *self._ends) if t in self._buf),
+                      default=(-1, ""))
         if at >= 0:
             out += self._reasoning(self._buf[:at], final=True)
-            rest = self._buf[at + len(THINK_CLOSE):].lstrip()
+            rest = self._buf[at + len(THINK_CLOSE):].lstrip() if tag == THINK_CLOSE else self._buf[at:]
             self._buf = ""
             self._state = "answer" if rest else "after"
             if rest:
                 out.append({"text": rest})
             return out
-        keep = _partial(self._buf, THINK_CLOSE)
+        keep = max(_partial(self._buf, t) for t in (THINK_CLOSE, *self._ends))
         out += self._reasoning(self._buf[:len(self._buf) - keep])
         self._buf = self._buf[len(self._buf) - keep:]
         return out

@@ -16,6 +16,9 @@ is sent as content, as ``parse_tool_calls`` does.  For well-formed output
 the deltas reassemble to ``parse_tool_calls``'s result.  A call whose
 header was sent cannot be taken back: if it ends malformed or is cut off,
 its arguments stay as sent (as OpenAI streams a call cut by ``max_tokens``).
+A call cut off after its name and before its arguments is a call with
+none; a call object cut off before its name was whole is dropped (call
+markup, not text).
 An output that starts with ``{``, ``[`` or ```` ```json ```` is held
 when ``json_fallback`` (it may be a call written as bare or fenced JSON)
 until its first JSON value is whole: then it is sent as content if that
@@ -95,13 +98,24 @@ class ToolCallStreamParser:
                 self._header(call.name, call.id)
                 self._args(call.arguments)
         elif self._state == "call":
-            if not self._header_sent:  # cut off before it was a call: text
-                self._content(TOOL_CALL_OPEN + self._buf, final=True)
+            if not self._header_sent:
+                self._cut_call()
         else:
             self._content(self._buf, final=True)
         self._buf = ""
         self._state = "done"
         return self._take()
+
+    def _cut_call(self) -> None:
+        """A call cut off before its header was sent."""
+        name = _cut_name(self._buf)
+        offered = name is not None and (self._names is None or name in self._names)
+        body = self._buf.lstrip()
+        if name is not None and offered and not self._held:
+            self._header(name, self._new_id())  # cut off after its name: a call, no arguments written yet
+        elif self._held or name is not None or (body and not body.startswith("{")):
+            self._content(TOOL_CALL_OPEN + self._buf, final=True)  # a function not offered, or no call: text
+        # else a call object cut off before its name was whole: markup, and not yet a call: nothing
 
     # -- the machine -------------------------------------------------------
 
@@ -241,6 +255,23 @@ class ToolCallStreamParser:
     def _take(self) -> List[Delta]:
         out, self._out = _merge(self._out), []
         return out
+
+
+def _cut_name(body: str) -> Optional[str]:
+    """The name of a call cut off before its arguments: ``body`` opens an object whose first key is
+    ``"name"`` with a whole string value; None otherwise."""
+    i = _ws(body, 0)
+    if i >= len(body) or body[i] != "{":
+        return None
+    try:
+        key, i = _decoder.raw_decode(body, _ws(body, i + 1))
+        i = _ws(body, i)
+        if key != "name" or body[i:i + 1] != ":":
+            return None
+        name, _ = _decoder.raw_decode(body, _ws(body, i + 1))
+    except (ValueError, IndexError):
+        return None
+    return name if isinstance(name, str) else None
 
 
 def _header(body: str) -> Optional[tuple]:

@@ -28,25 +28,28 @@ def colour_terminal(out: TextIO) -> bool:
 
 
 class ReplyPrinter:
-    """Writes a reply's pieces to ``out``; ``inside``: the prompt opened a thinking block."""
+    """Writes a reply's pieces to ``out``; ``thinks``: the model is a reasoning model (its vocabulary has
+    the tags); ``inside``: the prompt opened a thinking block."""
 
-    def __init__(self, out: TextIO, *, inside: bool, colour: bool) -> None:
-        self._out, self._colour = out, colour
-        self._splitter = ReasoningSplitter(inside=inside)
+    def __init__(self, out: TextIO, *, thinks: bool, inside: bool, colour: bool) -> None:
+        self._colour = colour and thinks
+        self._out = out
+        self._splitter = ReasoningSplitter(inside=inside) if thinks else None
         self._thinking: List[str] = []
         self._answer: List[str] = []
         self._dimmed = False
         self.last = ""  # the last character written
 
     def write(self, piece: str) -> None:
-        deltas = self._splitter.feed(piece)
         if not self._colour:
             self._put(piece)
-        self._take(deltas)
+        if self._splitter is not None:
+            self._take(self._splitter.feed(piece))
 
     def finish(self) -> None:
         """The end of the reply (or its interruption): what the splitter held, and the colour reset."""
-        self._take(self._splitter.finish())
+        if self._splitter is not None:
+            self._take(self._splitter.finish())
         if self._dimmed:
             self._put(RESET)
             self._dimmed = False

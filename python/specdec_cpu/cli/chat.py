@@ -21,7 +21,7 @@ import os
 import sys
 from typing import Any, Optional
 
-from ..chat import opens_thinking
+from ..chat.reasoning import has_thinking_tags, opens_thinking
 from ..core.stats import GenerationStats
 from ..errors import SpecDecError
 from ..params import SamplingParams
@@ -318,8 +318,9 @@ class ChatSession:
         messages = self.messages() + [{"role": "user", "content": text}]
         out = sys.stdout
         # A template that opens a thinking block leaves the reply inside it, unless a grammar shapes it all.
-        inside = self.grammar is None and opens_thinking(self.decoder.chat_prompt(messages))
-        printer = ReplyPrinter(out, inside=inside, colour=colour_terminal(out))
+        thinks = has_thinking_tags(self.decoder.tokenizer)
+        inside = thinks and self.grammar is None and opens_thinking(self.decoder.chat_prompt(messages))
+        printer = ReplyPrinter(out, thinks=thinks, inside=inside, colour=colour_terminal(out))
         try:
             with interruptible() as cancel:
                 stream = self.decoder.chat_stream(messages, max_tokens=self.max_tokens,

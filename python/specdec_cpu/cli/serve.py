@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from ..chat.reasoning import REASONING_FORMATS
 from ..settings import BatchedSettings, add_flags, from_flags
 from ._common import UsageError, emit, int_in, positive_float
 from ._discovery import add_discovery_args, finish_models, label, served_name
@@ -53,7 +54,7 @@ def register(sub: "argparse._SubParsersAction") -> None:
     p.add_argument("--stored-responses", type=int_in(0, 1 << 20), default=256, metavar="N",
                    help="Responses API: keep the last N responses in memory, for previous_response_id and "
                         "GET /v1/responses/{id} (default 256; 0 keeps none)")
-    p.add_argument("--reasoning-format", choices=["auto", "deepseek", "none"], default="auto",
+    p.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="auto",
                    help="a reasoning model's <think> block: 'auto' (or 'deepseek', llama-server's name) answers it "
                         "as message.reasoning_content, apart from the content; 'none' leaves it in the content "
                         "(default auto; a request's reasoning_format overrides it)")

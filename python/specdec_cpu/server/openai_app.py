@@ -52,6 +52,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.sse import EventSourceResponse, format_sse_event
 from pydantic import ValidationError
 
+from ..chat.reasoning import REASONING_FORMATS, thinking_tokens
 from ..core.request_args import check_unicode
 from ..core.stats import Generation
 from ..decoding.batched import BatchedDecoder
@@ -84,7 +85,7 @@ from .responses import (
     system_fingerprint,
     usage,
 )
-from .responses_api import ResponseBuilder, ResponsesRequest, renamed
+from .responses_api import Includable, ResponseBuilder, ResponsesRequest, renamed
 from .structured import (
     OutputSpec,
     compile_constraint,
@@ -116,6 +117,14 @@ class ServerOptions:
     cors_origins: Sequence[str] = ()  # browser origins allowed (CORS); none: CORS off
     stored_responses: int = 256  # responses kept for previous_response_id (Responses API); 0: none
     reasoning_format: str = "auto"  # a reasoning model's <think> block: "auto" answers it apart, "none" in content
+
+    def __post_init__(self) -> None:
+        if self.reasoning_format not in REASONING_FORMATS:
+            raise ValueError(f"reasoning_format must be one of {', '.join(REASONING_FORMATS)}, "
+                             f"got {self.reasoning_format!r}")
+        if isinstance(self.stored_responses, bool) or not isinstance(self.stored_responses, int) \
+                or self.stored_responses < 0:
+            raise ValueError(f"stored_responses must be an int >= 0, got {self.stored_responses!r}")
 
 
 class ServerState:
@@ -306,7 +315,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         _check_model(body.model, options)
         spec = output_spec(body, chat=True)
         text = _chat_prompt(dec, body, spec)
-        settle_reasoning(spec, text, body.reasoning_format or options.reasoning_format)
+        settle_reasoning(dec, spec, text, body.reasoning_format or options.reasoning_format)
         return await _generate(dec, body, [text], body.token_limit(None), "messages", spec, request, options,
                                state, chat=True)
 
@@ -319,25 +328,34 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
     async def responses(body: ResponsesRequest, request: Request) -> Response:
         dec = ready_decoder()
         _check_model(body.model, options)
-        history = store.previous(body.previous_response_id).context if body.previous_response_id else []
+        previous = store.previous(body.previous_response_id) if body.previous_response_id else None
+        body.check_item_ids(previous.item_ids if previous is not None else ())
         keep = store if body.store is not False and store.capacity > 0 else None
         try:
             try:
-                chat = ChatCompletionRequest.model_validate(body.as_chat(history))
+                chat = ChatCompletionRequest.model_validate(body.as_chat(previous.context if previous else ()))
             except ValidationError as exc:
                 raise validation_request_error(exc.errors()) from None
             spec = output_spec(chat, chat=True)
             text = _chat_prompt(dec, chat, spec)
-            settle_reasoning(spec, text, options.reasoning_format)
+            settle_reasoning(dec, spec, text, body.reasoning_format or options.reasoning_format)
             return await _generate(dec, chat, [text], chat.token_limit(None), "input", spec, request, options, state,
                                    chat=True, builder=ResponseBuilder(body, options.model_name, store=keep,
-                                                                      history=history))
+                                                                      previous=previous))
         except RequestError as exc:
             raise renamed(exc, body) from None
 
     @app.get("/v1/responses/{response_id}", dependencies=[Depends(authorized)], response_model=docs.ResponseObject,
              responses=error_responses(401, 404), summary="A stored response (OpenAI's retrieve)")
-    def stored_response(response_id: str) -> JSONResponse:
+    def stored_response(response_id: str,
+                        include: Annotated[Optional[List[Includable]], Query(description="Ignored")] = None,
+                        # OpenAI's replay of a stored stream: refused, so left out of the document
+                        stream: Annotated[Optional[bool], Query(include_in_schema=False)] = None,
+                        starting_after: Annotated[Optional[int], Query(include_in_schema=False)] = None
+                        ) -> JSONResponse:
+        if stream or starting_after is not None:
+            raise RequestError(400, "a stored response is answered whole: streaming it again is not supported",
+                               param="stream" if stream else "starting_after", code="unsupported_parameter")
         return JSONResponse(store.stored(response_id).response)
 
     @app.delete("/v1/responses/{response_id}", dependencies=[Depends(authorized)],
@@ -353,7 +371,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
              summary="A stored response's input items, a page at a time")
     def input_items(response_id: str, limit: Annotated[int, Query(ge=1, le=100)] = 20,
                     order: Literal["asc", "desc"] = "desc", after: Optional[str] = None,
-                    include: Annotated[Optional[List[str]], Query(description="Ignored")] = None) -> dict:
+                    include: Annotated[Optional[List[Includable]], Query(description="Ignored")] = None) -> dict:
         return page_of_items(store.stored(response_id).input_items, limit=limit, order=order, after=after)
 
     @app.post("/infill", dependencies=[Depends(authorized)],
@@ -476,7 +494,8 @@ async def _generate(dec: BatchedDecoder, body: Any, prompts: List[Any], max_toke
     echo_of = [(echoes or [None] * len(prompts))[i // n] for i in range(len(streams))]
     if body.streamed:
         source = LogprobSource(dec.tokenizer, top, bool(body.return_tokens_as_token_ids))
-        chunks = _chunks(streams, body, reply, spec, options, texts, echo_of, prompt_tokens, n, source)
+        chunks = _chunks(streams, body, reply, spec, options, texts, echo_of, prompt_tokens, n, source,
+                         dec.tokenizer)
         events = _typed_sse(builder.events(chunks)) if builder is not None else _sse(chunks)
         return EventSourceResponse(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     gens = await _finish(streams, request, options, spec)
@@ -502,8 +521,15 @@ async def _generate(dec: BatchedDecoder, body: Any, prompts: List[Any], max_toke
         else:
             choices.append({"index": index, "text": (echo or "") + gen.text, "logprobs": logprobs,
                             "finish_reason": finish_reason(gen.finish_reason)})
-    whole = reply.whole(choices, usage(prompt_tokens, gens, n))
+    whole = reply.whole(choices, usage(prompt_tokens, gens, n, _reasoning_tokens(dec.tokenizer, spec, gens)))
     return JSONResponse(builder.whole(whole) if builder is not None else whole)
+
+
+def _reasoning_tokens(tokenizer: Any, spec: OutputSpec, gens: Sequence[Generation]) -> Optional[int]:
+    """The thinking's tokens over the choices, when a reasoning model's thinking is answered apart."""
+    if not spec.reasoning:
+        return None
+    return sum(thinking_tokens(tokenizer, gen.tokens, inside=spec.reasoning == "inside") for gen in gens)
 
 
 def _end_entry(gen: Generation) -> list:
@@ -673,7 +699,7 @@ async def _merged(streams: "list[AsyncRequestStream]") -> AsyncIterator["tuple[i
 
 async def _chunks(streams: "list[AsyncRequestStream]", body: Any, reply: Reply, spec: OutputSpec,
                   options: ServerOptions, prompts: List[Any], echoes: List[Optional[str]], prompt_tokens: int,
-                  n: int, logprobs: LogprobSource) -> AsyncGenerator[Dict[str, Any], None]:
+                  n: int, logprobs: LogprobSource, tokenizer: Any) -> AsyncGenerator[Dict[str, Any], None]:
     """The chunks of a streamed answer, as JSON objects; a last error body if
     it failed after it started.  ``prompts`` and ``echoes`` are each choice's
     prompt and echoed text, ``n`` the choices of each prompt.
@@ -726,7 +752,7 @@ async def _chunks(streams: "list[AsyncRequestStream]", body: Any, reply: Reply, 
             yield chunk(index, {} if reply.chat else "", finish_reason(gen.finish_reason, calls), final=True)
         gens = [s.result for s in streams if s.result is not None]
         if with_usage:
-            yield reply.usage_chunk(usage(prompt_tokens, gens, n))
+            yield reply.usage_chunk(usage(prompt_tokens, gens, n, _reasoning_tokens(tokenizer, spec, gens)))
         for stream, prompt in zip(streams, prompts):
             _log(reply.id, stream, 200, options, prompt)
     except SpecDecError as exc:  # this request failed after its answer started

@@ -12,7 +12,7 @@ ignores, come from :mod:`.unsupported`; any other field is refused.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Tuple, Union, get_args
 
 from pydantic import (
     BaseModel,
@@ -28,6 +28,7 @@ from pydantic import (
 from pydantic.functional_validators import BeforeValidator
 from typing_extensions import Annotated
 
+from ..chat.reasoning import REASONING_FORMATS
 from ..core.logprobs import MAX_TOP_LOGPROBS
 from ..core.request_args import GAMMA_LIMIT
 from ..params import BIAS_LIMIT, COUNT_LIMIT, PENALTY_LIMIT, REPEAT_PENALTY_LIMIT, SamplingParams
@@ -604,8 +605,9 @@ class _CompletionBase(_Common):
         return self.top_logprobs_count() if self.echo else None
 
 
-#: How a reasoning model's thinking is answered (llama-server's names: "deepseek" is "auto").
+#: How a reasoning model's thinking is answered (chat.reasoning.REASONING_FORMATS).
 ReasoningFormat = Literal["auto", "deepseek", "none"]
+assert get_args(ReasoningFormat) == REASONING_FORMATS
 
 
 class _ChatBase(_Common):

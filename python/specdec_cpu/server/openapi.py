@@ -86,6 +86,8 @@ class Usage(BaseModel):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: Optional[PromptTokensDetails] = None
+    completion_tokens_details: Optional[Dict[str, int]] = Field(default=None, description=(
+        "reasoning_tokens: a reasoning model's thinking, when it is answered apart"))
     speculation: Optional[Speculation] = None
 
 

@@ -119,12 +119,8 @@ class RayServeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        value = self.stored_responses
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"stored_responses must be an int >= 0, got {value!r}")
-        if self.reasoning_format not in ("auto", "deepseek", "none"):
-            raise ValueError(f"reasoning_format must be auto, deepseek or none, got {self.reasoning_format!r}")
         self.decoder_settings()  # the decoder's own checks, before any replica starts
+        self.options()  # and the server's
         if self.min_replicas is not None or self.max_replicas is not None:
             lo, hi = self.min_replicas or 1, self.max_replicas or self.min_replicas or 1
             if not 1 <= lo <= hi:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence
 
 from .errors import RequestError
 
@@ -31,15 +31,14 @@ class StoredResponse:
     response: Dict[str, Any]  # the response object
     context: List[Dict[str, Any]]  # chat messages: the chain's, this input's and the answer (no instructions)
     input_items: List[Dict[str, Any]]  # this request's input, as items with ids
+    item_ids: FrozenSet[str]  # the ids of every item of the chain, inputs and outputs
 
 
 class ResponseStore:
     """At most ``capacity`` responses by id, least recently used dropped first (0 keeps none)."""
 
     def __init__(self, capacity: int) -> None:
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 0:
-            raise ValueError(f"stored_responses must be an int >= 0, got {capacity!r}")
-        self.capacity = capacity
+        self.capacity = capacity  # checked with the server's options
         self._items: "OrderedDict[str, StoredResponse]" = OrderedDict()
         self._lock = threading.Lock()  # routes run on the event loop and in its thread pool
 
@@ -71,8 +70,9 @@ class ResponseStore:
         not here (never stored, deleted, dropped for newer ones, or made before a restart)."""
         entry = self.get(response_id)
         if entry is None:
-            kept = (f"the last {self.capacity} stored responses in memory, none from before its restart"
-                    if self.capacity else "no responses (--stored-responses 0)")
+            kept = (f"up to {self.capacity} stored responses in memory, the least recently used dropped "
+                    "first, and none from before its restart" if self.capacity
+                    else "no responses (--stored-responses 0)")
             raise RequestError(400, f"Previous response with id '{response_id}' not found; this server keeps "
                                     f"{kept}: send the whole input instead", param="previous_response_id",
                                code="previous_response_not_found")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ..chat import ReasoningSplitter, ToolCallStreamParser
+from ..chat.tools import TOOL_CALL_OPEN
 from ..core.stats import Generation
 from .structured import OutputSpec
 
@@ -53,16 +54,19 @@ def system_fingerprint(dec: Any) -> str:
     return "fp_" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
-def usage(prompt_tokens: int, gen: Union[Generation, Sequence[Generation], None], per_prompt: int = 1
-          ) -> Dict[str, Any]:
+def usage(prompt_tokens: int, gen: Union[Generation, Sequence[Generation], None], per_prompt: int = 1,
+          reasoning_tokens: Optional[int] = None) -> Dict[str, Any]:
     """OpenAI's usage, the cached prompt tokens, and the speculation statistics
     (of one generation, or summed over the choices: ``per_prompt`` choices of
-    each prompt in turn, each prompt counted once)."""
+    each prompt in turn, each prompt counted once); ``reasoning_tokens``: of
+    a reasoning model's thinking, when it is answered apart."""
     gens: List[Generation] = [] if gen is None else [gen] if isinstance(gen, Generation) else list(gen)
     n = sum(len(g.tokens) for g in gens)
     cached = sum(g.stats.prompt_cached for g in gens[::per_prompt])
     out: Dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": n,
                            "total_tokens": prompt_tokens + n, "prompt_tokens_details": {"cached_tokens": cached}}
+    if reasoning_tokens is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
     if len(gens) == 1:
         s = gens[0].stats
         out["speculation"] = {
@@ -183,7 +187,9 @@ class StreamShaper:
     ``function_call`` deltas."""
 
     def __init__(self, spec: OutputSpec) -> None:
-        self._thinking = ReasoningSplitter(inside=spec.reasoning == "inside") if spec.reasoning else None
+        # a call's opening tag ends the thinking: the engine holds the call to its schema wherever it opens
+        ends = (TOOL_CALL_OPEN,) if spec.parses_calls else ()
+        self._thinking = ReasoningSplitter(inside=spec.reasoning == "inside", ends=ends) if spec.reasoning else None
         self._parser = ToolCallStreamParser(tool_names=spec.tool_names) if spec.parses_calls else None
         self._parallel = spec.parallel
         self._legacy = spec.legacy

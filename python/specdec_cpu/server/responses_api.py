@@ -28,6 +28,7 @@ from typing import (
     TYPE_CHECKING,
     Any,
     AsyncGenerator,
+    Collection,
     Dict,
     List,
     Literal,
@@ -37,13 +38,22 @@ from typing import (
     Union,
 )
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, create_model
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, create_model, field_validator
 from typing_extensions import Annotated
 
+from ..chat.reasoning import THINK_CLOSE
 from ..core.logprobs import MAX_TOP_LOGPROBS
 from . import unsupported
 from .errors import RequestError
-from .openai_schema import AS_INT, FunctionDefinition, JsonSchemaFormat, NamedFunction, by_json_type, shared_fields
+from .openai_schema import (
+    AS_INT,
+    FunctionDefinition,
+    JsonSchemaFormat,
+    NamedFunction,
+    ReasoningFormat,
+    by_json_type,
+    shared_fields,
+)
 from .response_store import ResponseStore, StoredResponse
 
 __all__ = ["ResponsesRequest", "ResponseBuilder", "renamed", "responses_names"]
@@ -136,14 +146,33 @@ class ReasoningText(BaseModel):
     text: str
 
 
+class SummaryText(BaseModel):
+    model_config = _STRICT
+
+    type: Literal["summary_text"]
+    text: str
+
+
 class ReasoningItem(_Item):
-    """A reasoning model's thinking from an earlier answer, sent back: the chat template gets it as the
-    ``reasoning_content`` of the assistant's turn it starts."""
+    """A reasoning model's thinking from an earlier answer, sent back: the chat template gets it (its
+    content, else its summary) as the ``reasoning_content`` of the assistant's turn it starts."""
 
     type: Literal["reasoning"]
-    summary: List[Any] = Field(default_factory=list, description="Ignored (this server writes none)")
+    summary: List[SummaryText] = Field(default_factory=list)
     content: Optional[List[ReasoningText]] = None
-    encrypted_content: Optional[None] = Field(default=None, description="Never made here")
+    encrypted_content: None = Field(default=None, description="Only null: this server encrypts nothing")
+
+    @field_validator("encrypted_content", mode="before")
+    @classmethod
+    def _plain(cls, value: Any) -> None:
+        if value is not None:
+            raise ValueError("this server makes no encrypted reasoning and cannot read another's: send the "
+                             "reasoning item's content, or leave the item out")
+        return value
+
+    @property
+    def text(self) -> str:
+        return "".join(part.text for part in self.content or self.summary)
 
 
 if TYPE_CHECKING:
@@ -262,6 +291,22 @@ class _ResponsesBase(BaseModel):
         "others concern items this server does not make, and change nothing"))
     top_logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS), AS_INT]] = Field(default=None, description=(
         f"Alternatives per token: with include {LOGPROBS!r}, or alone (more than 0), the log-probabilities"))
+    reasoning_format: Optional[ReasoningFormat] = Field(default=None, description=(
+        "This server's: a reasoning model's thinking as a reasoning item ('auto', 'deepseek') or in the "
+        "message ('none'); default: the server's --reasoning-format"))
+
+    def check_item_ids(self, previous: Collection[str] = ()) -> None:
+        """A 400 for an input item whose id another input item has, or the conversation it continues (an
+        earlier output sent back with previous_response_id as well), as OpenAI's."""
+        seen = set(previous)
+        for i, item in enumerate(self.input if isinstance(self.input, list) else ()):
+            if item.id is None:
+                continue
+            if item.id in seen:
+                where = "the response it continues" if item.id in previous else "an earlier input item"
+                raise RequestError(400, f"Duplicate item found with id '{item.id}': {where} has it (with "
+                                        "previous_response_id, send only the new items)", param=f"input[{i}].id")
+            seen.add(item.id)
 
     @property
     def logprobs(self) -> bool:
@@ -324,8 +369,7 @@ def _chat_messages(items: Sequence[Any]) -> Tuple[List[Dict[str, Any]], List[int
     turn = False  # the last message is an assistant's turn that calls may join
     for i, item in enumerate(items):
         if isinstance(item, ReasoningItem):  # starts the assistant's turn that its text and calls join
-            messages.append({"role": "assistant", "content": None,
-                             "reasoning_content": "".join(part.text for part in item.content or ())})
+            messages.append({"role": "assistant", "content": None, "reasoning_content": item.text})
             turn = True
         elif isinstance(item, MessageItem) and item.role == "assistant" and turn and messages[-1]["content"] is None \
                 and "tool_calls" not in messages[-1]:
@@ -347,6 +391,16 @@ def _chat_messages(items: Sequence[Any]) -> Tuple[List[Dict[str, Any]], List[int
             turn = item.role == "assistant"
         indices.append(i)
     return messages, indices
+
+
+def _after_thinking(entries: Sequence[Dict[str, Any]]) -> Sequence[Dict[str, Any]]:
+    """The log-probability entries after the one that closes the thinking (none if it never closed)."""
+    text = b""
+    for i, entry in enumerate(entries):
+        text += bytes(entry["bytes"])
+        if THINK_CLOSE.encode() in text:
+            return entries[i + 1:]
+    return ()
 
 
 def _listed(item: Dict[str, Any]) -> Dict[str, Any]:
@@ -433,11 +487,11 @@ class ResponseBuilder:
     answer to a chat completion, :meth:`events` a chat stream's events."""
 
     def __init__(self, body: Any, model: str, *, store: Optional[ResponseStore] = None,
-                 history: Sequence[Dict[str, Any]] = ()) -> None:
-        """``store``: where the response is kept when it ends (None: not kept); ``history``: the chat messages
-        of the response it continues."""
+                 previous: Optional[StoredResponse] = None) -> None:
+        """``store``: where the response is kept when it ends (None: not kept); ``previous``: the response
+        it continues."""
         self.body, self.model = body, model
-        self.store, self.history = store, history
+        self.store, self.previous = store, previous
         self.id = _new_id("resp")
         self.created = int(time.time())
         self.output: List[Dict[str, Any]] = []
@@ -507,7 +561,9 @@ class ResponseBuilder:
             self.usage = {"input_tokens": usage["prompt_tokens"],
                           "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
                           "output_tokens": usage["completion_tokens"],
-                          "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": usage["total_tokens"]}
+                          "output_tokens_details": {"reasoning_tokens": (usage.get("completion_tokens_details")
+                                                                         or {}).get("reasoning_tokens", 0)},
+                          "total_tokens": usage["total_tokens"]}
             if "speculation" in usage:
                 self.usage["speculation"] = usage["speculation"]
         self._keep()
@@ -550,8 +606,11 @@ class ResponseBuilder:
         """The response of a whole chat completion (one choice)."""
         choice = completion["choices"][0]
         message = choice["message"]
-        self.reasoning(message.get("reasoning_content") or "")
-        self.text(message.get("content") or "", (choice.get("logprobs") or {}).get("content") or ())
+        entries = (choice.get("logprobs") or {}).get("content") or ()
+        if "reasoning_content" in message:  # the text's entries only: those after the thinking's close
+            self.reasoning(message["reasoning_content"])
+            entries = _after_thinking(entries)
+        self.text(message.get("content") or "", entries)
         for call in message.get("tool_calls") or ():
             self.call(call["id"], call["function"]["name"])
             self.arguments(call["function"]["arguments"])
@@ -571,8 +630,11 @@ class ResponseBuilder:
                     break
                 for choice in chunk.get("choices") or ():
                     delta = choice.get("delta") or {}
-                    self.reasoning(delta.get("reasoning_content") or "")
-                    self.text(delta.get("content") or "", (choice.get("logprobs") or {}).get("content") or ())
+                    entries = (choice.get("logprobs") or {}).get("content") or ()
+                    if "reasoning_content" in delta:  # the thinking's tokens: no entries of the text
+                        self.reasoning(delta["reasoning_content"])
+                        entries = ()
+                    self.text(delta.get("content") or "", entries)
                     for call in delta.get("tool_calls") or ():
                         if call.get("id"):
                             self.call(call["id"], call["function"]["name"])
@@ -595,8 +657,11 @@ class ResponseBuilder:
         if self.store is None:
             return
         answer = _chat_messages(_OUTPUT_ITEMS.validate_python(self.output))[0]
-        context = [*self.history, *self.body.input_messages(), *answer]
-        self.store.put(StoredResponse(copy.deepcopy(self.response()), context, self.body.input_items()))
+        before = self.previous or StoredResponse({}, [], [], frozenset())
+        items = self.body.input_items()
+        ids = before.item_ids | {item["id"] for item in (*items, *self.output)}
+        self.store.put(StoredResponse(copy.deepcopy(self.response()), [*before.context, *self.body.input_messages(),
+                                                                       *answer], items, ids))
 
     def _add(self, item: Dict[str, Any]) -> None:
         self.output.append(item)

@@ -27,7 +27,7 @@ from ..chat import (
     tool_call_grammar,
     validate_tools,
 )
-from ..chat.reasoning import opens_thinking
+from ..chat.reasoning import has_thinking_tags, opens_thinking
 from ..chat.tools import TOOL_CALL_OPEN
 from ..constraints import Grammar, JsonLayout, Triggered, from_response_format
 from ..errors import InvalidGrammarError, InvalidToolsError
@@ -184,12 +184,12 @@ def settle_tools(dec: Any, spec: OutputSpec) -> None:
         spec.tools = None
 
 
-def settle_reasoning(spec: OutputSpec, prompt: str, reasoning_format: str) -> None:
+def settle_reasoning(dec: Any, spec: OutputSpec, prompt: str, reasoning_format: str) -> None:
     """Whether the chat output's thinking is answered apart (``reasoning_format`` "auto", llama-server's
-    "deepseek"), from the rendered ``prompt``: a template that opens the block leaves the output inside
-    it, unless a grammar shapes the whole output (a JSON schema, a forced call), which leaves the model no
-    thinking to do."""
-    if reasoning_format == "none":
+    "deepseek"; only for a model whose vocabulary has the tags), from the rendered ``prompt``: a template
+    that opens the block leaves the output inside it, unless a grammar shapes the whole output (a JSON
+    schema, a forced call), which leaves the model no thinking to do."""
+    if reasoning_format == "none" or not has_thinking_tags(dec.tokenizer):
         return
     if not opens_thinking(prompt):
         spec.reasoning = "start"
