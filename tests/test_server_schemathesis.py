@@ -130,8 +130,9 @@ def valid_beyond_the_schema(body) -> None:
     ids of the vocabulary, a text prompt with ``suffix``, no more prompts'
     choices than the server allows, chat's ``top_logprobs`` with
     ``logprobs``, no ``suffix`` with ``echo`` and ``logprobs``,
-    ``max_tokens`` 0 only with them, no Responses logprobs with tools and
-    no ``previous_response_id`` (none is stored under a generated id).  Their refusals are tested in
+    ``max_tokens`` 0 only with them, no Responses logprobs with tools, no
+    ``previous_response_id`` (none is stored under a generated id) and no
+    two input items with one id.  Their refusals are tested in
     test_server_sampling.py and test_server_structured.py."""
     if not isinstance(body, dict):
         return
@@ -194,8 +195,15 @@ def valid_beyond_the_schema(body) -> None:
             message["name"] = "f"  # a function's result names it
         if isinstance(message, dict) and message.get("function_call") is not None and message.get("tool_calls"):
             del message["function_call"]  # one form of a turn's calls
-    if "input" in body:  # Responses: no stored response has a made-up id
+    if "input" in body:  # Responses: no stored response has a made-up id, and no two items share one
         body.pop("previous_response_id", None)
+        ids: set = set()
+        for item in body["input"] if isinstance(body["input"], list) else ():
+            if isinstance(item, dict) and item.get("id") is not None:
+                if item["id"] in ids:
+                    del item["id"]
+                else:
+                    ids.add(item["id"])
     if "input" in body and body.get("tools") and body.get("tool_choice") != "none":  # Responses: no logprobs with tools
         body.pop("top_logprobs", None)
         if isinstance(body.get("include"), list):
