@@ -64,6 +64,15 @@ def tiny_target(tiny_dir):
 
 
 @pytest.fixture(scope="session")
+def tools_target(tiny_dir):
+    """The tiny target with a chat template that renders tools as Qwen2.5's (server_thread.TOOLS_TEMPLATE)."""
+    pytest.importorskip("gguf")
+    from server_thread import write_tools_model
+
+    return write_tools_model(tiny_dir / "tools_target.gguf")
+
+
+@pytest.fixture(scope="session")
 def tiny_draft(tiny_dir):
     """The target's shape and vocabulary, weights = target's + 4% noise: a
     high-acceptance draft (alpha ~0.85 at T=1, greedy agreement ~75%)."""

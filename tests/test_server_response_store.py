@@ -20,15 +20,8 @@ from specdec_cpu.server.response_store import ResponseStore, StoredResponse  # n
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory) -> str:
-    from server_thread import write_tools_model
-
-    return write_tools_model(tmp_path_factory.mktemp("store") / "tools_target.gguf")
-
-
-@pytest.fixture(scope="module")
-def server(target, tiny_draft):
-    with start(target, tiny_draft) as s:
+def server(tools_target, tiny_draft):
+    with start(tools_target, tiny_draft) as s:
         yield s
 
 
@@ -160,8 +153,8 @@ def test_the_store_drops_the_least_recently_used() -> None:
         ServerOptions(model_name="x", reasoning_format="off")
 
 
-def test_a_server_keeping_none_says_so(target, tiny_draft) -> None:
-    with start(target, tiny_draft, stored_responses=0) as keeping_none:
+def test_a_server_keeping_none_says_so(tools_target, tiny_draft) -> None:
+    with start(tools_target, tiny_draft, stored_responses=0) as keeping_none:
         c = client(keeping_none)
         r = c.responses.create(model="tiny", input="hi", max_output_tokens=2)
         assert r.store is False

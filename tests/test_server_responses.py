@@ -16,7 +16,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
 jsonschema = pytest.importorskip("jsonschema")
 from pydantic import BaseModel, Field  # noqa: E402
-from server_thread import ThreadServer, write_tools_model  # noqa: E402
+from server_thread import ThreadServer  # noqa: E402
 
 ADD = {"type": "function", "name": "add", "description": "a + b", "parameters": {
     "type": "object", "properties": {"a": {"type": "integer", "minimum": -99, "maximum": 99},
@@ -47,13 +47,8 @@ def start(target: str, draft: str, **options) -> ThreadServer:
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory) -> str:
-    return write_tools_model(tmp_path_factory.mktemp("responses") / "tools_target.gguf")
-
-
-@pytest.fixture(scope="module")
-def server(target, tiny_draft):
-    with start(target, tiny_draft) as s:
+def server(tools_target, tiny_draft):
+    with start(tools_target, tiny_draft) as s:
         yield s
 
 
@@ -209,11 +204,11 @@ def test_text_format_shapes_the_output(server) -> None:
     assert isinstance(json.loads(r.output_text), dict)
 
 
-def test_a_failure_mid_stream_is_a_failed_response(target, tiny_draft) -> None:
+def test_a_failure_mid_stream_is_a_failed_response(tools_target, tiny_draft) -> None:
     """Decoding that fails after the stream started (here: the server's time limit) ends the stream with
     response.failed: the text written so far left incomplete, the error's code and message in the response;
     whole, the same request is a 504."""
-    with start(target, tiny_draft, request_timeout=0.3) as slow:
+    with start(tools_target, tiny_draft, request_timeout=0.3) as slow:
         c = client(slow)
         body = dict(model="tiny", input="go on", max_output_tokens=4000, extra_body={"ignore_eos": True})
         with c.responses.stream(**body) as stream:

@@ -50,11 +50,6 @@ class Pet(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def tools_target(tmp_path_factory):
-    return write_tools_model(tmp_path_factory.mktemp("tools_model") / "tools_target.gguf")
-
-
-@pytest.fixture(scope="module")
 def server(tools_target, tiny_draft):
     from specdec_cpu import BatchedDecoder
     from specdec_cpu.server.openai_app import ServerOptions
