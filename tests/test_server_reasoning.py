@@ -130,13 +130,17 @@ def test_a_call_opened_while_thinking_ends_the_thinking(opened) -> None:
     body = dict(model="tiny", messages=[{"role": "user", "content": "add"}], tools=[ADD], temperature=1.0,
                 max_tokens=200, parallel_tool_calls=False, logit_bias={str(token(opened, "<tool_call>")): 8})
     for seed in range(3):
-        r = c.chat.completions.create(seed=seed, **body)
+        r = c.chat.completions.create(seed=seed, logprobs=True, **body)
         choice = r.choices[0]
         assert choice.finish_reason == "tool_calls" and choice.message.tool_calls[0].function.name == "add", choice
         assert "<tool_call>" not in (choice.message.model_extra.get("reasoning_content") or "")
+        opening = [bytes(e.bytes) for e in choice.logprobs.content].index(b"<tool_call>")
+        assert r.usage.completion_tokens_details.reasoning_tokens == opening  # the thinking: the tokens before it
         with c.chat.completions.stream(seed=seed, **body) as stream:
-            final = stream.get_final_completion()
-        assert json.loads(final.choices[0].message.tool_calls[0].function.arguments).keys() == {"a"}
+            final = stream.get_final_completion().choices[0].message
+        assert "<tool_call>" not in (final.content or "") + (final.model_extra.get("reasoning_content") or "")
+        for call in final.tool_calls or ():
+            assert json.loads(call.function.arguments).keys() == {"a"}
 
 
 def test_a_model_without_the_tags_is_answered_as_it_wrote(tiny_target, tiny_draft) -> None:
@@ -193,12 +197,12 @@ def test_the_responses_api_answers_a_reasoning_item(opened) -> None:
     bias = close_bias(opened)
     body = dict(model="tiny", input="think first", temperature=1.0, max_output_tokens=30,
                 extra_body={"ignore_eos": True, "logit_bias": bias})
-    seeds = iter(range(12))
+    seeds = iter(range(40))
 
     def seed() -> int:
         given = next(seeds, None)
         if given is None:
-            pytest.fail("in 12 answers, none both thought and answered")
+            pytest.fail("the seeds ran out: too few answers both thought and answered")
         return given
 
     while True:  # an answer that thought, then said something (about every other one)
@@ -215,15 +219,25 @@ def test_the_responses_api_answers_a_reasoning_item(opened) -> None:
             break
     kinds = [e.type for e in events]
     assert kinds.index("response.reasoning_text.done") < kinds.index("response.output_text.delta")
-    # the text's log-probabilities are its own tokens', not the thinking's; the thinking counts as reasoning
+    # the text's log-probabilities are its own tokens', not the thinking's, whole and streamed (where one
+    # step's tokens may close the thinking and start the text); the thinking counts as reasoning tokens
     with_logprobs = {**body, "include": ["message.output_text.logprobs"], "max_output_tokens": 60}
-    while True:
-        lp = c.responses.create(**{**with_logprobs, "extra_body": {**body["extra_body"], "seed": seed()}})
-        if [o.type for o in lp.output] == ["reasoning", "message"]:
-            break
-    entries = lp.output[1].content[0].logprobs
-    assert raw(entries).lstrip() == lp.output_text
-    assert lp.usage.output_tokens_details.reasoning_tokens == lp.usage.output_tokens - len(entries)
+    for streamed in (False, True) * 3:
+        extra = {**body["extra_body"], "seed": seed()}
+        if streamed:
+            with c.responses.stream(**{**with_logprobs, "extra_body": extra}) as stream:
+                lp = list(stream)[-1].response
+        else:
+            lp = c.responses.create(**{**with_logprobs, "extra_body": extra})
+        message = [o for o in lp.output if o.type == "message"]
+        entries = message[0].content[0].logprobs if message else []
+        assert raw(entries).lstrip() == lp.output_text, (streamed, lp.output)
+        assert lp.usage.output_tokens_details.reasoning_tokens == lp.usage.output_tokens - len(entries)
+    closed_at_once = c.responses.create(**{**with_logprobs, "extra_body": {
+        **body["extra_body"], "seed": 0, "logit_bias": {str(token(opened, "</think>")): 30}}})
+    assert [o.type for o in closed_at_once.output] == ["message"]  # an empty block: no reasoning item
+    assert closed_at_once.usage.output_tokens_details.reasoning_tokens == 1
+    assert raw(closed_at_once.output[0].content[0].logprobs).lstrip() == closed_at_once.output_text
     kept = c.responses.create(**{**body, "extra_body": {**body["extra_body"], "reasoning_format": "none"}})
     assert [o.type for o in kept.output] == ["message"] and kept.usage.output_tokens_details.reasoning_tokens == 0
     deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")

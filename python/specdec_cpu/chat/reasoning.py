@@ -21,15 +21,16 @@ text is answered as it wrote it.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Literal, Sequence, get_args
 
-__all__ = ["THINK_OPEN", "THINK_CLOSE", "REASONING_FORMATS", "ReasoningSplitter", "opens_thinking",
-           "has_thinking_tags", "thinking_tokens"]
+__all__ = ["THINK_OPEN", "THINK_CLOSE", "ReasoningFormat", "REASONING_FORMATS", "ReasoningSplitter",
+           "ThinkingTokens", "opens_thinking", "has_thinking_tags"]
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 #: How a server answers the thinking: "auto" apart (llama-server's name for it: "deepseek"), "none" in the content.
-REASONING_FORMATS = ("auto", "deepseek", "none")
+ReasoningFormat = Literal["auto", "deepseek", "none"]
+REASONING_FORMATS = get_args(ReasoningFormat)
 Delta = Dict[str, Any]
 
 
@@ -37,26 +38,6 @@ def has_thinking_tags(tokenizer: Any) -> bool:
     """Whether the vocabulary has ``<think>`` and ``</think>`` as tokens of their own (a reasoning model's)."""
     return all(len(tokenizer.tokenize(tag, add_special=False, parse_special=True)) == 1
                for tag in (THINK_OPEN, THINK_CLOSE))
-
-
-def thinking_tokens(tokenizer: Any, tokens: Sequence[int], *, inside: bool) -> int:
-    """How many of an output's ``tokens`` are its thinking, the tags included (all of them when the block
-    never closes; none when the output does not start with one): OpenAI's ``reasoning_tokens``."""
-    text = b""
-    for i, token in enumerate(tokens):
-        text += tokenizer.token_bytes(token)
-        decoded = text.decode("utf-8", errors="replace")
-        if not inside:
-            head = decoded.lstrip()
-            if not THINK_OPEN.startswith(head) and not head.startswith(THINK_OPEN):
-                return 0
-            inside = head.startswith(THINK_OPEN)
-            if inside:
-                text = head[len(THINK_OPEN):].encode()
-                continue
-        if THINK_CLOSE in decoded:
-            return i + 1
-    return len(tokens) if inside else 0
 
 
 def opens_thinking(prompt: str) -> bool:
@@ -134,6 +115,36 @@ class ReasoningSplitter:
             return []
         self._thought = True
         return [{"reasoning_content": body}]
+
+
+class ThinkingTokens:
+    """Which of an output's tokens, fed in order as their bytes, are its thinking (the tags included), as
+    :class:`ReasoningSplitter` reads the text: for a vocabulary with the tags as tokens of their own
+    (:func:`has_thinking_tags`), token by token.  ``count`` is OpenAI's ``reasoning_tokens``."""
+
+    def __init__(self, *, inside: bool = False, ends: Sequence[str] = ()) -> None:
+        self._state = "thinking" if inside else "start"  # start | thinking | answer
+        self._ends = {tag.encode() for tag in ends}
+        self.count = 0
+
+    def feed(self, token: bytes) -> bool:
+        """Whether this token is thinking."""
+        if self._state == "start":
+            if token == THINK_OPEN.encode():
+                self._state = "thinking"
+            elif token.strip():
+                self._state = "answer"
+            if self._state != "thinking":
+                return False
+        elif self._state == "answer":
+            return False
+        elif token in self._ends:  # it begins the answer
+            self._state = "answer"
+            return False
+        elif token == THINK_CLOSE.encode():
+            self._state = "answer"
+        self.count += 1
+        return True
 
 
 def _partial(text: str, tag: str) -> int:

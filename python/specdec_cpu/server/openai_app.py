@@ -52,7 +52,7 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.sse import EventSourceResponse, format_sse_event
 from pydantic import ValidationError
 
-from ..chat.reasoning import REASONING_FORMATS, thinking_tokens
+from ..chat.reasoning import REASONING_FORMATS
 from ..core.request_args import check_unicode
 from ..core.stats import Generation
 from ..decoding.batched import BatchedDecoder
@@ -341,22 +341,24 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
             settle_reasoning(dec, spec, text, body.reasoning_format or options.reasoning_format)
             return await _generate(dec, chat, [text], chat.token_limit(None), "input", spec, request, options, state,
                                    chat=True, builder=ResponseBuilder(body, options.model_name, store=keep,
-                                                                      previous=previous))
+                                                                      previous=previous,
+                                                                      thinking=spec.thinking_tokens()))
         except RequestError as exc:
             raise renamed(exc, body) from None
 
     @app.get("/v1/responses/{response_id}", dependencies=[Depends(authorized)], response_model=docs.ResponseObject,
-             responses=error_responses(401, 404), summary="A stored response (OpenAI's retrieve)")
+             responses=error_responses(400, 401, 404), summary="A stored response (OpenAI's retrieve)")
     def stored_response(response_id: str,
                         include: Annotated[Optional[List[Includable]], Query(description="Ignored")] = None,
                         # OpenAI's replay of a stored stream: refused, so left out of the document
                         stream: Annotated[Optional[bool], Query(include_in_schema=False)] = None,
                         starting_after: Annotated[Optional[int], Query(include_in_schema=False)] = None
                         ) -> JSONResponse:
+        stored = store.stored(response_id)
         if stream or starting_after is not None:
             raise RequestError(400, "a stored response is answered whole: streaming it again is not supported",
                                param="stream" if stream else "starting_after", code="unsupported_parameter")
-        return JSONResponse(store.stored(response_id).response)
+        return JSONResponse(stored.response)
 
     @app.delete("/v1/responses/{response_id}", dependencies=[Depends(authorized)],
                 response_model=docs.ResponseDeleted, responses=error_responses(401, 404),
@@ -529,7 +531,15 @@ def _reasoning_tokens(tokenizer: Any, spec: OutputSpec, gens: Sequence[Generatio
     """The thinking's tokens over the choices, when a reasoning model's thinking is answered apart."""
     if not spec.reasoning:
         return None
-    return sum(thinking_tokens(tokenizer, gen.tokens, inside=spec.reasoning == "inside") for gen in gens)
+    total = 0
+    for gen in gens:
+        thinking = spec.thinking_tokens()
+        assert thinking is not None
+        for token in gen.tokens:
+            if not thinking.feed(tokenizer.token_bytes(token)):
+                break  # the answer has begun: nothing after it is thinking
+        total += thinking.count
+    return total
 
 
 def _end_entry(gen: Generation) -> list:

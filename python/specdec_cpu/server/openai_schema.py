@@ -12,7 +12,7 @@ ignores, come from :mod:`.unsupported`; any other field is refused.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Tuple, Union, get_args
+from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Tuple, Union
 
 from pydantic import (
     BaseModel,
@@ -28,7 +28,7 @@ from pydantic import (
 from pydantic.functional_validators import BeforeValidator
 from typing_extensions import Annotated
 
-from ..chat.reasoning import REASONING_FORMATS
+from ..chat.reasoning import ReasoningFormat
 from ..core.logprobs import MAX_TOP_LOGPROBS
 from ..core.request_args import GAMMA_LIMIT
 from ..params import BIAS_LIMIT, COUNT_LIMIT, PENALTY_LIMIT, REPEAT_PENALTY_LIMIT, SamplingParams
@@ -603,11 +603,6 @@ class _CompletionBase(_Common):
         """Alternatives per prompt token: ``echo`` with ``logprobs`` scores the prompt as well (OpenAI's legacy
         answer covers every echoed token, the first with nulls)."""
         return self.top_logprobs_count() if self.echo else None
-
-
-#: How a reasoning model's thinking is answered (chat.reasoning.REASONING_FORMATS).
-ReasoningFormat = Literal["auto", "deepseek", "none"]
-assert get_args(ReasoningFormat) == REASONING_FORMATS
 
 
 class _ChatBase(_Common):

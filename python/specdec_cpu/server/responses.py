@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ..chat import ReasoningSplitter, ToolCallStreamParser
-from ..chat.tools import TOOL_CALL_OPEN
 from ..core.stats import Generation
 from .structured import OutputSpec
 
@@ -187,9 +186,8 @@ class StreamShaper:
     ``function_call`` deltas."""
 
     def __init__(self, spec: OutputSpec) -> None:
-        # a call's opening tag ends the thinking: the engine holds the call to its schema wherever it opens
-        ends = (TOOL_CALL_OPEN,) if spec.parses_calls else ()
-        self._thinking = ReasoningSplitter(inside=spec.reasoning == "inside", ends=ends) if spec.reasoning else None
+        self._thinking = (ReasoningSplitter(inside=spec.reasoning == "inside", ends=spec.thinking_ends)
+                          if spec.reasoning else None)
         self._parser = ToolCallStreamParser(tool_names=spec.tool_names) if spec.parses_calls else None
         self._parallel = spec.parallel
         self._legacy = spec.legacy

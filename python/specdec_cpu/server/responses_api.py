@@ -41,19 +41,11 @@ from typing import (
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, create_model, field_validator
 from typing_extensions import Annotated
 
-from ..chat.reasoning import THINK_CLOSE
+from ..chat.reasoning import ReasoningFormat, ThinkingTokens
 from ..core.logprobs import MAX_TOP_LOGPROBS
 from . import unsupported
 from .errors import RequestError
-from .openai_schema import (
-    AS_INT,
-    FunctionDefinition,
-    JsonSchemaFormat,
-    NamedFunction,
-    ReasoningFormat,
-    by_json_type,
-    shared_fields,
-)
+from .openai_schema import AS_INT, FunctionDefinition, JsonSchemaFormat, NamedFunction, by_json_type, shared_fields
 from .response_store import ResponseStore, StoredResponse
 
 __all__ = ["ResponsesRequest", "ResponseBuilder", "renamed", "responses_names"]
@@ -303,9 +295,9 @@ class _ResponsesBase(BaseModel):
             if item.id is None:
                 continue
             if item.id in seen:
-                where = "the response it continues" if item.id in previous else "an earlier input item"
-                raise RequestError(400, f"Duplicate item found with id '{item.id}': {where} has it (with "
-                                        "previous_response_id, send only the new items)", param=f"input[{i}].id")
+                where = ("the response it continues has it (with previous_response_id, send only the new items)"
+                         if item.id in previous else "an earlier input item has it")
+                raise RequestError(400, f"Duplicate item found with id '{item.id}': {where}", param=f"input[{i}].id")
             seen.add(item.id)
 
     @property
@@ -393,16 +385,6 @@ def _chat_messages(items: Sequence[Any]) -> Tuple[List[Dict[str, Any]], List[int
     return messages, indices
 
 
-def _after_thinking(entries: Sequence[Dict[str, Any]]) -> Sequence[Dict[str, Any]]:
-    """The log-probability entries after the one that closes the thinking (none if it never closed)."""
-    text = b""
-    for i, entry in enumerate(entries):
-        text += bytes(entry["bytes"])
-        if THINK_CLOSE.encode() in text:
-            return entries[i + 1:]
-    return ()
-
-
 def _listed(item: Dict[str, Any]) -> Dict[str, Any]:
     kind = item.setdefault("type", "message")
     item.setdefault("id", _new_id({"message": "msg", "function_call": "fc", "reasoning": "rs"}.get(kind, "fco")))
@@ -487,11 +469,12 @@ class ResponseBuilder:
     answer to a chat completion, :meth:`events` a chat stream's events."""
 
     def __init__(self, body: Any, model: str, *, store: Optional[ResponseStore] = None,
-                 previous: Optional[StoredResponse] = None) -> None:
+                 previous: Optional[StoredResponse] = None, thinking: Optional[ThinkingTokens] = None) -> None:
         """``store``: where the response is kept when it ends (None: not kept); ``previous``: the response
-        it continues."""
+        it continues; ``thinking``: which tokens are a reasoning model's thinking, when it is answered apart
+        (their log-probabilities are not the text's)."""
         self.body, self.model = body, model
-        self.store, self.previous = store, previous
+        self.store, self.previous, self.thinking = store, previous, thinking
         self.id = _new_id("resp")
         self.created = int(time.time())
         self.output: List[Dict[str, Any]] = []
@@ -606,11 +589,8 @@ class ResponseBuilder:
         """The response of a whole chat completion (one choice)."""
         choice = completion["choices"][0]
         message = choice["message"]
-        entries = (choice.get("logprobs") or {}).get("content") or ()
-        if "reasoning_content" in message:  # the text's entries only: those after the thinking's close
-            self.reasoning(message["reasoning_content"])
-            entries = _after_thinking(entries)
-        self.text(message.get("content") or "", entries)
+        self.reasoning(message.get("reasoning_content") or "")
+        self.text(message.get("content") or "", self._answers(choice))
         for call in message.get("tool_calls") or ():
             self.call(call["id"], call["function"]["name"])
             self.arguments(call["function"]["arguments"])
@@ -630,11 +610,8 @@ class ResponseBuilder:
                     break
                 for choice in chunk.get("choices") or ():
                     delta = choice.get("delta") or {}
-                    entries = (choice.get("logprobs") or {}).get("content") or ()
-                    if "reasoning_content" in delta:  # the thinking's tokens: no entries of the text
-                        self.reasoning(delta["reasoning_content"])
-                        entries = ()
-                    self.text(delta.get("content") or "", entries)
+                    self.reasoning(delta.get("reasoning_content") or "")
+                    self.text(delta.get("content") or "", self._answers(choice))
                     for call in delta.get("tool_calls") or ():
                         if call.get("id"):
                             self.call(call["id"], call["function"]["name"])
@@ -650,6 +627,13 @@ class ResponseBuilder:
             yield event["type"], event
 
     # -- inside ---------------------------------------------------------------
+
+    def _answers(self, choice: Dict[str, Any]) -> List[Dict[str, Any]]:
+        """A chat choice's (or chunk's) log-probability entries of the text's tokens, the thinking's left out
+        (entries come in token order, whole or spread over the chunks)."""
+        entries = (choice.get("logprobs") or {}).get("content") or []
+        thinking = self.thinking
+        return entries if thinking is None else [e for e in entries if not thinking.feed(bytes(e["bytes"]))]
 
     def _keep(self) -> None:
         """Store the ended response: a continuation starts from the conversation with this answer at its end

@@ -27,7 +27,7 @@ from ..chat import (
     tool_call_grammar,
     validate_tools,
 )
-from ..chat.reasoning import has_thinking_tags, opens_thinking
+from ..chat.reasoning import ThinkingTokens, has_thinking_tags, opens_thinking
 from ..chat.tools import TOOL_CALL_OPEN
 from ..constraints import Grammar, JsonLayout, Triggered, from_response_format
 from ..errors import InvalidGrammarError, InvalidToolsError
@@ -68,6 +68,16 @@ class OutputSpec:
     def parses_calls(self) -> bool:
         """Whether the output is read for tool calls."""
         return self.choice.mode != "none" and bool(self.functions)
+
+    @property
+    def thinking_ends(self) -> Tuple[str, ...]:
+        """Tags that end a reasoning model's thinking besides ``</think>``: a call's opening tag when calls
+        are read (the engine holds a call to its schema wherever it opens)."""
+        return (TOOL_CALL_OPEN,) if self.parses_calls else ()
+
+    def thinking_tokens(self) -> Optional[ThinkingTokens]:
+        """A fresh reader of which output tokens are thinking, when the thinking is answered apart."""
+        return ThinkingTokens(inside=self.reasoning == "inside", ends=self.thinking_ends) if self.reasoning else None
 
     @property
     def tool_names(self) -> List[str]:
