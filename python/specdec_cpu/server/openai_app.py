@@ -6,9 +6,9 @@ Endpoints: ``GET /health`` (200 ready, 503 loading; open without the key),
 together from one prompt, log-probabilities, penalties and biases, and
 fill-in-the-middle with ``suffix``), ``POST /v1/responses`` (OpenAI's
 Responses API, answered by the chat path; a stored response read back,
-listed by input item or deleted under ``/v1/responses/{id}``), ``POST /infill`` (llama-server's
-fill-in-the-middle), ``POST /tokenize`` and ``POST /detokenize``
-(llama-server's), ``GET /metrics`` (Prometheus).
+listed by input item or deleted under ``/v1/responses/{id}``),
+``POST /infill`` (llama-server's fill-in-the-middle), ``POST /tokenize``
+and ``POST /detokenize`` (llama-server's), ``GET /metrics`` (Prometheus).
 Every error has OpenAI's shape ``{"error": {"message", "type", "param",
 "code"}}`` and the status that says whose fault it is: 4xx for the
 client's, 5xx only for the server's.  Everything a request asks is checked

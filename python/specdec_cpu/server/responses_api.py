@@ -269,8 +269,8 @@ class _ResponsesBase(BaseModel):
     previous_response_id: Optional[str] = Field(default=None, min_length=1, description=(
         "A stored response this one continues: its conversation and answer come before the input"))
     store: Optional[bool] = Field(default=None, description=(
-        "Default true: keep the response (in this server's memory, the last --stored-responses of them) for "
-        "previous_response_id and GET /v1/responses/{id}"))
+        "Default true: keep the response in this server's memory (up to --stored-responses of them, the least "
+        "recently used dropped first) for previous_response_id and GET /v1/responses/{id}"))
     tools: Optional[List[Tool]] = None
     tool_choice: Optional[ToolChoice] = None
     parallel_tool_calls: Optional[bool] = Field(default=None, description="Default true")
