@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,11 +11,13 @@ from typing import Optional, Sequence
 
 import httpx
 
+from specdec_cpu.server.listen_ports import free_port_range
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port to listen on that the OS does not hand out for the server's own
+    connections and Ray's processes meanwhile (listen_ports)."""
+    return free_port_range()
 
 
 class ServerProcess:

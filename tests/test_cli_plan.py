@@ -175,6 +175,21 @@ def test_plan_runtime_errors_exit_1_with_one_line(capsys, tmp_path):
     assert code == 1 and "bad.json" in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_ray_task_s_error_is_described_by_its_cause():
+    """Ray's task errors start with a line naming only the task; the cause's
+    first line says what went wrong."""
+    from specdec_cpu.cli import _describe
+
+    class TaskError(Exception):  # shaped as Ray's RayTaskError
+        def __init__(self, cause: Exception) -> None:
+            super().__init__("ray::HAProxyManager.ready() (pid=1)\n  File \"haproxy.py\"\nRuntimeError: ...")
+            self.cause = cause
+
+    cause = RuntimeError("HAProxy crashed during startup: cannot bind socket [0.0.0.0:8404]\nmore")
+    assert _describe(TaskError(cause)) == ("ray::HAProxyManager.ready() (pid=1): RuntimeError: HAProxy crashed "
+                                           "during startup: cannot bind socket [0.0.0.0:8404]")
+
+
 def test_version_and_help(capsys):
     code, out, _ = run(capsys, "--version")
     assert code == 0 and "specdec-cpu" in out

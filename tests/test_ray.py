@@ -19,6 +19,8 @@ from specdec_cpu import SamplingParams, SpeculativeDecoder  # noqa: E402
 
 GREEDY = SamplingParams(temperature=0.0)
 HEADER = "x-specdec-replica"
+#: a serve --ray that fails to start logs the traceback of Ray's error with its cause
+DEBUG_ENV = {"SPECDEC_DEBUG": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +29,7 @@ def cluster(tiny_target, tiny_draft, tmp_path_factory):
     and this process attached to that cluster."""
     args = [tiny_target, tiny_draft, "--ray", "--replicas", "2", "--threads", "1", "--n-ctx", "512",
             "--max-sequences", "4", "--model-name", "tiny"]
-    with ServerProcess(args, tmp_path_factory.mktemp("ray"), timeout=240) as s:
+    with ServerProcess(args, tmp_path_factory.mktemp("ray"), timeout=240, env=DEBUG_ENV) as s:
         ray.init(address="auto", log_to_driver=False)
         try:
             # /health answers through the proxy as soon as one replica runs; the
@@ -287,7 +289,7 @@ def test_two_serve_ray_on_one_machine_each_answer_their_own_requests(cluster, tm
 
     args = [tiny_target, "--ray", "--replicas", "1", "--threads", "1", "--n-ctx", "256", "--max-sequences", "2",
             "--model-name", "second"]
-    with ServerProcess(args, tmp_path, timeout=240) as second:
+    with ServerProcess(args, tmp_path, timeout=240, env=DEBUG_ENV) as second:
         end = time.monotonic() + 60  # /health can answer before serve --ray prints its serving line
         while "through Ray Serve on" not in second.logs() and time.monotonic() < end:
             time.sleep(0.2)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import http.client
 import os
 import signal
-import socket
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -55,11 +54,12 @@ def tool_env() -> Dict[str, str]:
     return env
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def free_port() -> int:
+    """A TCP port nobody listens on right now, and none the OS hands out by
+    itself to the server's own connections in the meantime."""
+    from specdec_cpu.server.listen_ports import free_port_range
+
+    return free_port_range()
 
 
 def http_ok(url: str, path: str, timeout: float = 5.0) -> bool:

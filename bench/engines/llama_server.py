@@ -80,7 +80,7 @@ def llama_server(model: PathLike, *, startup_timeout: float = 180.0, **options: 
     preexec = _pdeathsig_preexec() if threading.current_thread() is threading.main_thread() else None
     last_error: Optional[BaseException] = None
     for _ in range(3):
-        port = free_port(HOST)
+        port = free_port()
         cmd = server_command(model, port=port, **options)
         log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

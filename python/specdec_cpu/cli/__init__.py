@@ -83,4 +83,8 @@ def _describe(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     if isinstance(exc, OSError) and exc.filename is not None and str(exc.filename) not in text:
         text = f"{exc.filename}: {text}"
-    return text.splitlines()[0] if text else type(exc).__name__
+    first = text.splitlines()[0] if text else type(exc).__name__
+    cause = getattr(exc, "cause", None)  # a Ray task's error: its first line only names the task
+    if isinstance(cause, BaseException) and cause is not exc:
+        return f"{first}: {type(cause).__name__}: {_describe(cause)}"
+    return first

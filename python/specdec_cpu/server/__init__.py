@@ -6,7 +6,8 @@
 - :mod:`.response_store` — the responses kept for ``previous_response_id``;
 - :mod:`.prometheus` — ``/metrics`` in Prometheus' text format;
 - :mod:`.http_server` — runs the application under uvicorn (``specdec-cpu serve``);
-- :mod:`.ray_deployment` — the same application as a Ray Serve deployment.
+- :mod:`.ray_deployment` — the same application as a Ray Serve deployment;
+- :mod:`.listen_ports` — free ports for its local cluster's listeners.
 
 Imported only with the ``server`` (and ``ray``) extras.
 """

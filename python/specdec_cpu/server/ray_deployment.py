@@ -26,6 +26,7 @@ from ray import serve
 from ..decoding.batched import BatchedDecoder
 from ..errors import ModelLoadError
 from ..settings import BatchedSettings
+from .listen_ports import free_port_range
 from .openai_app import ServerOptions, create_app
 
 __all__ = ["LOW_LATENCY_ENV", "START_PATIENCE_ENV", "RayServeConfig", "SpecDecReplica", "app_builder", "build_app"]
@@ -56,8 +57,10 @@ LOW_LATENCY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1",
 #: replaces it after three misses, failing ``serve.start``.  On a busy
 #: machine (the replicas loading their models beside other work) the HAProxy
 #: proxy took longer, and ``serve --ray`` exited at start: a local cluster
-#: gives it a minute.  Set like LOW_LATENCY_ENV (docs/serving.md §8).
-START_PATIENCE_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
+#: gives it a minute, and the HAProxy binary inside it 50 s where Ray gives
+#: 30 (so HAProxy's own error, with its output, is the one reported).  Set
+#: like LOW_LATENCY_ENV (docs/serving.md §8).
+START_PATIENCE_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", "RAY_SERVE_HAPROXY_STARTUP_TIMEOUT_S": "50"}
 
 
 #: Two ``serve --ray`` on one machine (two local clusters) must not share
@@ -69,9 +72,10 @@ START_PATIENCE_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
 #: fallback Python proxy on 8500 (gRPC 9500) that HAProxy sends requests to
 #: while no replica of its own is up (a CI run saw a request for one
 #: cluster's model answered by the other's replica that way).  A local
-#: cluster gets free ports and port ranges of its own.
+#: cluster gets free ports and port ranges of its own, from a window the OS
+#: never hands out by itself (:mod:`.listen_ports`).
 OWN_PORT_ENV = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT",
-                    "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT")
+                "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT")
 REPLICA_PORT_RANGE_ENV = (("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"),
                           ("RAY_SERVE_DIRECT_INGRESS_MIN_GRPC_PORT", "RAY_SERVE_DIRECT_INGRESS_MAX_GRPC_PORT"))
 #: ports per range: Ray holds a dead replica's port out of use for a while,
@@ -320,37 +324,13 @@ def _own_ports() -> None:
     REPLICA_PORT_RANGE_ENV); values already in the environment are kept."""
     taken: set = set()
     for name in OWN_PORT_ENV:
-        os.environ.setdefault(name, str(_free_port_range(1, taken)))
+        os.environ.setdefault(name, str(free_port_range(1, taken)))
         taken.add(int(os.environ[name]))
     for low, high in REPLICA_PORT_RANGE_ENV:
         if low not in os.environ and high not in os.environ:
-            base = _free_port_range(REPLICA_PORT_RANGE, taken)
+            base = free_port_range(REPLICA_PORT_RANGE, taken)
             os.environ[low], os.environ[high] = str(base), str(base + REPLICA_PORT_RANGE - 1)
             taken.update(range(base, base + REPLICA_PORT_RANGE))
-
-
-def _free_port_range(n: int, taken: set, tries: int = 100) -> int:
-    """The first of ``n`` consecutive ports that nothing listens on now, none
-    in ``taken``: from a port the OS picks at random, checked by binding each
-    without SO_REUSEPORT (a listener that has it still refuses such a bind).
-    Another process can take one before Ray does only in a rare race."""
-    for _ in range(tries):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            base = s.getsockname()[1]
-        ports = range(base, base + n)
-        if base + n <= 65536 and not taken.intersection(ports) and all(_port_free(p) for p in ports):
-            return base
-    raise RuntimeError(f"found no {n} consecutive free ports for the local Ray cluster")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("", port))
-        except OSError:
-            return False
-    return True
 
 
 def run_ray(config: RayServeConfig, *, host: str = "127.0.0.1", port: int = 8000,
