@@ -102,6 +102,8 @@ def test_a_file_that_is_no_model_names_its_flag(env, ollama_pair, tmp_path):
     assert code == 1 and "error: --target empty:1b: model file is empty" in err
     code, _, err = cli("serve", str(empty), "--port", "0", env=env)
     assert code == 1 and f"error: TARGET: model file is empty (0 bytes): {empty}" in err
+    code, _, err = cli("serve", "tiny:2l", "--embedding-model", str(empty), "--port", "0", env=env)
+    assert code == 1 and f"error: --embedding-model: model file is empty (0 bytes): {empty}" in err
     code, _, err = cli("serve", "tiny:2l", "--target", "tiny:2l", env=env)
     assert code == 2 and "give the target model once: as TARGET or as --target, not both" in err
     code, _, err = cli("serve", "--draft", "tiny:1l", env=env)

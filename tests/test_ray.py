@@ -317,6 +317,20 @@ def test_two_serve_ray_on_one_machine_each_answer_their_own_requests(cluster, tm
         assert all(ports[0][n] != ports[1][n] for n in names), ports
 
 
+def test_embeddings_through_ray_and_its_config(cluster, tiny_target, tiny_draft) -> None:
+    """/v1/embeddings answers through the Ray ingress; the config carries the embedding settings."""
+    import httpx
+
+    from specdec_cpu.server.ray_deployment import RayServeConfig
+
+    r = httpx.post(cluster.url + "/v1/embeddings", json={"model": "tiny", "input": ["hello", "world"]}, timeout=60)
+    assert r.status_code == 200 and r.headers.get(HEADER), r.text
+    assert [len(d["embedding"]) for d in r.json()["data"]] == [64, 64]
+    config = RayServeConfig(target=tiny_target, embedding_model=tiny_draft, embedding_max_tokens=64)
+    settings = config.decoder_settings()
+    assert (settings.embedding_model, settings.embedding_max_tokens) == (tiny_draft, 64)
+
+
 def test_the_documented_config_file_builds_an_application(tiny_target, tiny_draft) -> None:
     from pathlib import Path
 

@@ -63,7 +63,7 @@ OPERATIONS = [
     "GET /health", "GET /metrics", "GET /v1/models", "GET /v1/models/{model}", "POST /v1/completions",
     "POST /v1/chat/completions", "POST /v1/responses", "GET /v1/responses/{response_id}",
     "DELETE /v1/responses/{response_id}", "GET /v1/responses/{response_id}/input_items", "POST /infill",
-    "POST /tokenize", "POST /detokenize",
+    "POST /tokenize", "POST /detokenize", "POST /v1/embeddings",
 ]
 
 

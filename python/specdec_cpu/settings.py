@@ -111,6 +111,11 @@ def _check_chat_template(value: Any) -> None:
         raise ValueError(str(exc)) from None
 
 
+def _check_path(value: Any) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise TypeError(f"must be a file path or None, got {value!r}")
+
+
 def _check_ngram_kwargs(value: Any) -> None:
     if value is None:
         return
@@ -209,6 +214,11 @@ class BatchedSettings(DecoderSettings):
     max_sequences: int = _opt(8, "requests decoded at once (each one llama.cpp sequence)", _int_in(1, 256))
     max_queue: int = _opt(64, "requests that may wait for a free sequence (beyond: refused)", _int_in(0))
     prefill_chunk: int = _opt(128, "prompt tokens taken in per step while other requests decode", _int_in(1))
+    embedding_model: Optional[str] = _opt(
+        None, "a GGUF model that answers embeddings (/v1/embeddings; an embedding model such as nomic-embed or "
+        "bge); default: the target's own hidden states, mean-pooled", _check_path, parse=str, metavar="FILE")
+    embedding_max_tokens: int = _opt(512, "the longest text an embedding takes, in tokens (also the tokens of "
+                                     "one embedding pass)", _int_in(8, 1 << 16))
 
 
 # ---------------------------------------------------------------- command line

@@ -83,7 +83,7 @@ def _auto_draft(args: argparse.Namespace, target: str, catalog_box: list,
     return str(choice.entry.path)
 
 
-def _check_files(models: Iterable[Tuple[str, Optional[str], Optional[str]]]) -> None:
+def check_model_files(models: Iterable[Tuple[str, Optional[str], Optional[str]]]) -> None:
     """Each ``(flag, as given, file)`` is a readable GGUF file; the error names the flag
     (and the name given, when a store's file was found for it)."""
     from ..engine.gguf_meta import check_gguf_file
@@ -118,7 +118,7 @@ def finish_models(args: argparse.Namespace, target: str, draft: Optional[str], *
         target = _resolve(flags[0], target, box, model_dirs)
         if draft is not None:
             draft = _resolve(flags[1], draft, box, model_dirs)
-    _check_files(zip(flags, given, (target, draft)))
+    check_model_files(zip(flags, given, (target, draft)))
     if (named and auto_draft and draft is None and not getattr(args, "no_auto_draft", True)
             and getattr(args, "gamma", "auto") != 0):
         draft = _auto_draft(args, target, box, model_dirs, say)

@@ -10,7 +10,7 @@ from typing import Optional
 from ..chat.reasoning import REASONING_FORMATS
 from ..settings import BatchedSettings, add_flags, from_flags
 from ._common import UsageError, emit, int_in, positive_float
-from ._discovery import add_discovery_args, finish_models, label, served_name
+from ._discovery import add_discovery_args, check_model_files, finish_models, label, served_name
 
 API_KEY_ENV = "SPECDEC_API_KEY"
 CORS_ENV = "SPECDEC_CORS_ORIGIN"
@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--draft needs a target: give TARGET (or --target)")
     if args.draft_vocab is not None and args.target is not None and args.draft is None:
         raise UsageError("--draft-vocab cuts the draft model: give DRAFT")
+    check_model_files([("--embedding-model", args.embedding_model, args.embedding_model)])
     target, draft = _model_paths(args)  # may pick a draft, or fall back on prompt lookup
     try:
         settings = from_flags(args, BatchedSettings)
@@ -162,7 +163,9 @@ def _run_ray(args: argparse.Namespace, settings: BatchedSettings, target: str, d
             prefill_chunk=settings.prefill_chunk, api_key=args.api_key or None, max_body_bytes=args.max_body,
             request_timeout=args.timeout, log_prompts=args.log_prompts, cors_origins=cors_origins(args),
             stored_responses=args.stored_responses, reasoning_format=args.reasoning_format,
-            chat_template=_template_text(settings.chat_template))
+            chat_template=_template_text(settings.chat_template),
+            embedding_model=str(Path(settings.embedding_model).resolve()) if settings.embedding_model else None,
+            embedding_max_tokens=settings.embedding_max_tokens)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return run_ray(config, host=args.host, port=args.port, address=args.ray_address, say=emit)

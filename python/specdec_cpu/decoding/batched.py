@@ -15,10 +15,12 @@ from ..core.request_args import Prompt
 from ..core.sequence import GammaSetting, SeedSequence, choice_seed
 from ..core.stats import Generation
 from ..core.text import stop_strings
+from ..errors import UnsupportedModelError
 from ..params import SamplingParams
 from ..planning.costmodel import CostModel
 from ..planning.policy import CATCH_UP_LIMIT
 from ..settings import BatchedSettings
+from .embeddings import Embedder
 from .front import CallerCalls, DecoderFront, generation_or_raise, make_policy, settings_of
 from .loop import StepLoop
 from .metrics import MetricsSnapshot, ServingMetrics
@@ -76,6 +78,7 @@ class BatchedDecoder(DecoderFront):
         self._closed = False
         self._calls = CallerCalls("BatchedDecoder")
         self._owned: Any = None
+        self._embedder: Optional[Embedder] = None  # from_gguf gives it one
         self.target_path: Optional[str] = target.weights.path
         self.draft_path: Optional[str] = draft.weights.path if draft is not None else None
         self.n_threads: Optional[int] = target.n_threads
@@ -114,10 +117,26 @@ class BatchedDecoder(DecoderFront):
         planner's predictions beside what happened; step_trace.py).
         """
         from .. import engine
-        from ..planning.calibration import BATCH_ROWS, initial_costs
 
         s = settings_of(settings, kwargs, BatchedSettings)
         s.check_drafter(draft is not None)
+        # an embedding model first: a missing file fails before the pair loads
+        own_embedding = engine.LlamaWeights(s.embedding_model) if s.embedding_model is not None else None
+        try:
+            dec = cls._load(target, draft, s, own_embedding, progress, step_trace)
+        except BaseException:
+            if own_embedding is not None:
+                own_embedding.close()
+            raise
+        return dec
+
+    @classmethod
+    def _load(cls, target: Union[str, os.PathLike], draft: Optional[Union[str, os.PathLike]], s: BatchedSettings,
+              own_embedding: Any, progress: Optional[Callable[[str], None]],
+              step_trace: Optional[StepTrace]) -> "BatchedDecoder":
+        from .. import engine
+        from ..planning.calibration import BATCH_ROWS, initial_costs
+
         pair = engine.load_pair(target, draft, draft_vocab=s.draft_vocab, progress=progress)
         with pair.closed_on_error():
             target_ctx = engine.LlamaMultiContext(pair.target, n_seq=s.max_sequences, n_ctx=s.n_ctx,
@@ -130,6 +149,12 @@ class BatchedDecoder(DecoderFront):
                       gamma_max=s.gamma_max, ngram=s.ngram, ngram_kwargs=s.ngram_kwargs, seed=s.seed,
                       max_queue=s.max_queue, prefill_chunk=s.prefill_chunk, step_trace=step_trace)
             dec._owned = pair
+            dec._embedder = Embedder(
+                own_embedding or pair.target, dec.tokenizer if own_embedding is None else
+                engine.LlamaTokenizer(own_embedding), dec._calls, max_tokens=s.embedding_max_tokens,
+                n_threads=s.n_threads, owned=own_embedding is not None)
+            if own_embedding is not None:
+                dec._embedder.prepare()  # a model that cannot embed fails the load, not a request
             dec.set_chat_template(s.chat_template)
             if dec.has_drafter:
                 # (at most half a sequence's context: the timing runs after a warm prefix)
@@ -270,6 +295,14 @@ class BatchedDecoder(DecoderFront):
         return min(self.target.n_ctx, self.draft.n_ctx) if self.draft is not None else self.target.n_ctx
 
     @property
+    def embeddings(self) -> Embedder:
+        """Embeddings beside generation: by the ``embedding_model`` setting's model, else by the target's
+        own hidden states, mean-pooled (``UnsupportedModelError`` for a decoder not loaded from GGUF files)."""
+        if self._embedder is None:
+            raise UnsupportedModelError("this decoder was not loaded from GGUF files: it has no model to embed with")
+        return self._embedder
+
+    @property
     def healthy(self) -> bool:
         """Open, and its scheduler thread running."""
         return not self._closed and self._scheduler.alive
@@ -303,7 +336,9 @@ class BatchedDecoder(DecoderFront):
             return
         self._closed = True
         self._scheduler.close(drain=drain, timeout=timeout)
-        self._calls.close()  # a caller still tokenizing finishes first
+        self._calls.close()  # a caller still tokenizing (or embedding) finishes first
+        if self._embedder is not None:
+            self._embedder.close()
         for ctx in (self.target, self.draft):
             if ctx is not None:
                 ctx.close()

@@ -4,6 +4,7 @@
 * :class:`LlamaContext` -- a KV cache over the weights; implements ``CausalLM``.
 * :class:`LlamaMultiContext` -- one KV cache holding many sequences decoded
   together; implements ``SequenceLM``.
+* :class:`LlamaEmbedder` -- pooled, normalised embeddings in a context of their own.
 * :func:`load_pair` -- a target and a draft loaded and checked together (:class:`ModelPair`).
 * :class:`LlamaTokenizer` -- the model's vocabulary; implements ``Tokenizer``.
 * :func:`check_vocab_compatible` -- can a draft model speculate for a target?
@@ -17,6 +18,7 @@
 from __future__ import annotations
 
 from .context import DecodeError, LlamaContext
+from .embedding import LlamaEmbedder
 from .grammar_tokenizer import llg_tokenizer
 from .loading import ModelPair, load_pair
 from .multi_context import LlamaMultiContext, SequenceView
@@ -31,6 +33,7 @@ __all__ = [
     "LlamaContext",
     "LlamaMultiContext",
     "SequenceView",
+    "LlamaEmbedder",
     "ModelPair",
     "load_pair",
     "LlamaTokenizer",

@@ -69,8 +69,10 @@ from ..errors import (
     InvalidPromptError,
     QueueFullError,
     SpecDecError,
+    UnsupportedModelError,
 )
 from . import openapi as docs
+from .embeddings_api import add_embedding_routes, embedding_meta, embedding_model_name
 from .errors import BodyLimit, RequestError, error_responses, install_error_handlers, validation_request_error
 from .openai_schema import ChatCompletionRequest, CompletionRequest, InfillRequest, chat_messages
 from .prometheus import CONTENT_TYPE, metrics_response
@@ -221,7 +223,13 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         dec = state.decoder
         if dec is None:
             return None
-        return docs.LiveBounds(n_vocab=dec.n_vocab, max_choices=dec.max_choices, max_requests=dec.max_requests)
+        try:
+            embedder = dec.embeddings
+            embedding = {"embedding_vocab": embedder.n_vocab, "embedding_dimensions": embedder.dimensions}
+        except UnsupportedModelError:
+            embedding = {}
+        return docs.LiveBounds(n_vocab=dec.n_vocab, max_choices=dec.max_choices, max_requests=dec.max_requests,
+                               **embedding)
 
     docs.install_openapi(app, live_bounds, api_key=options.api_key is not None)
 
@@ -252,7 +260,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
     @app.get("/v1/models", dependencies=[Depends(authorized)], response_model=docs.ModelList,
              responses=error_responses(401), summary="The served model, its context size and draft")
     def models() -> dict:
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": [model_card(), *embedding_card()]}
 
     @app.get("/v1/models/{model:path}", dependencies=[Depends(authorized)], response_model=docs.ModelCard,
              responses=error_responses(401, 404), summary="The served model, by its name (OpenAI's retrieve)")
@@ -271,7 +279,18 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
                             "draft": os.path.basename(dec.draft_path) if dec.draft_path else None,
                             "ngram": bool(dec.ngram), "max_sequences": dec.max_sequences,
                             "chat_template": _template_name(dec.chat_template)}
+            if embedding_model_name(dec) is None:
+                card["embedding"] = embedding_meta(dec)
         return card
+
+    def embedding_card() -> List[dict]:
+        """A separate --embedding-model's card (else the served model's card says it embeds)."""
+        dec = state.decoder
+        name = embedding_model_name(dec) if dec is not None else None
+        if dec is None or name is None:
+            return []
+        return [{"id": name, "object": "model", "created": int(state.started), "owned_by": "specdec-cpu",
+                 "embedding": embedding_meta(dec)}]
 
     @app.get("/metrics", dependencies=[Depends(authorized)], response_class=Response,
              summary="Prometheus metrics (text format)",
@@ -403,6 +422,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         return JSONResponse(infill_reply.final())
 
     add_token_routes(app, ready_decoder, authorized)
+    add_embedding_routes(app, ready_decoder, authorized, options.model_name)
     return app
 
 

@@ -107,11 +107,11 @@ def _prompt(value: Any) -> List[Union[str, List[int]]]:
     if isinstance(value, list) and value and all(isinstance(x, (str, list)) for x in value):
         if len(value) > MAX_PROMPTS:
             raise ValueError(f"at most {MAX_PROMPTS} prompts per request, got {len(value)}")
-        return [_one_prompt(x, f"prompt {i}: ") for i, x in enumerate(value)]
-    return [_one_prompt(value, "")]
+        return [one_prompt(x, f"prompt {i}: ") for i, x in enumerate(value)]
+    return [one_prompt(value, "")]
 
 
-def _one_prompt(value: Any, where: str) -> Union[str, List[int]]:
+def one_prompt(value: Any, where: str) -> Union[str, List[int]]:
     if isinstance(value, str):
         if not value:
             raise ValueError(f"{where}must not be empty")

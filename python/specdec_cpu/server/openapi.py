@@ -48,6 +48,11 @@ class ModelMeta(BaseModel):
     chat_template: Optional[str] = Field(description="The --chat-template override (null: the model's own)")
 
 
+class EmbeddingMeta(BaseModel):
+    dimensions: int = Field(description="Values per vector")
+    max_tokens: int = Field(description="The most tokens one input may have")
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"]
@@ -55,6 +60,8 @@ class ModelCard(BaseModel):
     owned_by: str
     max_model_len: Optional[int] = Field(default=None, description="vLLM's name of meta.n_ctx")
     meta: Optional[ModelMeta] = Field(default=None, description="Absent while the model loads")
+    embedding: Optional[EmbeddingMeta] = Field(default=None, description=(
+        "The model that answers /v1/embeddings under this name (the --embedding-model has a card of its own)"))
 
 
 class ModelList(BaseModel):
@@ -409,6 +416,8 @@ class LiveBounds:
     n_vocab: int
     max_choices: int  # the most ``n`` a request may ask for
     max_requests: int  # the most requests (prompts × n of one request) that can run and wait at once
+    embedding_vocab: Optional[int] = None  # the embedding model's vocabulary (None: no embeddings)
+    embedding_dimensions: Optional[int] = None  # its vectors' size, the most ``dimensions`` a request may ask for
 
 
 def install_openapi(app: FastAPI, live_bounds: Callable[[], Optional[LiveBounds]], api_key: bool) -> None:
@@ -451,21 +460,29 @@ def _cleaned(doc: Dict[str, Any], api_key: bool) -> Dict[str, Any]:
 
 def _with_bounds(doc: Dict[str, Any], bounds: LiveBounds) -> Dict[str, Any]:
     """Every token id's ``maximum`` (MAX_TOKEN_ID in the models) becomes
-    ``n_vocab - 1``, ``n``'s (MAX_CHOICES) the server's own limit of choices,
-    and the prompts' count (MAX_PROMPTS) the requests it can run and queue."""
+    ``n_vocab - 1`` (the embedding model's, in an embeddings request),
+    ``n``'s (MAX_CHOICES) the server's own limit of choices, the prompts'
+    count (MAX_PROMPTS) the requests it can run and queue, and an embeddings
+    request's ``dimensions`` at most the vectors' size."""
     from .openai_schema import MAX_CHOICES, MAX_PROMPTS, MAX_TOKEN_ID
 
-    def walk(node: Any) -> None:
+    def walk(node: Any, n_vocab: int) -> None:
         if isinstance(node, dict):
             if node.get("type") == "integer" and node.get("maximum") == MAX_TOKEN_ID:
-                node["maximum"] = bounds.n_vocab - 1
+                node["maximum"] = n_vocab - 1
             for value in node.values():
-                walk(value)
+                walk(value, n_vocab)
         elif isinstance(node, list):
             for value in node:
-                walk(value)
+                walk(value, n_vocab)
 
-    walk(doc)
+    embedding = doc.get("components", {}).get("schemas", {}).get("EmbeddingRequest")
+    if embedding is not None and bounds.embedding_vocab is not None:
+        walk(embedding, bounds.embedding_vocab)
+        for choice in embedding.get("properties", {}).get("dimensions", {}).get("anyOf", []):
+            if choice.get("type") == "integer":
+                choice["maximum"] = bounds.embedding_dimensions
+    walk(doc, bounds.n_vocab)
     for schema in doc.get("components", {}).get("schemas", {}).values():
         for choice in schema.get("properties", {}).get("n", {}).get("anyOf", []):
             if choice.get("maximum") == MAX_CHOICES:

@@ -117,6 +117,8 @@ class RayServeConfig:
     stored_responses: int = 256  # per replica: a continuation reaching another replica is a 400
     reasoning_format: str = "auto"
     chat_template: Optional[str] = None  # a file on every node, or the template's text
+    embedding_model: Optional[str] = None  # a file on every node
+    embedding_max_tokens: int = 512
 
     def __post_init__(self) -> None:
         for name in ("replicas", "threads"):
@@ -137,7 +139,8 @@ class RayServeConfig:
         return BatchedSettings(gamma=self.gamma, ngram=self.ngram, draft_vocab=self.draft_vocab,
                                n_threads=self.threads, n_ctx=self.n_ctx, max_sequences=self.max_sequences,
                                max_queue=self.max_queue, prefill_chunk=self.prefill_chunk,
-                               chat_template=self.chat_template)
+                               chat_template=self.chat_template, embedding_model=self.embedding_model,
+                               embedding_max_tokens=self.embedding_max_tokens)
 
     @property
     def name(self) -> str:
@@ -158,7 +161,7 @@ class SpecDecReplica:
     def __init__(self, config: dict) -> None:
         self.config = RayServeConfig(**config)
         cfg = self.config
-        for what, path in (("target", cfg.target), ("draft", cfg.draft)):
+        for what, path in (("target", cfg.target), ("draft", cfg.draft), ("embedding", cfg.embedding_model)):
             if path is not None and not os.path.isfile(path):
                 raise ModelLoadError(f"{what} model {path} is not a file on node {socket.gethostname()}: "
                                      "every node running a replica needs the model files at the same path")

@@ -1,0 +1,158 @@
+"""OpenAI's ``POST /v1/embeddings``: one vector per text (or token-id list).
+
+The vectors come from the decoder's :class:`~specdec_cpu.decoding.embeddings.Embedder`:
+the ``--embedding-model`` GGUF when one is given (listed by ``/v1/models``
+under its file's name), else the served model's own hidden states,
+mean-pooled (as llama-server's ``--embeddings``).  Every vector is
+L2-normalised, as OpenAI's; ``dimensions`` keeps the first values and
+normalises them again, as OpenAI's text-embedding-3 models do (useful with
+a Matryoshka-trained model such as nomic-embed-text-v1.5).  ``encoding_format``
+``base64`` sends the little-endian float32 bytes, which the ``openai``
+package asks for by default.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+from typing import Annotated, Any, Callable, List, Literal, Optional, Union
+
+import numpy as np
+from fastapi import Depends, FastAPI
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+
+from ..errors import DecoderClosedError, InvalidPromptError, SpecDecError, UnsupportedModelError
+from .errors import RequestError, error_responses
+from .openai_schema import AS_INT, MAX_TOKEN_ID, one_prompt
+
+__all__ = ["add_embedding_routes", "embedding_meta", "embedding_model_name", "MAX_EMBEDDING_INPUTS"]
+
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit of inputs per request
+
+_STRICT = ConfigDict(extra="forbid", strict=True)
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}, "minItems": 1}
+
+
+def _inputs(value: Any) -> List[Union[str, List[int]]]:
+    """A text, a list of texts, token ids, or a list of token-id lists."""
+    if isinstance(value, list) and value and all(isinstance(x, (str, list)) for x in value):
+        if len(value) > MAX_EMBEDDING_INPUTS:
+            raise ValueError(f"at most {MAX_EMBEDDING_INPUTS} inputs per request, got {len(value)}")
+        return [one_prompt(x, f"input {i}: ") for i, x in enumerate(value)]
+    return [one_prompt(value, "")]
+
+
+Inputs = Annotated[Any, BeforeValidator(_inputs), WithJsonSchema({
+    "anyOf": [{"type": "string", "minLength": 1},
+              {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1,
+               "maxItems": MAX_EMBEDDING_INPUTS},
+              _TOKEN_IDS,
+              {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": MAX_EMBEDDING_INPUTS}],
+    "description": f"A text, token ids, or a list of either (up to {MAX_EMBEDDING_INPUTS}): one vector each"})]
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = _STRICT
+
+    input: Inputs
+    model: Optional[str] = Field(default=None, description=(
+        "The served model's name, or the --embedding-model's (as /v1/models lists it)"))
+    encoding_format: Optional[Literal["float", "base64"]] = Field(default=None, description=(
+        "float (default): a list of numbers; base64: the little-endian float32 bytes"))
+    dimensions: Optional[Annotated[int, Field(ge=1), AS_INT]] = Field(default=None, description=(
+        "Keep the first N values, normalised again (for Matryoshka-trained models); at most the model's size"))
+    user: Optional[str] = None
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: Union[List[float], str]
+
+
+class EmbeddingUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(BaseModel):
+    object: Literal["list"]
+    data: List[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
+def embedding_model_name(dec: Any) -> Optional[str]:
+    """The name ``/v1/models`` lists a separate embedding model under (its file's name), or None when
+    the served model embeds."""
+    path = dec.embeddings.model_path
+    if path == dec.target_path:
+        return None
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+def embedding_meta(dec: Any) -> dict:
+    """What a model card says of the model that embeds."""
+    return {"dimensions": dec.embeddings.dimensions, "max_tokens": dec.embeddings.max_tokens}
+
+
+def add_embedding_routes(app: FastAPI, ready_decoder: Callable[[], Any], authorized: Callable[..., None],
+                         model_name: str) -> None:
+    """Register ``/v1/embeddings`` on ``app``."""
+
+    @app.post("/v1/embeddings", dependencies=[Depends(authorized)], response_model=EmbeddingList,
+              responses=error_responses(400, 401, 404, 413, 503), summary="Vectors of texts (OpenAI's embeddings)")
+    def embeddings(body: EmbeddingRequest) -> dict:
+        dec = ready_decoder()
+        try:
+            embedder = dec.embeddings
+        except UnsupportedModelError as exc:
+            raise RequestError(400, str(exc), param="model", code="embeddings_unsupported") from None
+        own_name = embedding_model_name(dec)
+        if body.model is not None and body.model not in (model_name, own_name):
+            names = f"'{model_name}'" + (f" or '{own_name}'" if own_name else "")
+            raise RequestError(404, f"The model '{body.model}' does not exist; this server embeds with {names}",
+                               param="model", code="model_not_found")
+        if body.dimensions is not None and body.dimensions > embedder.dimensions:
+            raise RequestError(400, f"dimensions={body.dimensions}: this model's embeddings have "
+                                    f"{embedder.dimensions} values", param="dimensions")
+        try:
+            sequences = [_tokens(embedder, x, i) for i, x in enumerate(body.input)]
+            limit = embedder.max_tokens
+            for i, seq in enumerate(sequences):
+                if len(seq) > limit:
+                    raise RequestError(400, f"input {i} is {len(seq)} tokens; this server embeds at most {limit} "
+                                            "tokens per input (--embedding-max-tokens)", param="input",
+                                       code="context_length_exceeded")
+            vectors = embedder.embed(sequences)
+        except InvalidPromptError as exc:
+            raise RequestError(400, str(exc), param="input") from None
+        except DecoderClosedError as exc:
+            raise RequestError(503, f"the server is shutting down: {exc}", type="server_error") from None
+        except SpecDecError as exc:
+            raise RequestError(500, f"embedding failed: {exc}", type="server_error") from None
+        if body.dimensions is not None:
+            vectors = _shortened(vectors, body.dimensions)
+        as_base64 = body.encoding_format == "base64"
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") if as_base64
+                 else v.tolist()} for i, v in enumerate(vectors)]
+        n = sum(len(s) for s in sequences)
+        return {"object": "list", "data": data, "model": body.model or own_name or model_name,
+                "usage": {"prompt_tokens": n, "total_tokens": n}}
+
+
+def _tokens(embedder: Any, value: Union[str, List[int]], index: int) -> List[int]:
+    if not isinstance(value, str):
+        return value
+    try:
+        return list(embedder.tokens(value))
+    except (UnicodeEncodeError, ValueError) as exc:
+        raise RequestError(400, f"input {index} cannot be tokenized: {exc}", param="input") from None
+
+
+def _shortened(vectors: np.ndarray, n: int) -> np.ndarray:
+    """The first ``n`` values of each row, L2-normalised again."""
+    out = np.ascontiguousarray(vectors[:, :n])
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    return np.divide(out, norms, out=out, where=norms > 0)
