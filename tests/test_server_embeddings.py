@@ -95,6 +95,21 @@ def test_the_sdk_gets_llama_cpp_python_s_vectors(server, tiny_target) -> None:
     assert got.usage.prompt_tokens == got.usage.total_tokens == n_tokens
 
 
+def _metric(server, name: str) -> float:
+    lines = httpx.get(server.url + "/metrics").text.splitlines()
+    return float(next(line.split()[1] for line in lines if line.startswith(name + " ")))
+
+
+def test_metrics_count_inputs_tokens_and_seconds(server) -> None:
+    names = ("specdec_embedding_inputs_total", "specdec_embedding_tokens_total", "specdec_embedding_seconds_total")
+    before = [_metric(server, n) for n in names]
+    usage = post(server, input=TEXTS + [[1, 2, 3]]).json()["usage"]
+    after = [_metric(server, n) for n in names]
+    assert after[0] - before[0] == 4 and after[1] - before[1] == usage["prompt_tokens"] and after[2] > before[2]
+    refused(post(server, input=["ok", "word " * 40]), "input")  # refused: nothing counted
+    assert [_metric(server, n) for n in names[:2]] == after[:2]
+
+
 def test_every_input_shape_and_encoding_gives_the_same_vector(server) -> None:
     ids = httpx.post(server.url + "/tokenize", json={"content": TEXTS[1], "add_special": True}).json()["tokens"]
     one = np.array(post(server, input=TEXTS[1]).json()["data"][0]["embedding"], dtype=np.float32)

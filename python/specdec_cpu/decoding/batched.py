@@ -20,7 +20,7 @@ from ..params import SamplingParams
 from ..planning.costmodel import CostModel
 from ..planning.policy import CATCH_UP_LIMIT
 from ..settings import BatchedSettings
-from .embeddings import Embedder
+from .embeddings import Embedder, EmbeddingCounts
 from .front import CallerCalls, DecoderFront, generation_or_raise, make_policy, settings_of
 from .loop import StepLoop
 from .metrics import MetricsSnapshot, ServingMetrics
@@ -301,6 +301,10 @@ class BatchedDecoder(DecoderFront):
         if self._embedder is None:
             raise UnsupportedModelError("this decoder was not loaded from GGUF files: it has no model to embed with")
         return self._embedder
+
+    def embedding_counts(self) -> EmbeddingCounts:
+        """What :attr:`embeddings` has done (zeros before its first call, or without one)."""
+        return self._embedder.counts() if self._embedder is not None else EmbeddingCounts(0, 0, 0.0)
 
     @property
     def healthy(self) -> bool:

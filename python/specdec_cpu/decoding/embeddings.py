@@ -9,7 +9,8 @@ at the first call, so a server that never embeds never pays its memory.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, List, Optional, Sequence, Union
+import time
+from typing import TYPE_CHECKING, List, NamedTuple, Optional, Sequence, Union
 
 import numpy as np
 
@@ -20,7 +21,15 @@ if TYPE_CHECKING:
     from ..engine.embedding import LlamaEmbedder
     from .front import CallerCalls
 
-__all__ = ["Embedder"]
+__all__ = ["Embedder", "EmbeddingCounts"]
+
+
+class EmbeddingCounts(NamedTuple):
+    """What an Embedder has done since it was made (``/metrics``)."""
+
+    inputs: int  # texts and token-id lists embedded
+    tokens: int  # their tokens
+    seconds: float  # time in embedding passes
 
 
 class Embedder:
@@ -39,6 +48,7 @@ class Embedder:
         self._max_tokens, self._n_threads, self._owned = max_tokens, n_threads, owned
         self._context: Optional["LlamaEmbedder"] = None
         self._lock = threading.Lock()
+        self._counts = EmbeddingCounts(0, 0, 0.0)
 
     @property
     def model_path(self) -> str:
@@ -73,7 +83,18 @@ class Embedder:
         longer than :attr:`max_tokens`, or a token id outside the vocabulary.
         """
         with self._calls.open():
-            return self._embedder().embed([self.tokens(x) if isinstance(x, str) else list(x) for x in inputs])
+            seqs = [self.tokens(x) if isinstance(x, str) else list(x) for x in inputs]
+            start = time.perf_counter()
+            vectors = self._embedder().embed(seqs)
+            seconds = time.perf_counter() - start
+        with self._lock:
+            c = self._counts
+            self._counts = EmbeddingCounts(c.inputs + len(seqs), c.tokens + sum(map(len, seqs)), c.seconds + seconds)
+        return vectors
+
+    def counts(self) -> EmbeddingCounts:
+        """Inputs, tokens and seconds embedded so far."""
+        return self._counts
 
     @property
     def pooling(self) -> str:

@@ -72,6 +72,15 @@ class DecoderCollector(Collector):
             c = CounterMetricFamily(name, doc, labels=names)
             c.add_metric(values, value)
             yield c
+        embedded = self.decoder.embedding_counts()
+        for name, doc, value in (
+            ("specdec_embedding_inputs", "Texts and token-id lists embedded (/v1/embeddings)", embedded.inputs),
+            ("specdec_embedding_tokens", "Tokens of the inputs embedded", embedded.tokens),
+            ("specdec_embedding_seconds", "Seconds in embedding passes", embedded.seconds),
+        ):
+            c = CounterMetricFamily(name, doc, labels=names)
+            c.add_metric(values, value)
+            yield c
         for name, doc, value in (
             ("specdec_mean_alpha", "Mean exact acceptance Σ min(p, q) of every verified draft row", m.mean_alpha),
             ("specdec_tokens_per_target_pass", "Tokens emitted per target pass (all requests)",
