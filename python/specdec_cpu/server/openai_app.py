@@ -350,6 +350,15 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         previous = store.previous(body.previous_response_id) if body.previous_response_id else None
         body.check_item_ids(previous.item_ids if previous is not None else ())
         keep = store if body.store is not False and store.capacity > 0 else None
+        if body.background:
+            if keep is None:
+                why = "store is false" if body.store is False else "this server stores none (--stored-responses 0)"
+                raise RequestError(400, f"a background response is stored, to be polled: {why}",
+                                   param="background")
+            if body.stream:
+                raise RequestError(400, "a background response is not streamed here: poll "
+                                        "GET /v1/responses/{id} instead", param="stream",
+                                   code="unsupported_parameter")
         try:
             try:
                 chat = ChatCompletionRequest.model_validate(body.as_chat(previous.context if previous else ()))
@@ -358,31 +367,64 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
             spec = output_spec(chat, chat=True)
             text = _chat_prompt(dec, chat, spec)
             settle_reasoning(dec, spec, text, body.reasoning_format or options.reasoning_format)
-            return await _generate(dec, chat, [text], chat.token_limit(None), "input", spec, request, options, state,
-                                   chat=True, builder=ResponseBuilder(body, options.model_name, store=keep,
-                                                                      previous=previous,
-                                                                      thinking=spec.thinking_tokens()))
+            builder = ResponseBuilder(body, options.model_name, store=keep, previous=previous,
+                                      thinking=spec.thinking_tokens())
+            try:
+                return await _generate(dec, chat, [text], chat.token_limit(None), "input", spec, request, options,
+                                       state, chat=True, builder=builder,
+                                       background=_launcher(store, builder.id) if body.background else None)
+            except BaseException:
+                builder.end()  # refused before it ran, or its client left: nothing to find running
+                raise
         except RequestError as exc:
             raise renamed(exc, body) from None
 
     @app.get("/v1/responses/{response_id}", dependencies=[Depends(authorized)], response_model=docs.ResponseObject,
              responses=error_responses(400, 401, 404), summary="A stored response (OpenAI's retrieve)")
-    def stored_response(response_id: str,
-                        include: Annotated[Optional[List[Includable]], Query(description="Ignored")] = None,
-                        # OpenAI's replay of a stored stream: refused, so left out of the document
-                        stream: Annotated[Optional[bool], Query(include_in_schema=False)] = None,
-                        starting_after: Annotated[Optional[int], Query(include_in_schema=False)] = None
-                        ) -> JSONResponse:
-        stored = store.stored(response_id)
+    async def stored_response(response_id: str,
+                              include: Annotated[Optional[List[Includable]], Query(description="Ignored")] = None,
+                              # OpenAI's replay of a stored stream: refused, so left out of the document
+                              stream: Annotated[Optional[bool], Query(include_in_schema=False)] = None,
+                              starting_after: Annotated[Optional[int], Query(include_in_schema=False)] = None
+                              ) -> JSONResponse:
+        # async: on the event loop, the one thread that writes running responses
         if stream or starting_after is not None:
             raise RequestError(400, "a stored response is answered whole: streaming it again is not supported",
                                param="stream" if stream else "starting_after", code="unsupported_parameter")
-        return JSONResponse(stored.response)
+        running = store.running(response_id)
+        if running is not None:  # as it stands
+            return JSONResponse(running.builder.response())
+        return JSONResponse(store.stored(response_id).response)
+
+    @app.post("/v1/responses/{response_id}/cancel", dependencies=[Depends(authorized)],
+              response_model=docs.ResponseObject, responses=error_responses(400, 401, 404),
+              summary="Cancel a background response (OpenAI's cancel)")
+    async def cancel_response(response_id: str) -> JSONResponse:
+        running = store.running(response_id)
+        if running is None:
+            stored = store.stored(response_id)  # the 404
+            if not stored.response.get("background"):
+                raise RequestError(400, "only a background response can be cancelled", param="response_id")
+            return JSONResponse(stored.response)  # it has ended: as it ended
+        if running.task is None:
+            raise RequestError(400, "only a background response can be cancelled (this one ends when its "
+                                    "request does)", param="response_id")
+        running.builder.cancel()
+        running.task.cancel()
+        await asyncio.wait({running.task})  # its requests are closed: the decoder drops them at its next step
+        return JSONResponse(store.stored(response_id).response)
 
     @app.delete("/v1/responses/{response_id}", dependencies=[Depends(authorized)],
-                response_model=docs.ResponseDeleted, responses=error_responses(401, 404),
-                summary="Forget a stored response")
-    def delete_response(response_id: str) -> dict:
+                response_model=docs.ResponseDeleted, responses=error_responses(400, 401, 404),
+                summary="Forget a stored response (a background one still running is cancelled first)")
+    async def delete_response(response_id: str) -> dict:
+        running = store.running(response_id)
+        if running is not None and running.task is None:
+            raise RequestError(400, "the response is still being written: delete it once it has ended",
+                               param="response_id")
+        if running is not None and running.task is not None:  # a background response: stopped, then forgotten
+            running.builder.cancel()
+            running.task.cancel()
         if store.pop(response_id) is None:
             store.stored(response_id)  # the 404
         return {"id": response_id, "object": "response.deleted", "deleted": True}
@@ -489,9 +531,11 @@ def _unicode(text: str, param: str) -> None:
 async def _generate(dec: BatchedDecoder, body: Any, prompts: List[Any], max_tokens: Optional[int], param: str,
                     spec: OutputSpec, request: Request, options: ServerOptions, state: ServerState, *,
                     chat: bool, echoes: Optional[List[Optional[str]]] = None,
-                    builder: Optional[ResponseBuilder] = None) -> Response:
+                    builder: Optional[ResponseBuilder] = None,
+                    background: Optional[Callable[[AsyncGenerator[Any, None]], None]] = None) -> Response:
     """Answer ``body``: ``n`` choices of each prompt, choice ``i * n + j`` being prompt i's choice j
-    (``builder``: answered as a response of the Responses API)."""
+    (``builder``: answered as a response of the Responses API; ``background``: given its events, to be
+    run by nobody's request, and the response is answered as it stands)."""
     if spec.grammar is not None or spec.calls is not None:  # compiled once per grammar (cached), off the event loop
         await run_in_threadpool(compile_constraint, dec, spec)
     reply = Reply(new_request_id(chat), int(time.time()), options.model_name, state.fingerprint, chat)
@@ -518,6 +562,9 @@ async def _generate(dec: BatchedDecoder, body: Any, prompts: List[Any], max_toke
         source = LogprobSource(dec.tokenizer, top, bool(body.return_tokens_as_token_ids))
         chunks = _chunks(streams, body, reply, spec, options, texts, echo_of, prompt_tokens, n, source,
                          dec.tokenizer)
+        if builder is not None and background is not None:
+            background(builder.events(chunks))
+            return JSONResponse(builder.response())
         events = _typed_sse(builder.events(chunks)) if builder is not None else _sse(chunks)
         return EventSourceResponse(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     gens = await _finish(streams, request, options, spec)
@@ -545,6 +592,20 @@ async def _generate(dec: BatchedDecoder, body: Any, prompts: List[Any], max_toke
                             "finish_reason": finish_reason(gen.finish_reason)})
     whole = reply.whole(choices, usage(prompt_tokens, gens, n, _reasoning_tokens(dec.tokenizer, spec, gens)))
     return JSONResponse(builder.whole(whole) if builder is not None else whole)
+
+
+def _launcher(store: ResponseStore, response_id: str) -> Callable[[AsyncGenerator[Any, None]], None]:
+    """What runs a background response's events: a task of the event loop, kept by ``store`` while the
+    response runs (its end, a failure or a cancel ends it)."""
+
+    def launch(events: AsyncGenerator[Any, None]) -> None:
+        async def drain() -> None:
+            async for _ in events:
+                pass
+
+        store.run_in_background(response_id, asyncio.get_running_loop().create_task(drain()))
+
+    return launch
 
 
 def _reasoning_tokens(tokenizer: Any, spec: OutputSpec, gens: Sequence[Generation]) -> Optional[int]:

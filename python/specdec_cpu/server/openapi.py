@@ -263,7 +263,8 @@ class ResponseObject(BaseModel):
     id: str
     object: Literal["response"]
     created_at: int
-    status: Literal["in_progress", "completed", "incomplete", "failed"]
+    status: Literal["in_progress", "completed", "incomplete", "failed", "cancelled"]
+    background: bool
     error: Optional[Dict[str, str]] = Field(description="Why it failed ({code, message}), when it did")
     incomplete_details: Optional[Dict[str, str]]
     instructions: Optional[str]

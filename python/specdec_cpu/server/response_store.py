@@ -9,11 +9,14 @@ memory, bounded by a count (``ServerOptions.stored_responses``): the least
 recently used response goes first, and with it every continuation's way
 back through it (a continuation copies its chain's messages, so it does
 not depend on its ancestors staying).  A restart forgets everything; under
-Ray each replica keeps its own.
+Ray each replica keeps its own.  A response to be stored is found while it
+runs too (``running``): GET answers it as it stands, and a background
+response (``background: true``) can be cancelled.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -21,7 +24,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence
 
 from .errors import RequestError
 
-__all__ = ["StoredResponse", "ResponseStore", "page_of_items"]
+__all__ = ["StoredResponse", "ResponseStore", "Running", "page_of_items"]
 
 
 @dataclass(frozen=True)
@@ -34,13 +37,43 @@ class StoredResponse:
     item_ids: FrozenSet[str]  # the ids of every item of the chain, inputs and outputs
 
 
+@dataclass
+class Running:
+    """A response still being written: its builder (``response()`` as it stands, ``cancel()``), and the
+    task writing it when nobody reads it (a background response)."""
+
+    builder: Any
+    task: Optional["asyncio.Task[None]"] = None
+
+
 class ResponseStore:
-    """At most ``capacity`` responses by id, least recently used dropped first (0 keeps none)."""
+    """At most ``capacity`` responses by id, least recently used dropped first (0 keeps none), and the
+    responses to be stored that are still running (not counted: each ends soon, or is cancelled)."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity  # checked with the server's options
         self._items: "OrderedDict[str, StoredResponse]" = OrderedDict()
+        self._running: Dict[str, Running] = {}
         self._lock = threading.Lock()  # routes run on the event loop and in its thread pool
+
+    def start(self, response_id: str, builder: Any) -> None:
+        """``builder``'s response runs: found by :meth:`running` until :meth:`end`."""
+        if self.capacity:
+            with self._lock:
+                self._running[response_id] = Running(builder)
+
+    def run_in_background(self, response_id: str, task: "asyncio.Task[None]") -> None:
+        """The task writing a background response (kept here, so it is neither collected nor lost)."""
+        with self._lock:
+            self._running[response_id].task = task
+
+    def end(self, response_id: str) -> None:
+        with self._lock:
+            self._running.pop(response_id, None)
+
+    def running(self, response_id: str) -> Optional[Running]:
+        with self._lock:
+            return self._running.get(response_id)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -69,6 +102,10 @@ class ResponseStore:
         """The response a request continues (``previous_response_id``): a 400 in OpenAI's words when it is
         not here (never stored, deleted, dropped for newer ones, or made before a restart)."""
         entry = self.get(response_id)
+        if entry is None and self.running(response_id) is not None:
+            raise RequestError(400, f"Previous response with id '{response_id}' is still running: continue it "
+                                    "once it has ended", param="previous_response_id",
+                               code="previous_response_not_found")
         if entry is None:
             kept = (f"up to {self.capacity} stored responses in memory, the least recently used dropped "
                     "first, and none from before its restart" if self.capacity

@@ -242,7 +242,6 @@ REFUSED: Tuple[unsupported.Refused, ...] = (
     unsupported.Refused("prompt", instead="send the input itself"),
     unsupported.Refused("reasoning"),
     unsupported.Refused("max_tool_calls"),
-    unsupported.Refused("background", (False,)),
     unsupported.Refused("truncation", ("disabled",), instead="an input longer than the context is a 400"),
 )
 #: What ``include`` may ask for: the output's log-probabilities, or data of items this server never makes.
@@ -278,6 +277,9 @@ class _ResponsesBase(BaseModel):
     max_output_tokens: Optional[Annotated[int, Field(ge=1), AS_INT]] = Field(
         default=None, description="Capped at what the context leaves")
     stream: Optional[bool] = None
+    background: Optional[bool] = Field(default=None, description=(
+        "Answer at once (status in_progress) and go on generating; poll GET /v1/responses/{id}, or cancel it "
+        "with POST /v1/responses/{id}/cancel (needs store; not with stream)"))
     include: Optional[List[Includable]] = Field(default=None, description=(
         f"{LOGPROBS!r}: each output token's log-probability (output_text.logprobs; see top_logprobs); the "
         "others concern items this server does not make, and change nothing"))
@@ -316,8 +318,9 @@ class _ResponsesBase(BaseModel):
             "tool_choice": ({"type": "function", "function": {"name": self.tool_choice.name}}
                             if isinstance(self.tool_choice, FunctionChoice) else self.tool_choice),
             "parallel_tool_calls": self.parallel_tool_calls, "response_format": _response_format(fmt),
-            "max_completion_tokens": self.max_output_tokens, "stream": self.stream,
-            "stream_options": {"include_usage": True} if self.stream else None,
+            # a background response runs as a stream nobody reads, so that GET shows it as it grows
+            "max_completion_tokens": self.max_output_tokens, "stream": self.stream or self.background,
+            "stream_options": {"include_usage": True} if self.stream or self.background else None,
             **self.model_dump(include=set(SHARED_FIELDS))}
         if self.logprobs:
             if self.tools and self.tool_choice != "none":
@@ -470,9 +473,9 @@ class ResponseBuilder:
 
     def __init__(self, body: Any, model: str, *, store: Optional[ResponseStore] = None,
                  previous: Optional[StoredResponse] = None, thinking: Optional[ThinkingTokens] = None) -> None:
-        """``store``: where the response is kept when it ends (None: not kept); ``previous``: the response
-        it continues; ``thinking``: which tokens are a reasoning model's thinking, when it is answered apart
-        (their log-probabilities are not the text's)."""
+        """``store``: where the response is kept when it ends (None: not kept), and found while it runs;
+        ``previous``: the response it continues; ``thinking``: which tokens are a reasoning model's thinking,
+        when it is answered apart (their log-probabilities are not the text's)."""
         self.body, self.model = body, model
         self.store, self.previous, self.thinking = store, previous, thinking
         self.id = _new_id("resp")
@@ -485,6 +488,8 @@ class ResponseBuilder:
         self._seq = 0
         self._open = False  # the last output item is still being written
         self._logprobs: List[Dict[str, Any]] = []  # entries not yet sent with a text
+        if store is not None:
+            store.start(self.id, self)
 
     # -- steps ---------------------------------------------------------------
 
@@ -537,6 +542,8 @@ class ResponseBuilder:
 
     def finish(self, finish_reason: Optional[str], usage: Optional[Dict[str, Any]]) -> None:
         """The end: "length" leaves the response (and an item being written) incomplete."""
+        if self.status == "cancelled":
+            return
         self.status = "incomplete" if finish_reason == "length" else "completed"
         self._close(self.status)
         if usage is not None:
@@ -562,6 +569,20 @@ class ResponseBuilder:
         self._keep()
         self._emit("response.failed", response=self.response())
 
+    def cancel(self) -> None:
+        """Cancelled while it ran (a background response): what was written is left incomplete, and the
+        response is stored as it stands."""
+        if self.status != "in_progress":
+            return
+        self._close("incomplete")
+        self.status = "cancelled"
+        self._keep()
+
+    def end(self) -> None:
+        """It will not grow any more (ended, or abandoned: its client left): no longer found as running."""
+        if self.store is not None:
+            self.store.end(self.id)
+
     # -- views ----------------------------------------------------------------
 
     def response(self) -> Dict[str, Any]:
@@ -570,7 +591,7 @@ class ResponseBuilder:
         fmt = body.text.format if body.text is not None and body.text.format is not None else None
         return {
             "id": self.id, "object": "response", "created_at": self.created, "status": self.status,
-            "error": self.error,
+            "background": bool(body.background), "error": self.error,
             "incomplete_details": {"reason": "max_output_tokens"} if self.status == "incomplete" else None,
             "instructions": body.instructions, "max_output_tokens": body.max_output_tokens, "model": self.model,
             "output": self.output,
@@ -605,6 +626,8 @@ class ResponseBuilder:
         reason: Optional[str] = None
         try:
             async for chunk in chunks:
+                if self.status == "cancelled":
+                    break
                 if "error" in chunk:  # failed after it started
                     self.fail(chunk["error"])
                     break
@@ -621,8 +644,9 @@ class ResponseBuilder:
                     self.finish(reason, chunk["usage"])
                 for event in self._take():
                     yield event["type"], event
-        finally:  # closed early (the client left): its requests end now
+        finally:  # closed early (the client left, or cancelled): its requests end now
             await chunks.aclose()
+            self.end()
         for event in self._take():
             yield event["type"], event
 
@@ -646,6 +670,7 @@ class ResponseBuilder:
         ids = before.item_ids | {item["id"] for item in (*items, *self.output)}
         self.store.put(StoredResponse(copy.deepcopy(self.response()), [*before.context, *self.body.input_messages(),
                                                                        *answer], items, ids))
+        self.end()
 
     def _add(self, item: Dict[str, Any]) -> None:
         self.output.append(item)

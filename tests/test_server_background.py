@@ -1,0 +1,136 @@
+"""Background responses of the Responses API (``background: true``): answered
+at once, polled by GET to the same text a foreground response gives, cancelled
+by POST .../cancel or DELETE; and GET of a response still streaming answers
+it as it stands.  The decoder's passes are held at a gate where a test needs
+a response to be still running, so nothing depends on timing."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+from batched_helpers import wait_idle  # noqa: E402
+from test_server_responses import client, start  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def server(tools_target, tiny_draft):
+    with start(tools_target, tiny_draft) as s:
+        yield s
+
+
+@contextmanager
+def gated(server) -> Iterator[threading.Event]:
+    """Every target pass waits for the gate (set it to let them go)."""
+    dec = server.app.state.specdec.decoder
+    gate = threading.Event()
+    real = dec.target.decode
+
+    def decode(parts):
+        assert gate.wait(60), "the gate was never opened"
+        return real(parts)
+
+    dec.target.decode = decode
+    try:
+        yield gate
+    finally:
+        gate.set()
+        del dec.target.decode
+        wait_idle(dec)
+
+
+def poll(c: "openai.OpenAI", response_id: str, timeout: float = 60.0):
+    end = time.monotonic() + timeout
+    while True:
+        response = c.responses.retrieve(response_id)
+        if response.status != "in_progress" or time.monotonic() > end:
+            return response
+        time.sleep(0.05)
+
+
+def test_a_background_response_is_polled_to_the_foreground_text(server) -> None:
+    c = client(server)
+    ask = dict(model="tiny", input="Tell me about the sea.", max_output_tokens=16, temperature=0)
+    started = c.responses.create(**ask, background=True)
+    assert started.background is True and started.status == "in_progress" and started.output == []
+    done = poll(c, started.id)
+    alone = c.responses.create(**ask, store=False)
+    assert done.status == alone.status and done.output_text == alone.output_text and done.background is True
+    assert done.usage.output_tokens == alone.usage.output_tokens
+    again = c.responses.create(model="tiny", previous_response_id=done.id, input="More.", max_output_tokens=4)
+    assert again.status in ("completed", "incomplete")
+
+
+def test_a_cancelled_background_response_stays_cancelled(server) -> None:
+    c = client(server)
+    with gated(server) as gate:
+        started = c.responses.create(model="tiny", input="Count to fifty.", max_output_tokens=40, temperature=0,
+                                     background=True)
+        assert c.responses.retrieve(started.id).status == "in_progress"
+        early = server.post("/v1/responses", {"model": "tiny", "input": "and?", "previous_response_id": started.id})
+        assert early.status_code == 400 and "still running" in early.json()["error"]["message"]
+        cancelled = c.responses.cancel(started.id)
+        assert cancelled.status == "cancelled" and cancelled.id == started.id
+        gate.set()
+    assert c.responses.retrieve(started.id).status == "cancelled"  # not overwritten by the decoder's end
+    assert c.responses.cancel(started.id).status == "cancelled"  # cancelling again changes nothing
+    after = c.responses.create(model="tiny", input="hello", max_output_tokens=4)  # the decoder goes on
+    assert after.status in ("completed", "incomplete")
+
+
+def test_deleting_a_running_background_response_stops_and_forgets_it(server) -> None:
+    c = client(server)
+    with gated(server):
+        started = c.responses.create(model="tiny", input="Count to fifty.", max_output_tokens=40, background=True)
+        assert c.responses.delete(started.id) is None
+        with pytest.raises(openai.NotFoundError):
+            c.responses.retrieve(started.id)
+    with pytest.raises(openai.NotFoundError):
+        c.responses.retrieve(started.id)
+    assert server.app.state.specdec.decoder.metrics().active_sequences == 0
+
+
+def test_a_streaming_response_is_found_while_it_streams(server) -> None:
+    """GET answers a stored response still being streamed as it stands; it cannot be cancelled or deleted
+    (it ends with its request)."""
+    with gated(server) as gate:
+        with httpx.stream("POST", server.url + "/v1/responses", timeout=60,
+                          json={"model": "tiny", "input": "hi", "max_output_tokens": 8, "stream": True}) as r:
+            lines = r.iter_lines()
+            response_id = None
+            for line in lines:
+                if line.startswith("data: "):
+                    response_id = json.loads(line[6:])["response"]["id"]
+                    break
+            got = httpx.get(f"{server.url}/v1/responses/{response_id}").json()
+            assert got["status"] == "in_progress" and got["background"] is False
+            assert server.post(f"/v1/responses/{response_id}/cancel").status_code == 400
+            assert httpx.delete(f"{server.url}/v1/responses/{response_id}").status_code == 400
+            gate.set()
+            for _ in lines:
+                pass
+    assert httpx.get(f"{server.url}/v1/responses/{response_id}").json()["status"] in ("completed", "incomplete")
+
+
+def test_background_needs_a_store_and_no_stream(server, tools_target, tiny_draft) -> None:
+    def refused(r: httpx.Response, param: str) -> None:
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+    ask = {"model": "tiny", "input": "hi", "max_output_tokens": 2, "background": True}
+    refused(server.post("/v1/responses", {**ask, "store": False}), "background")
+    refused(server.post("/v1/responses", {**ask, "stream": True}), "stream")
+    plain = client(server).responses.create(model="tiny", input="hi", max_output_tokens=2)
+    refused(server.post(f"/v1/responses/{plain.id}/cancel"), "response_id")
+    assert server.post("/v1/responses/resp_nothing/cancel").status_code == 404
+    with start(tools_target, tiny_draft, stored_responses=0) as keeps_none:
+        r = keeps_none.post("/v1/responses", ask)
+        refused(r, "background")
+        assert "--stored-responses 0" in r.json()["error"]["message"]
