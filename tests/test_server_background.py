@@ -47,6 +47,10 @@ def gated(server) -> Iterator[threading.Event]:
         wait_idle(dec)
 
 
+def running(server) -> int:
+    return server.app.state.response_store.running_count()
+
+
 def poll(c: "openai.OpenAI", response_id: str, timeout: float = 60.0):
     end = time.monotonic() + timeout
     while True:
@@ -67,6 +71,7 @@ def test_a_background_response_is_polled_to_the_foreground_text(server) -> None:
     assert done.usage.output_tokens == alone.usage.output_tokens
     again = c.responses.create(model="tiny", previous_response_id=done.id, input="More.", max_output_tokens=4)
     assert again.status in ("completed", "incomplete")
+    assert running(server) == 0
 
 
 def test_a_cancelled_background_response_stays_cancelled(server) -> None:
@@ -83,19 +88,26 @@ def test_a_cancelled_background_response_stays_cancelled(server) -> None:
     assert c.responses.retrieve(started.id).status == "cancelled"  # not overwritten by the decoder's end
     assert c.responses.cancel(started.id).status == "cancelled"  # cancelling again changes nothing
     after = c.responses.create(model="tiny", input="hello", max_output_tokens=4)  # the decoder goes on
-    assert after.status in ("completed", "incomplete")
+    assert after.status in ("completed", "incomplete") and running(server) == 0
 
 
-def test_deleting_a_running_background_response_stops_and_forgets_it(server) -> None:
-    c = client(server)
-    with gated(server):
-        started = c.responses.create(model="tiny", input="Count to fifty.", max_output_tokens=40, background=True)
-        assert c.responses.delete(started.id) is None
+def test_deleting_a_running_background_response_stops_and_forgets_it(tools_target, tiny_draft) -> None:
+    """Its request ends cancelled (not run to its end), and, the store full, no stored response is pushed
+    out for it."""
+    with start(tools_target, tiny_draft, stored_responses=2) as small:
+        c = client(small)
+        dec = small.app.state.specdec.decoder
+        kept = [c.responses.create(model="tiny", input=f"hi {i}", max_output_tokens=2).id for i in range(2)]
+        with gated(small):
+            started = c.responses.create(model="tiny", input="Count to fifty.", max_output_tokens=40,
+                                         background=True)
+            assert c.responses.delete(started.id) is None
+            with pytest.raises(openai.NotFoundError):
+                c.responses.retrieve(started.id)
         with pytest.raises(openai.NotFoundError):
             c.responses.retrieve(started.id)
-    with pytest.raises(openai.NotFoundError):
-        c.responses.retrieve(started.id)
-    assert server.app.state.specdec.decoder.metrics().active_sequences == 0
+        assert dec.metrics().requests.get("cancelled", 0) == 1 and running(small) == 0
+        assert [c.responses.retrieve(i).id for i in kept] == kept
 
 
 def test_a_streaming_response_is_found_while_it_streams(server) -> None:
@@ -118,6 +130,28 @@ def test_a_streaming_response_is_found_while_it_streams(server) -> None:
             for _ in lines:
                 pass
     assert httpx.get(f"{server.url}/v1/responses/{response_id}").json()["status"] in ("completed", "incomplete")
+    assert running(server) == 0
+
+
+def test_a_response_whose_client_left_or_that_failed_is_not_left_running(server, tools_target, tiny_draft) -> None:
+    with gated(server):
+        with httpx.stream("POST", server.url + "/v1/responses", timeout=60,
+                          json={"model": "tiny", "input": "hi", "max_output_tokens": 8, "stream": True}) as r:
+            next(line for line in r.iter_lines() if line.startswith("data: "))
+        # the connection is closed mid-stream
+    end = time.monotonic() + 30
+    while running(server) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert running(server) == 0
+    with start(tools_target, tiny_draft, request_timeout=0.2) as hasty:
+        c = client(hasty)
+        with gated(hasty) as gate:
+            started = c.responses.create(model="tiny", input="hi", max_output_tokens=40, background=True)
+            time.sleep(0.5)  # past the time limit: the request ends, timed out, at the next step
+            gate.set()
+        failed = poll(c, started.id)
+        assert failed.status == "failed" and failed.error.code == "timeout", failed
+        assert running(hasty) == 0
 
 
 def test_background_needs_a_store_and_no_stream(server, tools_target, tiny_draft) -> None:

@@ -139,6 +139,8 @@ def test_bad_requests_are_400s_naming_the_field(server) -> None:
     refused(post(server, input=[]), "input")
     refused(post(server, input=["a", ""]), "input")
     refused(post(server, input=[[1, 2], [-1]]), "input")
+    refused(post(server, input=[2**64]), "input")  # more than any C integer holds: a 400 all the same
+    refused(post(server, input=[[1], [10**20]]), "input")
     assert "out of range" in refused(post(server, input=[1, 10_000]), "input")["message"]
     refused(post(server, input=["x"] * 2049), "input")
     refused(post(server, input="x", encoding_format="int8"), "encoding_format")
@@ -162,6 +164,7 @@ def test_an_embedding_model_of_its_own_answers_under_its_name(with_embedding_mod
     got = client(with_embedding_model).embeddings.create(model="large_vocab", input=TEXTS)
     assert got.model == "large_vocab"
     assert_same_directions([d.embedding for d in got.data], reference(tiny_large_vocab, TEXTS))
+    assert client(with_embedding_model).models.retrieve("large_vocab").embedding == cards[1]["embedding"]
     same = client(with_embedding_model).embeddings.create(model="tiny", input=TEXTS)  # the served name works too
     np.testing.assert_allclose([d.embedding for d in same.data], [d.embedding for d in got.data], atol=1e-6)
 
@@ -212,3 +215,27 @@ def test_the_document_bounds_token_ids_and_dimensions_by_the_model_that_embeds(s
 
     assert _documented_bounds(server) == (TARGET_VOCAB - 1, 64)
     assert _documented_bounds(with_embedding_model) == (LARGE_VOCAB - 1, 32)
+
+
+def test_a_decoder_with_nothing_to_embed_with_still_lists_itself(tiny_target) -> None:
+    """A decoder built from its contexts (not loaded from files) has no embedder: /v1/models and the
+    document say nothing of embeddings, and /v1/embeddings is a 400."""
+    from specdec_cpu import BatchedDecoder
+    from specdec_cpu.engine import LlamaMultiContext, LlamaTokenizer, LlamaWeights
+    from specdec_cpu.server.openai_app import ServerOptions
+
+    weights = LlamaWeights(tiny_target)
+
+    def load():
+        return BatchedDecoder(LlamaMultiContext(weights, n_seq=2, n_ctx=64, n_threads=1), LlamaTokenizer(weights),
+                              gamma=0)
+
+    try:
+        with ThreadServer(load, ServerOptions(model_name="bare")) as s:
+            cards = httpx.get(s.url + "/v1/models").json()["data"]
+            assert [c["id"] for c in cards] == ["bare"] and cards[0]["embedding"] is None
+            assert httpx.get(s.url + "/v1/models/bare").status_code == 200
+            assert httpx.get(s.url + "/openapi.json").status_code == 200
+            assert refused(post(s, input="hi"), "model")["code"] == "embeddings_unsupported"
+    finally:
+        weights.close()

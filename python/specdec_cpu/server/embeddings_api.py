@@ -17,6 +17,7 @@ import base64
 import os
 from typing import Annotated, Any, Callable, List, Literal, Optional, Union
 
+import anyio
 import numpy as np
 from fastapi import Depends, FastAPI
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
@@ -25,7 +26,7 @@ from ..errors import DecoderClosedError, InvalidPromptError, SpecDecError, Unsup
 from .errors import RequestError, error_responses
 from .openai_schema import AS_INT, MAX_TOKEN_ID, one_prompt
 
-__all__ = ["add_embedding_routes", "embedding_meta", "embedding_model_name", "MAX_EMBEDDING_INPUTS"]
+__all__ = ["add_embedding_routes", "embedder_of", "embedding_meta", "embedding_model_name", "MAX_EMBEDDING_INPUTS"]
 
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit of inputs per request
 
@@ -82,64 +83,82 @@ class EmbeddingList(BaseModel):
     usage: EmbeddingUsage
 
 
+def embedder_of(dec: Any) -> Optional[Any]:
+    """The decoder's Embedder, or None for a decoder not loaded from GGUF files."""
+    try:
+        return dec.embeddings
+    except UnsupportedModelError:
+        return None
+
+
 def embedding_model_name(dec: Any) -> Optional[str]:
     """The name ``/v1/models`` lists a separate embedding model under (its file's name), or None when
-    the served model embeds."""
-    path = dec.embeddings.model_path
-    if path == dec.target_path:
+    the served model embeds (or nothing does)."""
+    embedder = embedder_of(dec)
+    if embedder is None or embedder.model_path == dec.target_path:
         return None
-    return os.path.splitext(os.path.basename(path))[0]
+    return os.path.splitext(os.path.basename(embedder.model_path))[0]
 
 
-def embedding_meta(dec: Any) -> dict:
-    """What a model card says of the model that embeds."""
-    return {"dimensions": dec.embeddings.dimensions, "max_tokens": dec.embeddings.max_tokens}
+def embedding_meta(dec: Any) -> Optional[dict]:
+    """What a model card says of the model that embeds (None: nothing does)."""
+    embedder = embedder_of(dec)
+    return None if embedder is None else {"dimensions": embedder.dimensions, "max_tokens": embedder.max_tokens}
 
 
 def add_embedding_routes(app: FastAPI, ready_decoder: Callable[[], Any], authorized: Callable[..., None],
                          model_name: str) -> None:
     """Register ``/v1/embeddings`` on ``app``."""
 
+    # One embedding at a time (the embedder takes them in turn anyway): the others wait here, on the event
+    # loop, not each in a thread of the pool that tokenizing and grammar compiling for generation share.
+    one_at_a_time = anyio.CapacityLimiter(1)
+
     @app.post("/v1/embeddings", dependencies=[Depends(authorized)], response_model=EmbeddingList,
               responses=error_responses(400, 401, 404, 413, 503), summary="Vectors of texts (OpenAI's embeddings)")
-    def embeddings(body: EmbeddingRequest) -> dict:
+    async def embeddings(body: EmbeddingRequest) -> dict:
         dec = ready_decoder()
         try:
             embedder = dec.embeddings
         except UnsupportedModelError as exc:
             raise RequestError(400, str(exc), param="model", code="embeddings_unsupported") from None
-        own_name = embedding_model_name(dec)
-        if body.model is not None and body.model not in (model_name, own_name):
-            names = f"'{model_name}'" + (f" or '{own_name}'" if own_name else "")
-            raise RequestError(404, f"The model '{body.model}' does not exist; this server embeds with {names}",
-                               param="model", code="model_not_found")
-        if body.dimensions is not None and body.dimensions > embedder.dimensions:
-            raise RequestError(400, f"dimensions={body.dimensions}: this model's embeddings have "
-                                    f"{embedder.dimensions} values", param="dimensions")
-        try:
-            sequences = [_tokens(embedder, x, i) for i, x in enumerate(body.input)]
-            limit = embedder.max_tokens
-            for i, seq in enumerate(sequences):
-                if len(seq) > limit:
-                    raise RequestError(400, f"input {i} is {len(seq)} tokens; this server embeds at most {limit} "
-                                            "tokens per input (--embedding-max-tokens)", param="input",
-                                       code="context_length_exceeded")
-            vectors = embedder.embed(sequences)
-        except InvalidPromptError as exc:
-            raise RequestError(400, str(exc), param="input") from None
-        except DecoderClosedError as exc:
-            raise RequestError(503, f"the server is shutting down: {exc}", type="server_error") from None
-        except SpecDecError as exc:
-            raise RequestError(500, f"embedding failed: {exc}", type="server_error") from None
-        if body.dimensions is not None:
-            vectors = _shortened(vectors, body.dimensions)
-        as_base64 = body.encoding_format == "base64"
-        data = [{"object": "embedding", "index": i,
-                 "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") if as_base64
-                 else v.tolist()} for i, v in enumerate(vectors)]
-        n = sum(len(s) for s in sequences)
-        return {"object": "list", "data": data, "model": body.model or own_name or model_name,
-                "usage": {"prompt_tokens": n, "total_tokens": n}}
+        return await anyio.to_thread.run_sync(_answer, dec, embedder, body, model_name, limiter=one_at_a_time)
+
+
+def _answer(dec: Any, embedder: Any, body: EmbeddingRequest, model_name: str) -> dict:
+    """The embeddings of ``body`` (on a worker thread: tokenizing and the passes)."""
+    own_name = embedding_model_name(dec)
+    if body.model is not None and body.model not in (model_name, own_name):
+        names = f"'{model_name}'" + (f" or '{own_name}'" if own_name else "")
+        raise RequestError(404, f"The model '{body.model}' does not exist; this server embeds with {names}",
+                           param="model", code="model_not_found")
+    if body.dimensions is not None and body.dimensions > embedder.dimensions:
+        raise RequestError(400, f"dimensions={body.dimensions}: this model's embeddings have "
+                                f"{embedder.dimensions} values", param="dimensions")
+    try:
+        sequences = [_tokens(embedder, x, i) for i, x in enumerate(body.input)]
+        limit = embedder.max_tokens
+        for i, seq in enumerate(sequences):
+            if len(seq) > limit:
+                raise RequestError(400, f"input {i} is {len(seq)} tokens; this server embeds at most {limit} "
+                                        "tokens per input (--embedding-max-tokens)", param="input",
+                                   code="context_length_exceeded")
+        vectors = embedder.embed(sequences)
+    except InvalidPromptError as exc:
+        raise RequestError(400, str(exc), param="input") from None
+    except DecoderClosedError as exc:
+        raise RequestError(503, f"the server is shutting down: {exc}", type="server_error") from None
+    except SpecDecError as exc:
+        raise RequestError(500, f"embedding failed: {exc}", type="server_error") from None
+    if body.dimensions is not None:
+        vectors = _shortened(vectors, body.dimensions)
+    as_base64 = body.encoding_format == "base64"
+    data = [{"object": "embedding", "index": i,
+             "embedding": base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") if as_base64
+             else v.tolist()} for i, v in enumerate(vectors)]
+    n = sum(len(s) for s in sequences)
+    return {"object": "list", "data": data, "model": body.model or own_name or model_name,
+            "usage": {"prompt_tokens": n, "total_tokens": n}}
 
 
 def _tokens(embedder: Any, value: Union[str, List[int]], index: int) -> List[int]:

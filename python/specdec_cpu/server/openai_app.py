@@ -69,10 +69,9 @@ from ..errors import (
     InvalidPromptError,
     QueueFullError,
     SpecDecError,
-    UnsupportedModelError,
 )
 from . import openapi as docs
-from .embeddings_api import add_embedding_routes, embedding_meta, embedding_model_name
+from .embeddings_api import add_embedding_routes, embedder_of, embedding_meta, embedding_model_name
 from .errors import BodyLimit, RequestError, error_responses, install_error_handlers, validation_request_error
 from .openai_schema import ChatCompletionRequest, CompletionRequest, InfillRequest, chat_messages
 from .prometheus import CONTENT_TYPE, metrics_response
@@ -223,11 +222,9 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         dec = state.decoder
         if dec is None:
             return None
-        try:
-            embedder = dec.embeddings
-            embedding = {"embedding_vocab": embedder.n_vocab, "embedding_dimensions": embedder.dimensions}
-        except UnsupportedModelError:
-            embedding = {}
+        embedder = embedder_of(dec)
+        embedding = {} if embedder is None else {"embedding_vocab": embedder.n_vocab,
+                                                 "embedding_dimensions": embedder.dimensions}
         return docs.LiveBounds(n_vocab=dec.n_vocab, max_choices=dec.max_choices, max_requests=dec.max_requests,
                                **embedding)
 
@@ -265,6 +262,9 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
     @app.get("/v1/models/{model:path}", dependencies=[Depends(authorized)], response_model=docs.ModelCard,
              responses=error_responses(401, 404), summary="The served model, by its name (OpenAI's retrieve)")
     def model(model: str) -> dict:
+        own = embedding_card()
+        if own and model == own[0]["id"]:
+            return own[0]
         _check_model(model, options)
         return model_card()
 
@@ -339,6 +339,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
                                state, chat=True)
 
     store = ResponseStore(options.stored_responses)
+    app.state.response_store = store
 
     @app.post("/v1/responses", dependencies=[Depends(authorized)],
               summary="A response (OpenAI's Responses API), stored for previous_response_id unless store is false",
@@ -372,7 +373,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
             try:
                 return await _generate(dec, chat, [text], chat.token_limit(None), "input", spec, request, options,
                                        state, chat=True, builder=builder,
-                                       background=_launcher(store, builder.id) if body.background else None)
+                                       background=_launcher(store, builder) if body.background else None)
             except BaseException:
                 builder.end()  # refused before it ran, or its client left: nothing to find running
                 raise
@@ -412,7 +413,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         running.builder.cancel()
         running.task.cancel()
         await asyncio.wait({running.task})  # its requests are closed: the decoder drops them at its next step
-        return JSONResponse(store.stored(response_id).response)
+        return JSONResponse(running.builder.response())
 
     @app.delete("/v1/responses/{response_id}", dependencies=[Depends(authorized)],
                 response_model=docs.ResponseDeleted, responses=error_responses(400, 401, 404),
@@ -422,10 +423,10 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         if running is not None and running.task is None:
             raise RequestError(400, "the response is still being written: delete it once it has ended",
                                param="response_id")
-        if running is not None and running.task is not None:  # a background response: stopped, then forgotten
-            running.builder.cancel()
+        if running is not None and running.task is not None:  # a background response: stopped, never stored
+            running.builder.cancel(keep=False)
             running.task.cancel()
-        if store.pop(response_id) is None:
+        elif store.pop(response_id) is None:
             store.stored(response_id)  # the 404
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
@@ -594,16 +595,20 @@ async def _generate(dec: BatchedDecoder, body: Any, prompts: List[Any], max_toke
     return JSONResponse(builder.whole(whole) if builder is not None else whole)
 
 
-def _launcher(store: ResponseStore, response_id: str) -> Callable[[AsyncGenerator[Any, None]], None]:
+def _launcher(store: ResponseStore, builder: ResponseBuilder) -> Callable[[AsyncGenerator[Any, None]], None]:
     """What runs a background response's events: a task of the event loop, kept by ``store`` while the
     response runs (its end, a failure or a cancel ends it)."""
 
     def launch(events: AsyncGenerator[Any, None]) -> None:
         async def drain() -> None:
-            async for _ in events:
-                pass
+            try:
+                async for _ in events:
+                    pass
+            except Exception as exc:  # a fault of ours: the response fails (stored, for its poller), as a 500 would
+                log.exception("background response %s failed", builder.id)
+                builder.fail({"code": "server_error", "message": f"internal error: {type(exc).__name__}: {exc}"})
 
-        store.run_in_background(response_id, asyncio.get_running_loop().create_task(drain()))
+        store.run_in_background(builder.id, asyncio.get_running_loop().create_task(drain()))
 
     return launch
 

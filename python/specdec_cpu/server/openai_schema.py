@@ -124,6 +124,8 @@ def one_prompt(value: Any, where: str) -> Union[str, List[int]]:
             raise ValueError(f"{where}must be a string or a list of token ids (integers)")
         if any(x < 0 for x in value):
             raise ValueError(f"{where}token ids must not be negative")
+        if any(x > MAX_TOKEN_ID for x in value):
+            raise ValueError(f"{where}token ids must be at most {MAX_TOKEN_ID}")
         return value
     raise ValueError(f"{where}must be a string, token ids, or a list of either")
 

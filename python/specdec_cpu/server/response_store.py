@@ -75,6 +75,11 @@ class ResponseStore:
         with self._lock:
             return self._running.get(response_id)
 
+    def running_count(self) -> int:
+        """Responses still running (every one ends: stored, or abandoned with its request)."""
+        with self._lock:
+            return len(self._running)
+
     def __len__(self) -> int:
         return len(self._items)
 

@@ -542,8 +542,6 @@ class ResponseBuilder:
 
     def finish(self, finish_reason: Optional[str], usage: Optional[Dict[str, Any]]) -> None:
         """The end: "length" leaves the response (and an item being written) incomplete."""
-        if self.status == "cancelled":
-            return
         self.status = "incomplete" if finish_reason == "length" else "completed"
         self._close(self.status)
         if usage is not None:
@@ -569,14 +567,18 @@ class ResponseBuilder:
         self._keep()
         self._emit("response.failed", response=self.response())
 
-    def cancel(self) -> None:
-        """Cancelled while it ran (a background response): what was written is left incomplete, and the
-        response is stored as it stands."""
+    def cancel(self, *, keep: bool = True) -> None:
+        """Cancelled while it ran (a background response; its task is cancelled too, so nothing more is
+        written): what was written is left incomplete, and the response stored as it stands (``keep``) or
+        just no longer found."""
         if self.status != "in_progress":
             return
         self._close("incomplete")
         self.status = "cancelled"
-        self._keep()
+        if keep:
+            self._keep()
+        else:
+            self.end()
 
     def end(self) -> None:
         """It will not grow any more (ended, or abandoned: its client left): no longer found as running."""
@@ -626,8 +628,6 @@ class ResponseBuilder:
         reason: Optional[str] = None
         try:
             async for chunk in chunks:
-                if self.status == "cancelled":
-                    break
                 if "error" in chunk:  # failed after it started
                     self.fail(chunk["error"])
                     break
