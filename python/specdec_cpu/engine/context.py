@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import TYPE_CHECKING, List, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, cast
 
 import numpy as np
 
@@ -33,6 +33,18 @@ _DECODE_ERRORS = {
     2: "aborted",
     -1: "invalid input batch",
 }
+
+
+def free_context(ctx: Optional[int], batch: Any = None) -> None:
+    """Free a llama.cpp context and its batch (either may be None; at interpreter shutdown, when
+    llama.cpp may be gone already, nothing is done)."""
+    try:
+        if batch is not None:
+            lib.llama_batch_free(batch)
+        if ctx is not None:
+            lib.llama_free(ctx)
+    except Exception:  # interpreter shutdown
+        pass
 
 
 class DecodeError(SpecDecError):
@@ -375,13 +387,7 @@ class LlamaContext(Closable):
         ctx, self._ctx = self._ctx, None
         batch, self._batch = self._batch, None
         self._logits_addr = 0
-        try:
-            if batch is not None:
-                lib.llama_batch_free(batch)
-            if ctx is not None:
-                lib.llama_free(ctx)
-        except Exception:  # interpreter shutdown
-            pass
+        free_context(ctx, batch)
 
     def __repr__(self) -> str:
         state = "closed" if self._ctx is None else f"n_past={len(self._tokens)}/{self._n_ctx}"

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import InvalidPromptError, ModelLoadError
 from .backend import clear_log_errors, describe_failure, lib
-from .context import _DECODE_ERRORS, DecodeError, _check_int
+from .context import _DECODE_ERRORS, DecodeError, _check_int, free_context
 from .lifetime import Closable
 
 if TYPE_CHECKING:
@@ -186,13 +186,7 @@ class LlamaEmbedder(Closable):
         with self._lock:
             ctx, self._ctx = self._ctx, None
             batch, self._batch = getattr(self, "_batch", None), None
-            try:
-                if batch is not None:
-                    lib.llama_batch_free(batch)
-                if ctx is not None:
-                    lib.llama_free(ctx)
-            except Exception:  # interpreter shutdown
-                pass
+            free_context(ctx, batch)
 
     def __repr__(self) -> str:
         state = "closed" if self._ctx is None else f"{self.pooling} pooling, {self._dim} dims"

@@ -40,6 +40,7 @@ class DecoderCollector(Collector):
         if self.decoder is None:
             return
         m = self.decoder.metrics()
+        embedded = self.decoder.embedding_counts()
         requests = CounterMetricFamily("specdec_requests", "Requests ended, by outcome",
                                        labels=["outcome", *names])
         for outcome in OUTCOMES:
@@ -68,12 +69,6 @@ class DecoderCollector(Collector):
             ("specdec_draft_seconds", "Seconds in draft passes", m.draft_seconds),
             ("specdec_sampling_seconds", "Seconds in the sampling and verify kernels", m.sampling_seconds),
             ("specdec_scheduler_seconds", "Step seconds outside passes and kernels", m.scheduler_seconds),
-        ):
-            c = CounterMetricFamily(name, doc, labels=names)
-            c.add_metric(values, value)
-            yield c
-        embedded = self.decoder.embedding_counts()
-        for name, doc, value in (
             ("specdec_embedding_inputs", "Texts and token-id lists embedded (/v1/embeddings)", embedded.inputs),
             ("specdec_embedding_tokens", "Tokens of the inputs embedded", embedded.tokens),
             ("specdec_embedding_seconds", "Seconds in embedding passes", embedded.seconds),
