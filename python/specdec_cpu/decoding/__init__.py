@@ -10,6 +10,7 @@
 - :mod:`.front` — what the two public faces share (arguments into a checked
   sequence, chat prompts, the end of ``generate``);
 - :mod:`.request` — a batched request and the streams its caller reads;
+- :mod:`.embeddings` — a decoder's :class:`Embedder` (vectors beside generation);
 - :mod:`.metrics`, :mod:`.step_trace` — counters, and one step as planned
   and as it ran.
 """
