@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -135,8 +136,11 @@ def test_bad_configuration_fails_clearly(tmp_path, tiny_target) -> None:
     with pytest.raises(ValueError, match="unknown argument"):
         app_builder({"target": tiny_target, "replica": "2"})
     missing = str(tmp_path / "absent.gguf")
+    # Ray Serve tries a failing replica's constructor three times before it fails the deployment; once is
+    # enough to show the error (under two busy loops each try took about 90 s, three of them over 300 s).
+    env = {**os.environ, "RAY_SERVE_MAX_PER_REPLICA_RETRY_COUNT": "1"}
     done = subprocess.run([sys.executable, "-c", BROKEN_DEPLOYMENT, missing], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=env)
     out = done.stdout
     assert "FAILED" in out and "DEPLOYED" not in out, f"{out}\n{done.stderr[-4000:]}"
     assert float(out.split("FAILED", 1)[1].split()[0]) < 120  # a clear failure, not a hang
