@@ -103,9 +103,11 @@ def _metric(server, name: str) -> float:
 def test_metrics_count_inputs_tokens_and_seconds(server) -> None:
     names = ("specdec_embedding_inputs_total", "specdec_embedding_tokens_total", "specdec_embedding_seconds_total")
     before = [_metric(server, n) for n in names]
-    usage = post(server, input=TEXTS + [[1, 2, 3]]).json()["usage"]
+    texts = post(server, input=TEXTS).json()["usage"]["prompt_tokens"]
+    ids = post(server, input=[[1, 2, 3]]).json()["usage"]["prompt_tokens"]
     after = [_metric(server, n) for n in names]
-    assert after[0] - before[0] == 4 and after[1] - before[1] == usage["prompt_tokens"] and after[2] > before[2]
+    assert after[0] - before[0] == len(TEXTS) + 1 and after[1] - before[1] == texts + ids == texts + 3
+    assert after[2] > before[2]
     refused(post(server, input=["ok", "word " * 40]), "input")  # refused: nothing counted
     assert [_metric(server, n) for n in names[:2]] == after[:2]
 
@@ -142,7 +144,8 @@ def test_bad_requests_are_400s_naming_the_field(server) -> None:
     refused(post(server, input=[2**64]), "input")  # more than any C integer holds: a 400 all the same
     refused(post(server, input=[[1], [10**20]]), "input")
     assert "out of range" in refused(post(server, input=[1, 10_000]), "input")["message"]
-    refused(post(server, input=["x"] * 2049), "input")
+    assert "at most 2048 inputs" in refused(post(server, input=["x"] * 2049), "input")["message"]
+    assert "only texts or only token-id lists" in refused(post(server, input=[[1, 2], "x"]), "input")["message"]
     refused(post(server, input="x", encoding_format="int8"), "encoding_format")
     refused(post(server, input="x", dimensions=0), "dimensions")
     refused(post(server, input="x", temperature=1), "temperature")

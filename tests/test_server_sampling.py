@@ -488,6 +488,9 @@ def test_several_prompts_are_answered_in_order(server) -> None:
     refused(server.post("/v1/completions", {**GREEDY, "prompt": ["a"] * 34, "n": 2}), "prompt",
             "34 prompts × n=2 choices exceed the 66 requests")
     refused(server.post("/v1/completions", {**GREEDY, "prompt": ["a", ""]}), "prompt", "prompt 1: must not be empty")
+    refused(server.post("/v1/completions", {**GREEDY, "prompt": ["a", [1, 2]]}), "prompt",
+            "only texts or only token-id lists")
+    refused(server.post("/v1/completions", {**GREEDY, "prompt": ["a"] * 257}), "prompt", "at most 256 prompts")
     lc = pytest.importorskip("langchain_openai")
     llm = lc.OpenAI(base_url=server.url + "/v1", api_key="unused", model="tiny", max_tokens=6, temperature=0,
                     max_retries=0)  # the server drafts at GAMMA by default

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import os
+from functools import partial
 from typing import Annotated, Any, Callable, List, Literal, Optional, Union
 
 import anyio
@@ -24,32 +25,18 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSche
 
 from ..errors import DecoderClosedError, InvalidPromptError, SpecDecError, UnsupportedModelError
 from .errors import RequestError, error_responses
-from .openai_schema import AS_INT, MAX_TOKEN_ID, one_prompt
+from .openai_schema import AS_INT, prompt_list, prompt_list_schema
 
 __all__ = ["add_embedding_routes", "embedder_of", "embedding_meta", "embedding_model_name", "MAX_EMBEDDING_INPUTS"]
 
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit of inputs per request
 
 _STRICT = ConfigDict(extra="forbid", strict=True)
-_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}, "minItems": 1}
 
 
-def _inputs(value: Any) -> List[Union[str, List[int]]]:
-    """A text, a list of texts, token ids, or a list of token-id lists."""
-    if isinstance(value, list) and value and all(isinstance(x, (str, list)) for x in value):
-        if len(value) > MAX_EMBEDDING_INPUTS:
-            raise ValueError(f"at most {MAX_EMBEDDING_INPUTS} inputs per request, got {len(value)}")
-        return [one_prompt(x, f"input {i}: ") for i, x in enumerate(value)]
-    return [one_prompt(value, "")]
-
-
-Inputs = Annotated[Any, BeforeValidator(_inputs), WithJsonSchema({
-    "anyOf": [{"type": "string", "minLength": 1},
-              {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1,
-               "maxItems": MAX_EMBEDDING_INPUTS},
-              _TOKEN_IDS,
-              {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": MAX_EMBEDDING_INPUTS}],
-    "description": f"A text, token ids, or a list of either (up to {MAX_EMBEDDING_INPUTS}): one vector each"})]
+Inputs = Annotated[Any, BeforeValidator(partial(prompt_list, limit=MAX_EMBEDDING_INPUTS, noun="input")),
+                   WithJsonSchema(prompt_list_schema(MAX_EMBEDDING_INPUTS, (
+                       f"A text, token ids, or a list of either (up to {MAX_EMBEDDING_INPUTS}): one vector each")))]
 
 
 class EmbeddingRequest(BaseModel):

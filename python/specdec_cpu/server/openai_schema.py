@@ -12,6 +12,7 @@ ignores, come from :mod:`.unsupported`; any other field is refused.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Tuple, Union
 
 from pydantic import (
@@ -43,6 +44,8 @@ MAX_CHOICES = 16  # n; the decoder may allow fewer (a few per sequence it decode
 MAX_PROMPTS = 256  # prompts of one completions request (each with its n choices: all must fit the queue)
 MAX_COMPLETION_LOGPROBS = 5  # the legacy completions' logprobs (OpenAI's limit)
 MAX_TOKEN_ID = 2**31 - 1  # the live schema narrows it to the model's vocabulary (openapi.py)
+TOKEN_IDS_SCHEMA: Dict[str, Any] = {
+    "type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}, "minItems": 1}
 
 _STRICT = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
 
@@ -102,16 +105,27 @@ Gamma = Annotated[Any, BeforeValidator(_gamma), WithJsonSchema({
     "description": "Draft tokens per step: 'auto' (the planner chooses), or a fixed number (0: plain decoding)"})]
 
 
-def _prompt(value: Any) -> List[Union[str, List[int]]]:
-    """The prompts of a completions request: a text, a list of texts, token ids, or a list of those."""
+def prompt_list(value: Any, *, limit: int, noun: str) -> List[Union[str, List[int]]]:
+    """A text, token ids, or a list of up to ``limit`` of one kind: texts or token-id lists, as OpenAI takes."""
     if isinstance(value, list) and value and all(isinstance(x, (str, list)) for x in value):
-        if len(value) > MAX_PROMPTS:
-            raise ValueError(f"at most {MAX_PROMPTS} prompts per request, got {len(value)}")
-        return [one_prompt(x, f"prompt {i}: ") for i, x in enumerate(value)]
-    return [one_prompt(value, "")]
+        if len(value) > limit:
+            raise ValueError(f"at most {limit} {noun}s per request, got {len(value)}")
+        if len({isinstance(x, str) for x in value}) > 1:
+            raise ValueError(f"a list of {noun}s must hold only texts or only token-id lists, not both")
+        return [_one_prompt(x, f"{noun} {i}: ") for i, x in enumerate(value)]
+    return [_one_prompt(value, "")]
 
 
-def one_prompt(value: Any, where: str) -> Union[str, List[int]]:
+def prompt_list_schema(limit: int, description: str) -> Dict[str, Any]:
+    """The JSON Schema :func:`prompt_list` enforces."""
+    return {"anyOf": [{"type": "string", "minLength": 1},
+                      {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": limit},
+                      TOKEN_IDS_SCHEMA,
+                      {"type": "array", "items": TOKEN_IDS_SCHEMA, "minItems": 1, "maxItems": limit}],
+            "description": description}
+
+
+def _one_prompt(value: Any, where: str) -> Union[str, List[int]]:
     if isinstance(value, str):
         if not value:
             raise ValueError(f"{where}must not be empty")
@@ -141,14 +155,9 @@ def _json_bool(value: Any) -> Any:
 JsonFalse = Annotated[Literal[False], BeforeValidator(_json_bool)]
 
 
-_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_TOKEN_ID}, "minItems": 1}
-Prompt = Annotated[Any, BeforeValidator(_prompt), WithJsonSchema({
-    "anyOf": [{"type": "string", "minLength": 1},
-              {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": MAX_PROMPTS},
-              _TOKEN_IDS,
-              {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": MAX_PROMPTS}],
-    "description": "Text, token ids, or a list of either (several prompts: choice i*n + j is prompt i's "
-                   "choice j)"})]
+Prompt = Annotated[Any, BeforeValidator(partial(prompt_list, limit=MAX_PROMPTS, noun="prompt")), WithJsonSchema(
+    prompt_list_schema(MAX_PROMPTS, "Text, token ids, or a list of either (several prompts: choice i*n + j is "
+                                    "prompt i's choice j)"))]
 
 
 def _n_predict(value: Any) -> Optional[int]:
