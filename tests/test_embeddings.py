@@ -4,10 +4,13 @@ passes, its refusals, its lifetime with the weights, and a BatchedDecoder's
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
-from specdec_cpu import BatchedDecoder, DecoderClosedError, InvalidPromptError, ModelLoadError
+from specdec_cpu import BatchedDecoder, DecoderClosedError, GenerationCancelled, InvalidPromptError, ModelLoadError
 from specdec_cpu.engine import LlamaEmbedder, LlamaMultiContext, LlamaTokenizer, LlamaWeights
 from specdec_cpu.errors import UnsupportedModelError
 from specdec_cpu.settings import BatchedSettings
@@ -80,6 +83,42 @@ def test_a_decoder_embeds_with_its_target_or_its_embedding_model(tiny_target, ti
         assert dec.embeddings.embed(["hello", [5, 6]]).shape == (2, 32)
         own = dec.embeddings._weights
     assert own.closed  # the decoder's own embedding model goes with it
+
+
+def test_an_embedding_stops_before_a_pass_at_its_cancel_or_its_deadline(tiny_target, tiny_draft,
+                                                                       monkeypatch) -> None:
+    """Three 20-token inputs take three passes (32 rows each); a cancel or a deadline ends the call before
+    the next pass, and the next call is whole again."""
+    texts = [list(range(1 + i, 21 + i)) for i in range(3)]
+    passes: list = []
+    real = LlamaEmbedder._decode
+    with BatchedDecoder.from_gguf(tiny_target, tiny_draft, max_sequences=2, n_ctx=128, n_threads=1,
+                                  embedding_max_tokens=32) as dec:
+        emb = dec.embeddings
+        alone = np.vstack([emb.embed([t]) for t in texts])
+        cancel = threading.Event()
+        monkeypatch.setattr(LlamaEmbedder, "_decode", lambda self, ctx, arrays, out: (
+            passes.append(len(arrays)), real(self, ctx, arrays, out), cancel.set()))
+        with pytest.raises(GenerationCancelled) as stopped:
+            emb.embed(texts, cancel=cancel)
+        assert stopped.value.reason == "cancelled" and stopped.value.partial is None and passes == [1]
+
+        passes.clear()
+        with pytest.raises(GenerationCancelled) as stopped:
+            emb.embed(texts, timeout=0)
+        assert stopped.value.reason == "timeout" and passes == []
+        monkeypatch.setattr(LlamaEmbedder, "_decode", lambda self, ctx, arrays, out: (
+            passes.append(len(arrays)), real(self, ctx, arrays, out), time.sleep(1.0)))
+        with pytest.raises(GenerationCancelled, match="longer than 1.5 s") as stopped:
+            emb.embed(texts, timeout=1.5)  # the third pass would start after 2 s
+        assert stopped.value.reason == "timeout" and 1 <= len(passes) <= 2, passes
+
+        monkeypatch.setattr(LlamaEmbedder, "_decode", real)
+        before = emb.counts()
+        np.testing.assert_allclose(emb.embed(texts, cancel=threading.Event(), timeout=60), alone, atol=2e-5)
+        assert emb.counts().inputs == before.inputs + 3
+        with pytest.raises(ValueError, match="timeout must be a number of seconds >= 0"):
+            emb.embed(texts, timeout=-1)
 
 
 def test_a_missing_embedding_model_fails_the_load_by_name(tiny_target, tmp_path) -> None:

@@ -242,3 +242,39 @@ def test_a_decoder_with_nothing_to_embed_with_still_lists_itself(tiny_target) ->
             assert refused(post(s, input="hi"), "model")["code"] == "embeddings_unsupported"
     finally:
         weights.close()
+
+
+@pytest.fixture()
+def slow_passes(monkeypatch):
+    """Every embedding pass takes 0.5 s more; the passes run are counted."""
+    from specdec_cpu.engine import LlamaEmbedder
+
+    passes: list = []
+    real = LlamaEmbedder._decode
+    monkeypatch.setattr(LlamaEmbedder, "_decode", lambda self, ctx, arrays, out: (
+        passes.append(len(arrays)), real(self, ctx, arrays, out), threading.Event().wait(0.5)))
+    return passes
+
+
+def test_the_server_s_timeout_ends_an_embedding_between_passes_with_a_504(tiny_target, tiny_draft,
+                                                                          slow_passes) -> None:
+    from specdec_cpu.server.openai_app import ServerOptions
+
+    with ThreadServer(_loader(tiny_target, tiny_draft), ServerOptions(model_name="tiny", request_timeout=1.2)) as s:
+        ids = [list(range(1 + i, 21 + i)) for i in range(6)]  # 20 tokens each: one a pass of 32 rows
+        r = post(s, input=ids)
+        assert r.status_code == 504, r.text
+        assert r.json()["error"]["code"] == "timeout" and "limit of 1.2 s" in r.json()["error"]["message"]
+        assert 1 <= len(slow_passes) < 6, slow_passes
+        assert post(s, input="hello").status_code == 200  # the next request is whole again
+
+
+def test_a_client_that_leaves_stops_its_embedding(server, slow_passes) -> None:
+    ids = [list(range(1 + i, 21 + i)) for i in range(8)]  # eight passes: 4 s
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/embeddings", json={"input": ids}, timeout=1.0)
+    threading.Event().wait(2.0)  # the pass running when it left ends; no other starts
+    ran = len(slow_passes)
+    threading.Event().wait(1.0)
+    assert ran == len(slow_passes) and ran < 8, slow_passes
+    assert post(server, input="hello").status_code == 200

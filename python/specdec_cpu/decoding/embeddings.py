@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, List, NamedTuple, Optional, Sequence, Union
 import numpy as np
 
 from ..core.protocols import Tokenizer
+from ..errors import GenerationCancelled
 
 if TYPE_CHECKING:
     from ..engine import LlamaWeights
@@ -76,16 +77,31 @@ class Embedder:
         with self._calls.open():
             return self._tokenizer.tokenize(text, add_special=True, parse_special=False)
 
-    def embed(self, inputs: Sequence[Union[str, Sequence[int]]]) -> np.ndarray:
+    def embed(self, inputs: Sequence[Union[str, Sequence[int]]], *, cancel: Optional[threading.Event] = None,
+              timeout: Optional[float] = None) -> np.ndarray:
         """One float32 row of length :attr:`dimensions` per input, L2-normalised, in order.
 
         Raises ``InvalidPromptError`` naming the input for an empty one, one
-        longer than :attr:`max_tokens`, or a token id outside the vocabulary.
+        longer than :attr:`max_tokens`, or a token id outside the vocabulary;
+        ``GenerationCancelled`` (``reason`` "cancelled" or "timeout", no
+        ``partial``) when ``cancel`` is set or ``timeout`` seconds have passed
+        before one of its passes (a pass, at most :attr:`max_tokens` tokens a
+        sequence, is not cut short).
         """
+        if timeout is not None and not timeout >= 0:
+            raise ValueError(f"timeout must be a number of seconds >= 0 or None, got {timeout!r}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def before_pass() -> None:
+            if cancel is not None and cancel.is_set():
+                raise GenerationCancelled("the embedding was cancelled")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise GenerationCancelled(f"the embedding took longer than {timeout:g} s", reason="timeout")
+
         with self._calls.open():
             seqs = [self.tokens(x) if isinstance(x, str) else list(x) for x in inputs]
             start = time.perf_counter()
-            vectors = self._embedder().embed(seqs)
+            vectors = self._embedder().embed(seqs, before_pass)
             seconds = time.perf_counter() - start
         with self._lock:
             c = self._counts

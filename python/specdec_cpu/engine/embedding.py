@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -117,12 +117,15 @@ class LlamaEmbedder(Closable):
 
     # -- embedding -------------------------------------------------------
 
-    def embed(self, sequences: Sequence[Sequence[int]]) -> np.ndarray:
+    def embed(self, sequences: Sequence[Sequence[int]], before_pass: Optional[Callable[[], None]] = None
+              ) -> np.ndarray:
         """One L2-normalised float32 row per token sequence, in order.
 
         Raises ``InvalidPromptError`` (naming the sequence's index) for an
         empty sequence, one longer than :attr:`n_batch`, or a token id
-        outside the vocabulary; nothing is decoded then.
+        outside the vocabulary; nothing is decoded then.  ``before_pass`` is
+        called before each pass; what it raises ends the call (a cancel or
+        a deadline), leaving nothing behind: each pass starts from empty memory.
         """
         n_vocab = self._weights.n_input_ids
         arrays: List[np.ndarray] = []
@@ -146,6 +149,8 @@ class LlamaEmbedder(Closable):
                 while stop < len(arrays) and stop - start < self._n_seq and rows + arrays[stop].size <= self._rows:
                     rows += arrays[stop].size
                     stop += 1
+                if before_pass is not None:
+                    before_pass()
                 self._decode(ctx, arrays[start:stop], out[start:stop])
                 start = stop
         norms = np.linalg.norm(out, axis=1, keepdims=True)

@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import base64
 import os
+import threading
+import time
 from functools import partial
 from typing import Annotated, Any, Callable, List, Literal, Optional, Union
 
 import anyio
 import numpy as np
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Request
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from ..errors import DecoderClosedError, InvalidPromptError, SpecDecError, UnsupportedModelError
+from ..errors import DecoderClosedError, GenerationCancelled, InvalidPromptError, SpecDecError, UnsupportedModelError
 from .errors import RequestError, error_responses
 from .openai_schema import AS_INT, prompt_list, prompt_list_schema
 
@@ -94,26 +96,51 @@ def embedding_meta(dec: Any) -> Optional[dict]:
 
 
 def add_embedding_routes(app: FastAPI, ready_decoder: Callable[[], Any], authorized: Callable[..., None],
-                         model_name: str) -> None:
-    """Register ``/v1/embeddings`` on ``app``."""
+                         model_name: str, timeout: Optional[float]) -> None:
+    """Register ``/v1/embeddings`` on ``app``; a request may take ``timeout`` seconds (None: no limit)."""
 
     # One embedding at a time (the embedder takes them in turn anyway): the others wait here, on the event
     # loop, not each in a thread of the pool that tokenizing and grammar compiling for generation share.
     one_at_a_time = anyio.CapacityLimiter(1)
 
     @app.post("/v1/embeddings", dependencies=[Depends(authorized)], response_model=EmbeddingList,
-              responses=error_responses(400, 401, 404, 413, 503), summary="Vectors of texts (OpenAI's embeddings)")
-    async def embeddings(body: EmbeddingRequest) -> dict:
+              responses=error_responses(400, 401, 404, 413, 503, 504),
+              summary="Vectors of texts (OpenAI's embeddings)")
+    async def embeddings(body: EmbeddingRequest, request: Request) -> dict:
+        deadline = None if timeout is None else time.monotonic() + timeout
         dec = ready_decoder()
         try:
             embedder = dec.embeddings
         except UnsupportedModelError as exc:
             raise RequestError(400, str(exc), param="model", code="embeddings_unsupported") from None
-        return await anyio.to_thread.run_sync(_answer, dec, embedder, body, model_name, limiter=one_at_a_time)
+        left = threading.Event()  # the client went away: the passes not yet run are not run
+        async with anyio.create_task_group() as tg:
+            async def watch() -> None:
+                while not await request.is_disconnected():
+                    await anyio.sleep(0.1)
+                left.set()
+
+            tg.start_soon(watch)
+            try:
+                outcome: Any = await anyio.to_thread.run_sync(_answer, dec, embedder, body, model_name, left,
+                                                              deadline, limiter=one_at_a_time)
+            except Exception as exc:  # raised below, out of the group (which would wrap it in an ExceptionGroup)
+                outcome = exc
+            tg.cancel_scope.cancel()
+        if isinstance(outcome, GenerationCancelled):
+            if outcome.reason == "timeout":
+                raise RequestError(504, f"the request took longer than the server's limit of {timeout} s",
+                                   type="timeout_error", code="timeout")
+            raise RequestError(499, "the client closed the request", type="cancelled")  # no one reads it
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
 
-def _answer(dec: Any, embedder: Any, body: EmbeddingRequest, model_name: str) -> dict:
-    """The embeddings of ``body`` (on a worker thread: tokenizing and the passes)."""
+def _answer(dec: Any, embedder: Any, body: EmbeddingRequest, model_name: str, cancel: threading.Event,
+            deadline: Optional[float]) -> dict:
+    """The embeddings of ``body`` (on a worker thread: tokenizing and the passes), by ``deadline``
+    (``time.monotonic()``) unless ``cancel`` is set first."""
     own_name = embedding_model_name(dec)
     if body.model is not None and body.model not in (model_name, own_name):
         names = f"'{model_name}'" + (f" or '{own_name}'" if own_name else "")
@@ -130,7 +157,10 @@ def _answer(dec: Any, embedder: Any, body: EmbeddingRequest, model_name: str) ->
                 raise RequestError(400, f"input {i} is {len(seq)} tokens; this server embeds at most {limit} "
                                         "tokens per input (--embedding-max-tokens)", param="input",
                                    code="context_length_exceeded")
-        vectors = embedder.embed(sequences)
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        vectors = embedder.embed(sequences, cancel=cancel, timeout=timeout)
+    except GenerationCancelled:
+        raise
     except InvalidPromptError as exc:
         raise RequestError(400, str(exc), param="input") from None
     except DecoderClosedError as exc:

@@ -465,7 +465,7 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         return JSONResponse(infill_reply.final())
 
     add_token_routes(app, ready_decoder, authorized)
-    add_embedding_routes(app, ready_decoder, authorized, options.model_name)
+    add_embedding_routes(app, ready_decoder, authorized, options.model_name, options.request_timeout)
     return app
 
 
