@@ -1,7 +1,8 @@
 """Background responses of the Responses API (``background: true``): answered
 at once, polled by GET to the same text a foreground response gives, cancelled
-by POST .../cancel or DELETE; and GET of a response still streaming answers
-it as it stands.  The decoder's passes are held at a gate where a test needs
+by POST .../cancel or DELETE, streamed (by their request, or again by GET
+?stream=true) whether or not a client reads them; and GET of a response
+still streaming answers it as it stands.  The decoder's passes are held at a gate where a test needs
 a response to be still running, so nothing depends on timing."""
 
 from __future__ import annotations
@@ -154,15 +155,75 @@ def test_a_response_whose_client_left_or_that_failed_is_not_left_running(server,
         assert running(hasty) == 0
 
 
-def test_background_needs_a_store_and_no_stream(server, tools_target, tiny_draft) -> None:
+def _text_of(events) -> str:
+    return "".join(e.delta for e in events if e.type == "response.output_text.delta")
+
+
+def test_a_streamed_background_response_outlives_its_client_and_streams_again(server) -> None:
+    """Its client leaves after the first event; it runs to the foreground's text all the same, and
+    GET ?stream=true gives its events again (after ``starting_after`` when given), as the SDK reads them."""
+    c = client(server)
+    ask = dict(model="tiny", input="Tell me about the sea.", max_output_tokens=16, temperature=0)
+    with gated(server):
+        with c.responses.create(**ask, background=True, stream=True) as stream:
+            first = next(iter(stream))
+        assert first.type == "response.created" and first.sequence_number == 0
+        response_id = first.response.id
+        assert c.responses.retrieve(response_id).status == "in_progress"  # its client has left: it goes on
+    done = poll(c, response_id)
+    alone = c.responses.create(**ask, store=False)
+    assert done.status == alone.status and done.output_text == alone.output_text != ""
+    events = list(c.responses.retrieve(response_id, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created" and events[-1].type == f"response.{done.status}"
+    assert _text_of(events) == done.output_text and events[-1].response.output_text == done.output_text
+    later = list(c.responses.retrieve(response_id, stream=True, starting_after=3))
+    assert [e.sequence_number for e in later] == list(range(4, len(events)))
+    assert running(server) == 0
+
+
+def test_a_running_background_response_is_followed_to_its_end(server) -> None:
+    """GET ?stream=true of a running background response sends the events so far, then the rest as they
+    come; a cancel ends the streams that follow it."""
+    c = client(server)
+    ask = dict(model="tiny", input="Tell me about the sea.", max_output_tokens=16, temperature=0)
+    followed: list = []
+    with gated(server) as gate:
+        started = c.responses.create(**ask, background=True)
+        follower = threading.Thread(target=lambda: followed.extend(c.responses.retrieve(started.id, stream=True)))
+        follower.start()
+        time.sleep(0.3)
+        assert follower.is_alive() and [e.type for e in followed] == ["response.created", "response.in_progress"]
+        gate.set()
+        follower.join(60)
+    assert not follower.is_alive()
+    done = c.responses.retrieve(started.id)
+    assert followed[-1].type == f"response.{done.status}" and _text_of(followed) == done.output_text != ""
+
+    with gated(server):
+        started = c.responses.create(**{**ask, "max_output_tokens": 40}, background=True)
+        followed.clear()
+        follower = threading.Thread(target=lambda: followed.extend(c.responses.retrieve(started.id, stream=True)))
+        follower.start()
+        time.sleep(0.3)
+        assert c.responses.cancel(started.id).status == "cancelled"
+        follower.join(60)
+        assert not follower.is_alive() and followed[0].type == "response.created"
+    assert running(server) == 0
+
+
+def test_background_needs_a_store(server, tools_target, tiny_draft) -> None:
     def refused(r: httpx.Response, param: str) -> None:
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
     ask = {"model": "tiny", "input": "hi", "max_output_tokens": 2, "background": True}
     refused(server.post("/v1/responses", {**ask, "store": False}), "background")
-    refused(server.post("/v1/responses", {**ask, "stream": True}), "stream")
     plain = client(server).responses.create(model="tiny", input="hi", max_output_tokens=2)
     refused(server.post(f"/v1/responses/{plain.id}/cancel"), "response_id")
+    refused(httpx.get(f"{server.url}/v1/responses/{plain.id}?stream=true"), "stream")  # only background's kept
+    assert httpx.get(f"{server.url}/v1/responses/{plain.id}?starting_after=2").json()["id"] == plain.id  # ignored
+    assert httpx.get(f"{server.url}/v1/responses/{plain.id}?stream=true&starting_after=-1").status_code == 400
+    assert httpx.get(f"{server.url}/v1/responses/resp_nothing?stream=true").status_code == 404
     assert server.post("/v1/responses/resp_nothing/cancel").status_code == 404
     with start(tools_target, tiny_draft, stored_responses=0) as keeps_none:
         r = keeps_none.post("/v1/responses", ask)

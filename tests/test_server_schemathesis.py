@@ -104,7 +104,7 @@ def test_every_operation_keeps_the_documented_contract(api_schema, label: str, m
         try:
             case.validate_response(response, excluded_checks=excluded)
         except BaseException:  # schemathesis' own reproduction masks token-like fields ("[Filtered]")
-            print("request body:", json.dumps(case.body))
+            print("request body:", json.dumps(case.body, default=repr))
             raise
 
     check()

@@ -356,10 +356,6 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
                 why = "store is false" if body.store is False else "this server stores none (--stored-responses 0)"
                 raise RequestError(400, f"a background response is stored, to be polled: {why}",
                                    param="background")
-            if body.stream:
-                raise RequestError(400, "a background response is not streamed here: poll "
-                                        "GET /v1/responses/{id} instead", param="stream",
-                                   code="unsupported_parameter")
         try:
             try:
                 chat = ChatCompletionRequest.model_validate(body.as_chat(previous.context if previous else ()))
@@ -380,22 +376,31 @@ def create_app(load: Union[BatchedDecoder, Callable[[], BatchedDecoder]], option
         except RequestError as exc:
             raise renamed(exc, body) from None
 
-    @app.get("/v1/responses/{response_id}", dependencies=[Depends(authorized)], response_model=docs.ResponseObject,
-             responses=error_responses(400, 401, 404), summary="A stored response (OpenAI's retrieve)")
+    @app.get("/v1/responses/{response_id}", dependencies=[Depends(authorized)],
+             responses={**docs.JSON_OR_STREAM(docs.ResponseObject, [docs.ResponseEvent], done=False),
+                        **error_responses(400, 401, 404)},
+             summary="A stored response (OpenAI's retrieve); a background one's events again with stream=true")
     async def stored_response(response_id: str,
                               include: Annotated[Optional[List[Includable]], Query(description="Ignored")] = None,
-                              # OpenAI's replay of a stored stream: refused, so left out of the document
-                              stream: Annotated[Optional[bool], Query(include_in_schema=False)] = None,
-                              starting_after: Annotated[Optional[int], Query(include_in_schema=False)] = None
-                              ) -> JSONResponse:
+                              stream: Annotated[Optional[bool], Query(description=(
+                                  "A background response's events (those sent so far, then the rest as they "
+                                  "come), as its own request streamed them"))] = None,
+                              starting_after: Annotated[Optional[int], Query(ge=0, description=(
+                                  "With stream: only the events after this sequence number"))] = None
+                              ) -> Response:
         # async: on the event loop, the one thread that writes running responses
-        if stream or starting_after is not None:
-            raise RequestError(400, "a stored response is answered whole: streaming it again is not supported",
-                               param="stream" if stream else "starting_after", code="unsupported_parameter")
         running = store.running(response_id)
-        if running is not None:  # as it stands
-            return JSONResponse(running.builder.response())
-        return JSONResponse(store.stored(response_id).response)
+        if not stream:
+            return JSONResponse(running.builder.response() if running is not None
+                                else store.stored(response_id).response)
+        if running is not None and running.builder.log is not None:
+            return EventSourceResponse(_typed_sse(running.builder.follow(starting_after)), headers=_SSE_HEADERS)
+        events = store.stored(response_id).events if running is None else ()
+        if not events:
+            raise RequestError(400, "only a background response's events are kept, to be streamed again",
+                               param="stream", code="unsupported_parameter")
+        first = 0 if starting_after is None else starting_after + 1
+        return EventSourceResponse(_typed_sse(_replayed(events[first:])), headers=_SSE_HEADERS)
 
     @app.post("/v1/responses/{response_id}/cancel", dependencies=[Depends(authorized)],
               response_model=docs.ResponseObject, responses=error_responses(400, 401, 404),
@@ -563,11 +568,13 @@ async def _generate(dec: BatchedDecoder, body: Any, prompts: List[Any], max_toke
         source = LogprobSource(dec.tokenizer, top, bool(body.return_tokens_as_token_ids))
         chunks = _chunks(streams, body, reply, spec, options, texts, echo_of, prompt_tokens, n, source,
                          dec.tokenizer)
-        if builder is not None and background is not None:
+        if builder is not None and background is not None:  # runs on its own; a stream follows it
             background(builder.events(chunks))
-            return JSONResponse(builder.response())
+            if not builder.body.stream:
+                return JSONResponse(builder.response())
+            return EventSourceResponse(_typed_sse(builder.follow()), headers=_SSE_HEADERS)
         events = _typed_sse(builder.events(chunks)) if builder is not None else _sse(chunks)
-        return EventSourceResponse(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return EventSourceResponse(events, headers=_SSE_HEADERS)
     gens = await _finish(streams, request, options, spec)
     for stream, text in zip(streams, texts):
         _log(reply.id, stream, 200, options, text)
@@ -860,6 +867,9 @@ async def _chunks(streams: "list[AsyncRequestStream]", body: Any, reply: Reply, 
                 _log(reply.id, stream, 499, options, prompt)
 
 
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
 async def _sse(chunks: AsyncGenerator[Dict[str, Any], None]) -> AsyncIterator[bytes]:
     """``chunks`` as server-sent events, then ``[DONE]`` unless the last was an error."""
     failed = False
@@ -880,6 +890,12 @@ async def _typed_sse(events: AsyncGenerator["tuple[str, Dict[str, Any]]", None])
             yield _event(data, kind)
     finally:  # closed early (the client left): its requests end now, as in _sse
         await events.aclose()
+
+
+async def _replayed(events: Sequence[Dict[str, Any]]) -> AsyncGenerator["tuple[str, Dict[str, Any]]", None]:
+    """Stored events, as (type, data)."""
+    for event in events:
+        yield event["type"], event
 
 
 def _event(data: Any, kind: Optional[str] = None) -> bytes:

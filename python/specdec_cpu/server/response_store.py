@@ -20,7 +20,7 @@ import asyncio
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Dict, FrozenSet, List, Optional, Sequence
+from typing import Any, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from .errors import RequestError
 
@@ -35,6 +35,7 @@ class StoredResponse:
     context: List[Dict[str, Any]]  # chat messages: the chain's, this input's and the answer (no instructions)
     input_items: List[Dict[str, Any]]  # this request's input, as items with ids
     item_ids: FrozenSet[str]  # the ids of every item of the chain, inputs and outputs
+    events: Tuple[Dict[str, Any], ...] = ()  # a background response's stream, to be read again (GET ?stream=true)
 
 
 @dataclass

@@ -20,6 +20,7 @@ an output's items as they are.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import re
 import secrets
@@ -488,6 +489,11 @@ class ResponseBuilder:
         self._seq = 0
         self._open = False  # the last output item is still being written
         self._logprobs: List[Dict[str, Any]] = []  # entries not yet sent with a text
+        # a background response keeps every event, for the clients that follow it (its own request's stream,
+        # GET ?stream=true): each waits on ``_grew``, which is set and replaced at every new event
+        self.log: Optional[List[Dict[str, Any]]] = [] if body.background else None
+        self._grew = asyncio.Event()
+        self._over = False  # no event will come any more
         if store is not None:
             store.start(self.id, self)
 
@@ -554,8 +560,8 @@ class ResponseBuilder:
                           "total_tokens": usage["total_tokens"]}
             if "speculation" in usage:
                 self.usage["speculation"] = usage["speculation"]
-        self._keep()
         self._emit(f"response.{self.status}", response=self.response())
+        self._keep()
 
     def fail(self, error: Dict[str, Any]) -> None:
         """Decoding failed after the answer started (``error``: an OpenAI error body's fields): what was
@@ -564,8 +570,8 @@ class ResponseBuilder:
         self.status = "failed"
         self.error = {"code": error.get("code") or error.get("type") or "server_error",
                       "message": responses_names(error.get("message") or "")}
-        self._keep()
         self._emit("response.failed", response=self.response())
+        self._keep()
 
     def cancel(self, *, keep: bool = True) -> None:
         """Cancelled while it ran (a background response; its task is cancelled too, so nothing more is
@@ -582,8 +588,24 @@ class ResponseBuilder:
 
     def end(self) -> None:
         """It will not grow any more (ended, or abandoned: its client left): no longer found as running."""
+        self._over = True
+        self._wake()
         if self.store is not None:
             self.store.end(self.id)
+
+    async def follow(self, after: Optional[int] = None) -> AsyncGenerator[Tuple[str, Dict[str, Any]], None]:
+        """A background response's events after sequence number ``after`` (None: all), as (type, data), as
+        they come, until it ends."""
+        assert self.log is not None, "only a background response keeps its events"
+        next_ = 0 if after is None else after + 1
+        while True:
+            while next_ < len(self.log):
+                event = self.log[next_]
+                next_ += 1
+                yield event["type"], event
+            if self._over or self.status != "in_progress":
+                return
+            await self._grew.wait()  # no await since the check above: no event can be missed
 
     # -- views ----------------------------------------------------------------
 
@@ -669,7 +691,7 @@ class ResponseBuilder:
         items = self.body.input_items()
         ids = before.item_ids | {item["id"] for item in (*items, *self.output)}
         self.store.put(StoredResponse(copy.deepcopy(self.response()), [*before.context, *self.body.input_messages(),
-                                                                       *answer], items, ids))
+                                                                       *answer], items, ids, tuple(self.log or ())))
         self.end()
 
     def _add(self, item: Dict[str, Any]) -> None:
@@ -701,8 +723,16 @@ class ResponseBuilder:
 
     def _emit(self, kind: str, **fields: Any) -> None:
         # a copy: the items go on changing after the event that shows them
-        self._events.append({"type": kind, "sequence_number": self._seq, **copy.deepcopy(fields)})
+        event = {"type": kind, "sequence_number": self._seq, **copy.deepcopy(fields)}
+        self._events.append(event)
         self._seq += 1
+        if self.log is not None:
+            self.log.append(event)
+            self._wake()
+
+    def _wake(self) -> None:
+        self._grew.set()
+        self._grew = asyncio.Event()
 
     def _take(self) -> List[Dict[str, Any]]:
         out, self._events = self._events, []
