@@ -155,6 +155,13 @@ def test_a_response_whose_client_left_or_that_failed_is_not_left_running(server,
         assert running(hasty) == 0
 
 
+def _wait_for(condition, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "waited in vain"
+        time.sleep(0.02)
+
+
 def _text_of(events) -> str:
     return "".join(e.delta for e in events if e.type == "response.output_text.delta")
 
@@ -192,7 +199,8 @@ def test_a_running_background_response_is_followed_to_its_end(server) -> None:
         started = c.responses.create(**ask, background=True)
         follower = threading.Thread(target=lambda: followed.extend(c.responses.retrieve(started.id, stream=True)))
         follower.start()
-        time.sleep(0.3)
+        _wait_for(lambda: len(followed) >= 2)
+        time.sleep(0.2)  # held at the gate: nothing more comes
         assert follower.is_alive() and [e.type for e in followed] == ["response.created", "response.in_progress"]
         gate.set()
         follower.join(60)
@@ -205,7 +213,7 @@ def test_a_running_background_response_is_followed_to_its_end(server) -> None:
         followed.clear()
         follower = threading.Thread(target=lambda: followed.extend(c.responses.retrieve(started.id, stream=True)))
         follower.start()
-        time.sleep(0.3)
+        _wait_for(lambda: len(followed) >= 2)
         assert c.responses.cancel(started.id).status == "cancelled"
         follower.join(60)
         assert not follower.is_alive() and followed[0].type == "response.created"
